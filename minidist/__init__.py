@@ -1,0 +1,10 @@
+"""minidist: distributed training rebuilt from send/recv, for teaching.
+
+Start here: ``minidist.launch(fn, world_size)`` runs ``fn`` on N ranks;
+``minidist.trace`` records who sent what to whom.
+"""
+from minidist.launch import DEFAULT_TIMEOUT, LaunchError, init_from_env, launch
+from minidist import trace
+
+__all__ = ["launch", "LaunchError", "init_from_env", "trace", "DEFAULT_TIMEOUT"]
+__version__ = "0.1.0"
