@@ -1,0 +1,286 @@
+"""All-reduce, every variant of the "Communication Primitives" lecture, from send/recv.
+
+All-reduce: every rank holds a tensor of the same shape and gets back their sum.
+Variants, with their α-β-γ costs (S bytes per rank, n ranks; formulas in
+:mod:`minidist.cost`, table in :func:`minidist.cost.allreduce_table`):
+
+=====================  ======================================  =========================
+parameter server       everyone pushes to a server at once,    server link carries 2(n-1)S
+                       server sums, everyone pulls
+naive (sequential)     reduce to rank 0 one rank at a time,    2(n-1) steps of S
+                       then broadcast one rank at a time
+naive parallel         everyone sends everything to everyone   n(n-1)S on the wire
+ring                   reduce-scatter + all-gather on a ring   2(n-1)/n·S per rank
+recursive halving      Rabenseifner: reduce-scatter by         2 lg n steps, 2(n-1)/n·S
+                       halving, all-gather by doubling
+=====================  ======================================  =========================
+
+The ring is the Patarasuk & Yuan (2009) bandwidth-optimal all-reduce; recursive halving
+and doubling is Rabenseifner's algorithm as analysed in Thakur, Rabenseifner & Gropp
+(2005). :func:`fast_ring_all_reduce` is the same ring, pipelined the way NCCL runs it.
+Conventions (group, chunking, errors-before-communication, deadlock freedom) are those
+of :mod:`minidist.collectives`.
+"""
+from __future__ import annotations
+
+import torch
+
+from minidist.collectives import (_recv, _send, broadcast, check_tensor, exchange, group_info,
+                                  reduce, ring_all_gather_into, ring_reduce_scatter_into, wait_all)
+from minidist.trace import api
+
+__all__ = ["parameter_server_all_reduce", "naive_all_reduce", "parallel_all_reduce",
+           "tree_all_reduce", "ring_all_reduce", "recursive_halving_all_reduce",
+           "fast_ring_all_reduce", "ALL_REDUCES"]
+
+
+def _prepare(tensor, group):
+    """Validate, then a flat contiguous private copy: the algorithms add into it in place."""
+    check_tensor(tensor)
+    me, n = group_info(group)
+    return me, n, tensor.detach().reshape(-1).clone()
+
+
+@api("parameter_server_all_reduce")
+def parameter_server_all_reduce(tensor: torch.Tensor, server: int = 0, group=None) -> torch.Tensor:
+    """Parameter server (Li et al., OSDI 2014), with group rank ``server`` as the server.
+
+    Push: every worker sends its whole tensor to the server at once; the server sums
+    (in rank order, so the result is deterministic). Pull: the server sends the sum to
+    every worker at once. Two communication rounds, but all 2(n-1)S bytes cross the
+    server's link: T = 2(α + (n-1)Sβ) + (n-1)Sγ on a single-port server.
+    """
+    me, n, acc = _prepare(tensor, group)
+    if not isinstance(server, int) or not 0 <= server < n:
+        raise ValueError(f"server={server!r} is not a rank of a group of size {n}")
+    if me != server:
+        wait_all([_send(acc, server, group)])
+        wait_all([_recv(acc, server, group)])
+        return acc.view(tensor.shape)
+    inbox = {r: torch.empty_like(acc) for r in range(n) if r != me}
+    wait_all([_recv(buf, r, group) for r, buf in inbox.items()])      # all pushes in flight at once
+    total = torch.zeros_like(acc)
+    for r in range(n):
+        total += acc if r == me else inbox[r]
+    wait_all([_send(total, r, group) for r in range(n) if r != me])   # all pulls at once
+    return total.view(tensor.shape)
+
+
+@api("naive_all_reduce")
+def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Naive sequential all-reduce: reduce to rank 0, then broadcast from rank 0,
+    one peer at a time.
+
+    Rank 0 receives from ranks 1, 2, ..., n-1 in turn and adds, then sends the sum to
+    1, 2, ..., n-1 in turn. Every byte passes through rank 0, and nothing overlaps:
+    T = 2(n-1)(α + Sβ) + (n-1)Sγ.
+    """
+    me, n, acc = _prepare(tensor, group)
+    if me != 0:
+        wait_all([_send(acc, 0, group)])
+        wait_all([_recv(acc, 0, group)])
+        return acc.view(tensor.shape)
+    buf = torch.empty_like(acc)
+    for r in range(1, n):
+        wait_all([_recv(buf, r, group)])
+        acc += buf
+    for r in range(1, n):
+        wait_all([_send(acc, r, group)])
+    return acc.view(tensor.shape)
+
+
+@api("parallel_all_reduce")
+def parallel_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Naive parallel all-reduce: every rank sends its whole tensor to every other rank
+    and sums what it receives. One round (T = α + (n-1)Sβ + (n-1)Sγ on a single port,
+    α + Sβ if every link runs at once) but n(n-1)S bytes in total and (n-1)S per node.
+
+    Summing in rank order, not arrival order, makes every rank's result bit-identical.
+    Ordering: for each peer p, the pair (me, p) uses :func:`exchange`-style lower-sends-first.
+    """
+    me, n, acc = _prepare(tensor, group)
+    inbox = {r: torch.empty_like(acc) for r in range(n) if r != me}
+    works = []
+    for r in range(n):       # one pass in rank order; for each pair the lower rank sends first
+        if r == me:
+            continue
+        first, second = (_send(acc, r, group), _recv(inbox[r], r, group)) if me < r else \
+                        (_recv(inbox[r], r, group), _send(acc, r, group))
+        works += [first, second]
+    wait_all(works)
+    total = torch.zeros_like(acc)
+    for r in range(n):
+        total += acc if r == me else inbox[r]
+    return total.view(tensor.shape)
+
+
+@api("tree_all_reduce")
+def tree_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Binomial-tree reduce to rank 0 followed by a binomial-tree broadcast:
+    2⌈lg n⌉(α + Sβ) + ⌈lg n⌉Sγ. Latency-optimal-ish, bandwidth-poor (every step moves S)."""
+    me, n, acc = _prepare(tensor, group)
+    total = reduce(acc, 0, group)
+    return broadcast(total if me == 0 else acc, 0, group).view(tensor.shape)
+
+
+@api("ring_all_reduce")
+def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Ring all-reduce (Patarasuk & Yuan 2009): ring reduce-scatter, then ring all-gather.
+
+    Split into n chunks. Reduce-scatter: n-1 steps, each rank sends one chunk to its
+    right neighbour and adds the chunk arriving from its left; afterwards rank r owns
+    the full sum of chunk r. All-gather: n-1 more steps passing the finished chunks on.
+    Each rank sends 2(n-1) chunks = 2(n-1)/n·S bytes, independent of n:
+    T = 2(n-1)α + 2(n-1)/n·Sβ + (n-1)/n·Sγ.
+
+    This is the readable version: each step sends, receives, waits, then adds, so
+    the link idles during the add and the CPU idles during the transfer. See
+    :func:`fast_ring_all_reduce` for the pipelined one.
+    """
+    me, n, acc = _prepare(tensor, group)
+    ring_reduce_scatter_into(acc, me, n, group)
+    ring_all_gather_into(acc, me, n, group)
+    return acc.view(tensor.shape)
+
+
+@api("recursive_halving_all_reduce")
+def recursive_halving_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Rabenseifner's all-reduce (Thakur, Rabenseifner & Gropp 2005, §4.4).
+
+    Reduce-scatter by recursive halving: in round k (k = 0..lg n-1) rank r swaps with
+    r XOR 2^k, sends the half of its current range it gives up and adds the half it
+    keeps, so after lg n rounds it owns one fully summed block of n. All-gather by
+    recursive doubling: the same partners in reverse order (distances n/2, ..., 2, 1),
+    each round swapping the ranges, which double. Bytes per rank 2(n-1)/n·S as for the
+    ring, but 2 lg n messages instead of 2(n-1): T = 2 lg n·α + 2(n-1)/n·Sβ + (n-1)/n·Sγ.
+    That is why it wins for small (latency-bound) messages.
+
+    Non-power-of-two n (standard fold, Thakur et al. §4.4): with p = 2^⌊lg n⌋ and
+    rem = n - p, ranks 0..2·rem-1 pair up; each even one sends its whole tensor to the
+    odd one above it and sits out; the remaining p ranks run the algorithm; at the end
+    the odd ones send the result back: + 2(α + Sβ) + Sγ.
+    """
+    me, n, acc = _prepare(tensor, group)
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    if me < 2 * rem and me % 2 == 0:           # folded out: contribute, then wait for the result
+        wait_all([_send(acc, me + 1, group)])
+        wait_all([_recv(acc, me + 1, group)])
+        return acc.view(tensor.shape)
+    if me < 2 * rem:                            # absorb the even partner's contribution
+        buf = torch.empty_like(acc)
+        wait_all([_recv(buf, me - 1, group)])
+        acc += buf
+    v = me // 2 if me < 2 * rem else me - rem   # rank among the p active ones
+    real = lambda u: 2 * u + 1 if u < rem else u + rem   # noqa: E731  (active rank -> group rank)
+
+    bounds = [0]                                # element offsets of the p blocks
+    for c in acc.tensor_split(p):
+        bounds.append(bounds[-1] + c.numel())
+    lo, hi, ranges, d = 0, p, [], 1
+    buf = torch.empty_like(acc)
+    while d < p:                                # reduce-scatter, distances 1, 2, 4, ...
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+        k0, k1, g0, g1 = bounds[keep[0]], bounds[keep[1]], bounds[give[0]], bounds[give[1]]
+        exchange(acc[g0:g1], real(v ^ d), buf[k0:k1], real(v ^ d), group)
+        acc[k0:k1] += buf[k0:k1]
+        ranges.append((lo, hi))
+        lo, hi = keep
+        d <<= 1
+    while ranges:                               # all-gather, distances ..., 4, 2, 1
+        d >>= 1
+        plo, phi = ranges.pop()
+        other = (plo, lo) if lo > plo else (hi, phi)
+        exchange(acc[bounds[lo]:bounds[hi]], real(v ^ d),
+                 acc[bounds[other[0]]:bounds[other[1]]], real(v ^ d), group)
+        lo, hi = plo, phi
+    if me < 2 * rem:                            # unfold: hand the result back
+        wait_all([_send(acc, me - 1, group)])
+    return acc.view(tensor.shape)
+
+
+@api("fast_ring_all_reduce")
+def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 1 << 19) -> torch.Tensor:
+    """The ring all-reduce, pipelined: same messages' bytes and neighbours as
+    :func:`ring_all_reduce`, arranged the way NCCL runs its ring.
+
+    Why it is faster than the plain ring:
+
+    1. **Receives are posted before the data arrives.** Every receive of both phases
+       is posted up front, each into its final place (a scratch slot per reduce-scatter
+       step, the output tensor for the all-gather). The transport can then write each
+       message straight into its destination instead of parking it, and no rank ever
+       waits for its neighbour to reach the next step before bytes can flow.
+    2. **Chunks are cut into segments** of ``segment_bytes``, and each segment is
+       forwarded as soon as it has been reduced. The add of segment j overlaps the
+       transfer of segment j+1, and step s+1 starts while step s is still arriving:
+       the ring becomes a pipeline, with no barrier between steps.
+    3. **No extra copies:** the partial sum is formed in the receive slot
+       (``slot += x[chunk]``) and sent from there; the first step sends straight from
+       the input.
+
+    Reduce-scatter outputs go to scratch slots and all-gather inputs land in the output
+    tensor, so no receive ever targets memory that a pending send still reads; that is
+    what makes posting everything at once safe.
+
+    Transport note: this relies on the transport progressing receives in the background
+    while the rank computes, as gloo's I/O threads do. Under NCCL, whose p2p ops are
+    stream-ordered, use :func:`ring_all_reduce` (NCCL's own ring already does all this
+    inside one kernel).
+    """
+    check_tensor(tensor)
+    if not isinstance(segment_bytes, int) or segment_bytes <= 0:
+        raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+    me, n = group_info(group)
+    x = tensor.detach().reshape(-1).contiguous()
+    if n == 1:
+        return x.clone().view(tensor.shape)
+    out = torch.empty_like(x)
+    xc, oc = x.tensor_split(n), out.tensor_split(n)
+    seg = max(1, segment_bytes // x.element_size())
+    right, left = (me + 1) % n, (me - 1) % n
+
+    def segments(t):
+        return [t[i:i + seg] for i in range(0, t.numel(), seg)]
+
+    rs_in = [(me - s - 2) % n for s in range(n - 1)]         # chunk arriving at RS step s
+    ag_in = [(me - s - 1) % n for s in range(n - 1)]         # chunk arriving at AG step s
+    scratch = torch.empty((n - 1) * xc[0].numel(), dtype=x.dtype)
+    slots = [scratch[s * xc[0].numel():][: xc[c].numel()] for s, c in enumerate(rs_in)]
+    # 1. post every receive, in exactly the order the left neighbour will send
+    rs_recv = [[(p, _recv(p, left, group)) for p in segments(slots[s])] for s in range(n - 1)]
+    ag_recv = [[(p, _recv(p, left, group)) for p in segments(oc[c])] for c in ag_in]
+    sends = [_send(p, right, group) for p in segments(xc[(me - 1) % n])]   # RS step 0
+    # 2. reduce-scatter: add each arriving segment, forward it at once
+    for s, c in enumerate(rs_in):
+        last = s == n - 2                                    # then c == me: the sum is final
+        for (slot, work), own, dst in zip(rs_recv[s], segments(xc[c]), segments(oc[c])):
+            if work is not None:
+                work.wait()
+            if last:
+                torch.add(slot, own, out=dst)
+                sends.append(_send(dst, right, group))       # = all-gather step 0
+            else:
+                slot += own
+                sends.append(_send(slot, right, group))      # = reduce-scatter step s+1
+    # 3. all-gather: every finished segment that arrives is forwarded unchanged
+    for s in range(n - 1):
+        for seg_out, work in ag_recv[s]:
+            if work is not None:
+                work.wait()
+            if s < n - 2:
+                sends.append(_send(seg_out, right, group))
+    wait_all(sends)
+    return out.view(tensor.shape)
+
+
+ALL_REDUCES = {
+    "parameter_server": parameter_server_all_reduce,
+    "naive": naive_all_reduce,
+    "parallel": parallel_all_reduce,
+    "tree": tree_all_reduce,
+    "ring": ring_all_reduce,
+    "recursive_halving": recursive_halving_all_reduce,
+    "fast_ring": fast_ring_all_reduce,
+}
