@@ -1,0 +1,14 @@
+"""Pipeline parallelism: schedules as data, one validator, one simulator, one executor.
+
+    from minidist.pipeline import make, check, simulate, partition, run_schedule
+    s = check(make("1f1b", p=4, m=8))        # per-rank action lists, validated
+    simulate(s).bubble                        # 3/11 = (p-1)/(m+p-1)
+
+Files: ``schedules`` (generators), ``validate``, ``simulate``, ``partition``,
+``executor`` (runs any valid schedule over send/recv), ``timeline`` (Gantt data from
+the simulator or a traced run, measured bubble, Chrome trace).
+"""
+from .schedules import (Action, Schedule, SCHEDULES, make, naive, gpipe, one_f_one_b,
+                        interleaved_1f1b, zb_h1, with_comms)
+from .validate import ScheduleError, validate, check
+from .simulate import Costs, Slot, SimResult, simulate
