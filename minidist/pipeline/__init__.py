@@ -12,3 +12,5 @@ from .schedules import (Action, Schedule, SCHEDULES, make, naive, gpipe, one_f_o
                         interleaved_1f1b, zb_h1, with_comms)
 from .validate import ScheduleError, validate, check
 from .simulate import Costs, Slot, SimResult, simulate
+from .partition import partition, balanced_boundaries, rank_chunks
+from .executor import StepStats, run_schedule

@@ -1,0 +1,179 @@
+"""One executor for every schedule: walk this rank's action list, over send/recv.
+
+The schedule decides the order; the executor only knows how to do each action:
+
+* ``F``: run the chunk on the received (or, at stage 0, the input) micro-batch; the
+  last stage applies the loss, scaled by 1/m so that the m accumulated micro-batch
+  gradients equal the full-batch gradient of a mean loss (micro-batches must
+  therefore be equal in size);
+* ``B``: backpropagate the received output gradient; parameter gradients accumulate
+  in ``.grad`` across micro-batches (zero them yourself before a step, as usual);
+* ``BI`` / ``BW`` (zero-bubble, Qi et al. 2023): BI computes only the input gradient
+  (``torch.autograd.grad`` w.r.t. the stage input, keeping the graph), BW later the
+  weight gradients. Simplification: BW walks the graph again from the output, where
+  the paper reuses BI's intermediate gradients, so BW costs more than it should in
+  real-compute mode; results are exact either way.
+
+Why it cannot deadlock, under NCCL too: the schedule groups the messages that must
+be in flight together (a send and the receive of its neighbour's reply) and the
+executor posts each group at once — ``batch_isend_irecv`` on NCCL, isend/irecv
+otherwise — and waits only for the group's receives; sends finish in the background
+and are waited for at the end. The validator proved that order deadlock-free under
+rendezvous semantics (:mod:`minidist.pipeline.simulate`) before anything runs.
+
+Sleep-compute mode (``costs=Costs(F=0.02, B=0.04)``): every compute action is padded
+with sleep to that wall time. Four ranks on two cores cannot compute in parallel, but
+they can sleep in parallel, so measured bubbles then mean what they say.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minidist.trace import span
+from .schedules import Schedule
+from .simulate import Costs, frees_activation
+from .validate import check
+
+
+@dataclass
+class StepStats:
+    loss: float | None          # the full-batch loss, on the rank holding the last stage
+    peak_activations: int       # most (micro-batch, chunk) activations held at once
+    peak_activation_bytes: int  # bytes autograd saved for them, at that peak
+
+
+def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss, *,
+                 act_shape=None, group=None, costs: Costs | None = None, dtype=None) -> StepStats:
+    """Run one training step's forward and backward of ``schedule`` on this rank.
+
+    ``chunks``: this rank's model chunks (chunk c is stage ``c * p + rank``, see
+    :func:`minidist.pipeline.partition.rank_chunks`). ``x``: the full batch, needed on
+    the rank holding stage 0; ``y``: targets, needed on the rank holding the last
+    stage. ``act_shape``: shape of one micro-batch activation between stages; by
+    default that of one input micro-batch (stages that keep the hidden size), which
+    needs ``x`` on every rank. ``group``: the pipeline's process group (a mesh
+    sub-group); ranks in the schedule are ranks of this group.
+    """
+    s = schedule
+    rank = dist.get_rank(group)
+    if dist.get_world_size(group) != s.p:
+        raise ValueError(f"schedule is for p={s.p} ranks but the group has {dist.get_world_size(group)}")
+    chunks = list(chunks)
+    if len(chunks) != s.v:
+        raise ValueError(f"schedule gives each rank v={s.v} chunks but rank {rank} was handed {len(chunks)}")
+    first, last = 0, s.num_stages - 1
+    holds = {s.stage(rank, c) for c in range(s.v)}
+    if first in holds and x is None:
+        raise ValueError(f"rank {rank} holds stage 0 and needs the input batch x")
+    if last in holds and y is None:
+        raise ValueError(f"rank {rank} holds the last stage and needs the targets y")
+    if x is not None and x.shape[0] % s.m:
+        raise ValueError(f"batch of {x.shape[0]} does not split into m={s.m} equal micro-batches "
+                         "(the 1/m loss scaling needs equal ones)")
+    if act_shape is None:
+        if x is None:
+            raise ValueError("pass act_shape (one micro-batch activation's shape) or x on every rank")
+        act_shape = (x.shape[0] // s.m, *x.shape[1:])
+    check(s)                                  # invalid or deadlocking: ValueError, nothing sent yet
+
+    param = next((p for c in chunks for p in c.parameters()), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = dtype or (param.dtype if param is not None else torch.float32)
+    xs = x.chunk(s.m) if x is not None else None
+    ys = y.chunk(s.m) if y is not None else None
+    nccl = dist.get_backend(group) == "nccl"
+    peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+
+    received: dict[tuple, torch.Tensor] = {}   # (kind, mb, chunk) -> tensor from a neighbour
+    outgoing: dict[tuple, torch.Tensor] = {}   # (kind, mb, chunk) -> tensor for a neighbour
+    stored: dict[tuple, tuple] = {}            # (mb, chunk) -> (stage input, stage output or loss)
+    saved_bytes: dict[tuple, int] = {}
+    out_grad: dict[tuple, torch.Tensor | None] = {}   # kept from BI for BW
+    pending_sends, loss_sum = [], None
+    peak, peak_bytes = 0, 0
+
+    def post(group_actions):
+        ops, recvs = [], []
+        for a in group_actions:
+            kind = "act" if a.kind.endswith("_F") else "grad"
+            if a.kind.startswith("SEND"):
+                ops.append((dist.isend, outgoing.pop((kind, a.mb, a.chunk)), peer(a.peer)))
+            else:
+                buf = torch.empty(act_shape, device=device, dtype=dtype)
+                received[(kind, a.mb, a.chunk)] = buf
+                ops.append((dist.irecv, buf, peer(a.peer)))
+        if nccl and len(ops) > 1:   # one NCCL group: the pair cannot block each other
+            works = dist.batch_isend_irecv([dist.P2POp(op, t, q, group) for op, t, q in ops])
+        else:
+            works = [op(t, q, group=group) for op, t, q in ops]
+        for (op, t, _), w in zip(ops, works):
+            (pending_sends.append((w, t)) if op is dist.isend else recvs.append(w))
+        for w in recvs:                 # the next compute needs these; sends may drain later
+            w.wait()
+
+    def pad(start, kind):
+        if costs is not None:
+            left = start + costs.of(kind) - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+
+    prog, i = s.actions[rank], 0
+    while i < len(prog):
+        if prog[i].is_comm:
+            j = i
+            while j < len(prog) and prog[j].is_comm:
+                j += 1
+            post(prog[i:j])
+            i = j
+            continue
+        a, i = prog[i], i + 1
+        key, stage, module = (a.mb, a.chunk), s.stage(rank, a.chunk), chunks[a.chunk]
+        with span(a.kind, mb=a.mb, chunk=a.chunk, stage=stage):
+            start = time.perf_counter()
+            if a.kind == "F":
+                inp = xs[a.mb] if stage == first else received.pop(("act", *key)).requires_grad_()
+                nbytes = [0]
+
+                def pack(t, nbytes=nbytes):      # measure what autograd keeps for backward
+                    nbytes[0] += t.numel() * t.element_size()
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    out = module(inp)
+                    if stage == last:
+                        out = loss_fn(out, ys[a.mb]) / s.m
+                        loss_sum = out.detach() if loss_sum is None else loss_sum + out.detach()
+                if stage != last:
+                    outgoing[("act", *key)] = out.detach()
+                stored[key], saved_bytes[key] = (inp, out), nbytes[0]
+                peak = max(peak, len(stored))
+                peak_bytes = max(peak_bytes, sum(saved_bytes.values()))
+            else:
+                inp, out = stored[key]
+                grad = None if stage == last else received.pop(("grad", *key), None)
+                if a.kind == "B":
+                    torch.autograd.backward(out, grad)
+                    if stage != first:
+                        outgoing[("grad", *key)] = inp.grad
+                elif a.kind == "BI":
+                    out_grad[key] = grad
+                    if stage != first:   # stage 0's input needs no gradient: BW does it all
+                        (gin,) = torch.autograd.grad(out, inp, grad, retain_graph=True)
+                        outgoing[("grad", *key)] = gin
+                else:  # BW
+                    params = [p for p in module.parameters() if p.requires_grad]
+                    grads = torch.autograd.grad(out, params, out_grad.pop(key), allow_unused=True)
+                    for p_, g in zip(params, grads):
+                        if g is not None:
+                            p_.grad = g if p_.grad is None else p_.grad + g
+                if frees_activation(a.kind):
+                    del stored[key], saved_bytes[key]
+            pad(start, a.kind)
+    for w, _ in pending_sends:          # the tensors stay referenced until their send is done
+        w.wait()
+    return StepStats(None if loss_sum is None else float(loss_sum), peak, peak_bytes)
