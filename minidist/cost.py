@@ -1,0 +1,305 @@
+"""Cost models for the whole project, one section per topic.
+
+Sections:
+  1. α-β-γ time of every all-reduce algorithm       (Hockney 1994; Thakur, Rabenseifner
+                                                      & Gropp, IJHPCA 2005)
+  2. the lecture's table: time, peak node bandwidth, total bandwidth
+  3. bytes per rank, exact (chunk rounding included), for tests, the tour and labs
+  4. nccl-tests bandwidth conventions: algbw, busbw
+  5. fitting α and β to measured timings
+  (later sections: ZeRO memory, pipeline bubbles, ... -- add them below, same style)
+
+Notation: n ranks, S bytes per rank (the tensor being reduced), α seconds of latency
+per message, β seconds per byte on a link (1/bandwidth), γ seconds per byte of
+reduction arithmetic. A model is linear in (α, β, γ): ``T = a·α + b·S·β + g·S·γ``, and
+each algorithm is described by its coefficients (a, b, g) -- this is what makes the
+least-squares fit of section 5 a one-liner.
+
+Ports. Thakur et al. assume a node sends one message and receives one at a time
+("single"). The lecture's table lets a node drive all of its links at once ("multi"),
+which is what makes the parameter server O(1) in time but O(n) in peak node bandwidth.
+Ring, recursive halving and tree only ever use one link per direction per step, so both
+assumptions give them the same time.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# =========================================================================== 1. α-β-γ time
+ALLREDUCE_ALGORITHMS = ("parameter_server", "naive", "parallel", "tree", "ring",
+                        "recursive_halving", "fast_ring")
+
+
+def _lg(n: int) -> int:
+    return max(0, math.ceil(math.log2(n)))
+
+
+def allreduce_terms(algorithm: str, n: int, ports: str = "single") -> tuple[float, float, float]:
+    """Coefficients (a, b, g) with ``T = a·α + b·S·β + g·S·γ`` for an all-reduce of S bytes.
+
+    parameter_server  multi: 2α + 2Sβ + (n-1)Sγ        single: 2(n-1)(α + Sβ) + (n-1)Sγ
+    naive             2(n-1)(α + Sβ) + (n-1)Sγ          (reduce to 0, broadcast; one peer at a time)
+    parallel          multi: α + Sβ + (n-1)Sγ           single: (n-1)(α + Sβ) + (n-1)Sγ
+    tree              2⌈lg n⌉(α + Sβ) + ⌈lg n⌉Sγ        (binomial reduce + broadcast)
+    ring, fast_ring   2(n-1)α + 2(n-1)/n·Sβ + (n-1)/n·Sγ          (Thakur et al. §4.4)
+    recursive_halving 2 lg n·α + 2(n-1)/n·Sβ + (n-1)/n·Sγ, n = 2^k (Rabenseifner);
+                      otherwise lg p with p = 2^⌊lg n⌋, plus 2(α + Sβ) + Sγ for the fold.
+    """
+    if ports not in ("single", "multi"):
+        raise ValueError(f"ports must be 'single' or 'multi', got {ports!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    if n == 1:
+        return (0.0, 0.0, 0.0)
+    m = n - 1
+    if algorithm == "parameter_server":
+        return (2.0, 2.0, m) if ports == "multi" else (2.0 * m, 2.0 * m, m)
+    if algorithm == "naive":
+        return (2.0 * m, 2.0 * m, m)
+    if algorithm == "parallel":
+        return (1.0, 1.0, m) if ports == "multi" else (m, m, m)
+    if algorithm == "tree":
+        return (2.0 * _lg(n), 2.0 * _lg(n), _lg(n))
+    if algorithm in ("ring", "fast_ring"):
+        return (2.0 * m, 2.0 * m / n, m / n)
+    if algorithm == "recursive_halving":
+        p = 1 << (n.bit_length() - 1)
+        a, b, g = 2.0 * _lg(p), 2.0 * (p - 1) / p, (p - 1) / p
+        return (a, b, g) if p == n else (a + 2.0, b + 2.0, g + 1.0)
+    raise ValueError(f"unknown all-reduce algorithm {algorithm!r}; known: {', '.join(ALLREDUCE_ALGORITHMS)}")
+
+
+def allreduce_time(algorithm: str, n: int, nbytes: float, alpha: float, beta: float,
+                   gamma: float = 0.0, ports: str = "single") -> float:
+    """Predicted seconds for an all-reduce of ``nbytes`` per rank (see :func:`allreduce_terms`)."""
+    a, b, g = allreduce_terms(algorithm, n, ports)
+    return a * alpha + b * nbytes * beta + g * nbytes * gamma
+
+
+def p2p_time(nbytes: float, alpha: float, beta: float) -> float:
+    """One message: T = α + Sβ (Hockney)."""
+    return alpha + nbytes * beta
+
+
+# =========================================================================== 2. lecture table
+@dataclass(frozen=True)
+class TableRow:
+    algorithm: str
+    time: str                   # growth of the time in n (lecture: links run in parallel)
+    peak_node_bandwidth: str    # most bytes one node moves in one step
+    total_bandwidth: str        # bytes on all links together
+    peak_node_bytes: float      # exact, for n and S (S = 1 when not given)
+    total_bytes: float
+
+
+_BIG_O = {   # (time, peak node bandwidth, total bandwidth), as in the lecture
+    "parameter_server": ("O(1)", "O(N)", "O(N)"),
+    "naive": ("O(N)", "O(1)", "O(N)"),
+    "ring": ("O(N)", "O(1)", "O(N)"),
+    "parallel": ("O(1)", "O(N)", "O(N^2)"),
+    "recursive_halving": ("O(log N)", "O(1)", "O(N)"),
+    "tree": ("O(log N)", "O(1)", "O(N)"),
+}
+
+
+def peak_node_bytes(algorithm: str, n: int, nbytes: float = 1.0) -> float:
+    """The most bytes one node sends in one step (= what its link must carry at once)."""
+    if n == 1:
+        return 0.0
+    return {"parameter_server": (n - 1) * nbytes, "naive": nbytes, "parallel": (n - 1) * nbytes,
+            "tree": nbytes, "ring": nbytes / n, "fast_ring": nbytes / n,
+            "recursive_halving": nbytes if n & (n - 1) else nbytes / 2}[algorithm]
+
+
+def total_bytes(algorithm: str, n: int, nbytes: float = 1.0) -> float:
+    """Bytes sent by all nodes together (nominal, no chunk rounding)."""
+    if algorithm == "parallel":
+        return n * (n - 1) * nbytes
+    if algorithm == "recursive_halving" and n & (n - 1):
+        p = 1 << (n.bit_length() - 1)
+        return 2 * (p - 1) * nbytes + 2 * (n - p) * nbytes
+    return 2 * (n - 1) * nbytes     # PS, naive, tree, ring: 2(n-1) messages' worth of S
+
+
+def allreduce_table(n: int = 8, nbytes: float = 1.0) -> list[TableRow]:
+    """The lecture's comparison of all-reduce algorithms, with exact numbers for n, S."""
+    return [TableRow(alg, *_BIG_O[alg], peak_node_bytes(alg, n, nbytes), total_bytes(alg, n, nbytes))
+            for alg in ("parameter_server", "naive", "ring", "parallel", "recursive_halving", "tree")]
+
+
+# =========================================================================== 3. bytes per rank
+def chunk_sizes(numel: int, n: int) -> list[int]:
+    """Element counts of ``tensor.tensor_split(n)``: the first numel % n chunks get one more."""
+    q, r = divmod(numel, n)
+    return [q + (i < r) for i in range(n)]
+
+
+def ring_bytes_nominal(n: int, nbytes: float) -> float:
+    """What each rank sends in a ring all-reduce: 2(n-1)/n·S (Patarasuk & Yuan)."""
+    return 2 * (n - 1) / n * nbytes
+
+
+def allreduce_bytes_per_rank(algorithm: str, n: int, numel: int, itemsize: int = 4) -> list[tuple[int, int]]:
+    """Exact (bytes sent, bytes received) of each rank for minidist's implementation of
+    ``algorithm`` on a tensor of ``numel`` elements, chunked with ``tensor_split``."""
+    L, e = numel, itemsize
+    if n == 1:
+        return [(0, 0)]
+    if algorithm in ("parameter_server", "naive"):
+        return [((n - 1) * L * e, (n - 1) * L * e)] + [(L * e, L * e)] * (n - 1)
+    if algorithm == "parallel":
+        return [((n - 1) * L * e, (n - 1) * L * e)] * n
+    if algorithm in ("ring", "fast_ring"):
+        c = chunk_sizes(L, n)
+        return [((2 * L - c[r] - c[(r + 1) % n]) * e, (2 * L - c[(r - 1) % n] - c[r]) * e) for r in range(n)]
+    if algorithm == "tree":
+        def children(v):
+            low = v & -v if v else 1 << _lg(n)
+            return sum(1 for k in range(_lg(n)) if (1 << k) < low and v + (1 << k) < n)
+        return [((children(v) + (v > 0)) * L * e,) * 2 for v in range(n)]
+    if algorithm == "recursive_halving":
+        return _halving_bytes(n, L, e)
+    raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
+
+
+def _halving_bytes(n: int, L: int, e: int) -> list[tuple[int, int]]:
+    """Rabenseifner's schedule on p = 2^⌊lg n⌋ blocks: in each halving round a rank sends
+    the half of its block range it gives up and receives the same amount; the doubling
+    rounds mirror this. Folded ranks (n not a power of two) move the whole tensor twice."""
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    blocks = chunk_sizes(L, p)
+    out = []
+    for r in range(n):
+        if r < 2 * rem and r % 2 == 0:
+            out.append((L * e, L * e))
+            continue
+        v = r // 2 if r < 2 * rem else r - rem
+        lo, hi, d, sent, recv, trail = 0, p, 1, 0, 0, []
+        while d < p:
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+            sent += sum(blocks[give[0]:give[1]])
+            recv += sum(blocks[keep[0]:keep[1]])
+            trail.append((lo, hi))
+            lo, hi = keep
+            d <<= 1
+        for plo, phi in reversed(trail):       # doubling: send mine, receive the sibling half
+            sent += sum(blocks[lo:hi])
+            recv += sum(blocks[plo:phi]) - sum(blocks[lo:hi])
+            lo, hi = plo, phi
+        extra = L if r < 2 * rem else 0       # odd folded partner: receives S, sends S back
+        out.append(((sent + extra) * e, (recv + extra) * e))
+    return out
+
+
+# =========================================================================== 4. nccl-tests bandwidths
+BUSBW_FACTOR = {   # busbw = algbw · factor(n): what one link carries, comparable across n
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth, bytes/s: the tensor size over the time (nccl-tests PERFORMANCE.md)."""
+    return nbytes / seconds
+
+
+def busbw(nbytes: float, seconds: float, n: int, collective: str = "all_reduce") -> float:
+    """Bus bandwidth, bytes/s: algbw scaled so it reads as link speed, independent of n."""
+    return algbw(nbytes, seconds) * BUSBW_FACTOR[collective](n)
+
+
+# =========================================================================== 5. fitting α, β
+@dataclass(frozen=True)
+class Fit:
+    alpha: float        # seconds per message
+    beta: float         # seconds per byte (1/beta = link bandwidth in B/s)
+    algorithm: str | None
+    n: int
+    rel_rms: float      # root-mean-square relative error of the fit on its own points
+
+    def predict(self, nbytes: float) -> float:
+        if self.algorithm is None:
+            return p2p_time(nbytes, self.alpha, self.beta)
+        return allreduce_time(self.algorithm, self.n, nbytes, self.alpha, self.beta)
+
+
+def fit_alpha_beta(sizes, times, algorithm: str | None = None, n: int = 2) -> Fit:
+    """Least-squares α, β from measured (bytes, seconds) points.
+
+    The model is ``t = a·α + b·S·β`` with (a, b) from :func:`allreduce_terms` (or a = b = 1
+    for a single message, ``algorithm=None``); γ is folded into β. Errors are weighted
+    by 1/t, i.e. we minimise *relative* error, otherwise the largest message decides
+    everything and α comes out as noise. α and β are kept non-negative (if the free fit
+    makes one negative, it is pinned to 0 and the other refitted).
+    """
+    S = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    if S.shape != t.shape or S.ndim != 1 or len(S) < 2:
+        raise ValueError("need at least two (size, time) points, as two equal-length 1-D sequences")
+    if np.any(t <= 0) or np.any(S < 0):
+        raise ValueError("times must be > 0 and sizes >= 0")
+    a, b = (1.0, 1.0) if algorithm is None else allreduce_terms(algorithm, n)[:2]
+    if a == 0 and b == 0:
+        raise ValueError("a 1-rank all-reduce has no communication to fit")
+    X = np.stack([np.full_like(S, a), b * S], axis=1) / t[:, None]
+    y = np.ones_like(t)
+    (alpha, beta), *_ = np.linalg.lstsq(X, y, rcond=None)
+    if alpha < 0 or beta < 0:
+        keep = 1 if alpha < 0 else 0
+        coef = float(np.linalg.lstsq(X[:, keep:keep + 1], y, rcond=None)[0][0])
+        alpha, beta = (0.0, max(coef, 0.0)) if keep == 1 else (max(coef, 0.0), 0.0)
+    pred = a * alpha + b * S * beta
+    rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return Fit(float(alpha), float(beta), algorithm, n, rel_rms)
+
+
+# =========================================================================== 6. ZeRO memory
+# Rajbhandari et al. 2019 (ZeRO), Fig. 1 / Sec. 5: bytes of *model states* per rank for
+# Ψ trainable parameters on N data-parallel ranks. Mixed-precision Adam (the lecture's
+# form) keeps fp16 parameters (2Ψ), fp16 gradients (2Ψ) and K = 12 bytes per parameter of
+# optimizer state (fp32 master copy, momentum, variance):
+#     DDP  (2+2+K)Ψ      ZeRO-1  (2+2+K/N)Ψ      ZeRO-2  (2+(2+K)/N)Ψ      ZeRO-3  (2+2+K)Ψ/N
+# The CPU labs train in plain fp32 with no master copy: 4 + 4 + K=8 (momentum, variance),
+# i.e. 16Ψ for DDP. ``minidist.memory`` measures the same three categories from live
+# tensors, and the tests hold the measurement to within 2% of these numbers.
+MIXED_PRECISION_ADAM = {"param_bytes": 2, "grad_bytes": 2, "k": 12}
+FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "k": 8}
+
+
+def zero_memory_bytes(stage: int, numel: float, n: int, param_bytes: float = 2, grad_bytes: float = 2,
+                      k: float = 12) -> dict[str, float]:
+    """{"params", "grads", "optimizer", "total"} bytes per rank for ZeRO ``stage`` (0 = DDP)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0 (plain DDP), 1, 2 or 3, got {stage!r}")
+    if n < 1 or numel < 0:
+        raise ValueError(f"need n >= 1 and numel >= 0, got n={n}, numel={numel}")
+    shard = lambda s: 1 / n if stage >= s else 1.0     # stage s shards the s-th state
+    out = {"optimizer": k * numel * shard(1), "grads": grad_bytes * numel * shard(2),
+           "params": param_bytes * numel * shard(3)}
+    out["total"] = out["params"] + out["grads"] + out["optimizer"]
+    return out
+
+
+def zero_memory_bytes_fp32(stage: int, numel: float, n: int) -> dict[str, float]:
+    """The form measured on CPU: fp32 parameters and gradients, Adam's two fp32 moments."""
+    return zero_memory_bytes(stage, numel, n, **FP32_ADAM)
+
+
+def zero_bytes_per_param(stage: int, n: int, param_bytes: float = 2, grad_bytes: float = 2,
+                         k: float = 12) -> float:
+    """Model-state bytes per parameter per rank: 16 for DDP with mixed-precision Adam."""
+    return zero_memory_bytes(stage, 1, n, param_bytes, grad_bytes, k)["total"]
+
+
+def largest_model(budget_bytes: float, stage: int, n: int, **precision) -> float:
+    """Parameters whose model states fit a per-rank budget: 80 GB / 16 B = 5e9 for DDP."""
+    return budget_bytes / zero_bytes_per_param(stage, n, **precision)
