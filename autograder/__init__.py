@@ -1,0 +1,17 @@
+"""Course tooling for minidist: release labs, grade a class with nbgrader, self-test.
+
+Run ``python -m autograder --help``.  The autograder imports minidist; minidist
+never imports the autograder.
+"""
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO = PACKAGE_DIR.parent
+SOLUTIONS = REPO / "solutions"
+LABS = REPO / "labs"
+BUGBANK = PACKAGE_DIR / "bugbank"
+CONFIG_FILE = PACKAGE_DIR / "nbgrader_config.py"
+KERNEL_NAME = "minidist"
+
+#: wall-clock limit (s) for one submission (kernel start, all cells, feedback)
+SUBMISSION_TIMEOUT = 600

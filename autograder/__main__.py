@@ -1,0 +1,147 @@
+"""python -m autograder {release,grade,feedback,export,selftest,bench} ..."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    w = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) if rows else len(c) for c in cols}
+    lines = ["  ".join(c.ljust(w[c]) for c in cols)]
+    lines += ["  ".join(str(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def cmd_release(a) -> int:
+    from autograder import release
+    if a.check:
+        problems = release.check()
+        for p in problems:
+            print(p)
+        if problems:
+            print("labs/ is out of date: run `python -m autograder release`", file=sys.stderr)
+            return 1
+        print("labs/ matches a fresh release")
+        return 0
+    done = release.release(a.labs or None)
+    print("released:", ", ".join(done) if done else "(no labs under solutions/)")
+    return 0
+
+
+def cmd_grade(a) -> int:
+    from autograder.grade import grade
+    r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
+              wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work)
+    subs = []
+    for j in sorted(r["jobs"], key=lambda j: (j.student, j.lab)):
+        cells = [c for nb in j.result["cells"].values() for c in nb.values()]
+        subs.append({"student": j.student, "lab": j.lab,
+                     "score": f"{sum(float(c['points'] or 0) for c in cells):g}/"
+                              f"{sum(c['max_points'] for c in cells):g}",
+                     "seconds": f"{j.seconds:.1f}",
+                     "problem": (j.result.get("failure") or "; ".join(j.result.get("notes", [])))[:80]})
+    print(_table(subs, ["student", "lab", "score", "seconds", "problem"]))
+    out = r["out"]
+    print(f"\n{len(subs)} submissions in {r['meta']['seconds']:.1f} s with --jobs {a.jobs}")
+    print(f"grades:   {out / 'grades.csv'}\nresults:  {out / 'results.csv'}, {out / 'results.json'}\n"
+          f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html")
+    return 0
+
+
+def cmd_feedback(a) -> int:
+    from autograder.feedback import collect
+    made, leaks = collect(Path(a.out), Path(a.to) if a.to else None)
+    for p in made:
+        print(p)
+    for l in leaks:
+        print("LEAK:", l, file=sys.stderr)
+    return 1 if leaks else 0
+
+
+def cmd_export(a) -> int:
+    from autograder.grade import export_csv
+    out = Path(a.out)
+    dest = Path(a.to) if a.to else out / "grades.csv"
+    export_csv(out / "gradebook.db", dest)
+    print(dest)
+    return 0
+
+
+def cmd_selftest(a) -> int:
+    from autograder.selftest import selftest
+    ok = selftest(labs=a.lab, jobs=a.jobs, out=Path(a.out) if a.out else None,
+                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet)
+    return 0 if ok else 1
+
+
+def cmd_bench(a) -> int:
+    from autograder.bench import bench
+    bench(lab=a.lab, n=a.n, jobs=a.jobs)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    p.add_argument("--solutions", help="course source directory (default: solutions/; "
+                                       "also $MINIDIST_SOLUTIONS)")
+    p.add_argument("--labs-dir", help="release directory (default: labs/)")
+    p.add_argument("--bugbank", help="bug bank directory (default: autograder/bugbank/)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("release", help="regenerate labs/ from solutions/ (nbgrader generate_assignment)")
+    s.add_argument("labs", nargs="*", help="labs to release (default: all)")
+    s.add_argument("--check", action="store_true", help="only check that labs/ is up to date")
+    s.set_defaults(fn=cmd_release)
+
+    def timing(s):
+        s.add_argument("--cell-timeout", type=int, default=None,
+                       help="seconds per cell (default: Execute.timeout in nbgrader_config.py)")
+        s.add_argument("--wall-timeout", type=float, default=None,
+                       help="wall-clock seconds per submission (default: 600)")
+        s.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    s = sub.add_parser("grade", help="grade SUBMISSIONS/<student>/<lab>/<notebook>.ipynb")
+    s.add_argument("submissions")
+    s.add_argument("--out", required=True)
+    s.add_argument("--jobs", type=int, default=1)
+    s.add_argument("--lab", action="append", help="grade only this lab (repeatable)")
+    s.add_argument("--keep-work", action="store_true", help="keep OUT/_work (per-job course dirs)")
+    timing(s)
+    s.set_defaults(fn=cmd_grade)
+
+    s = sub.add_parser("feedback", help="check a graded OUT/feedback for hidden-test leaks and "
+                                        "copy it to --to DIR/<student>/<lab>/ for handing back")
+    s.add_argument("out")
+    s.add_argument("--to")
+    s.set_defaults(fn=cmd_feedback)
+
+    s = sub.add_parser("export", help="re-export OUT/grades.csv from OUT/gradebook.db (nbgrader CSV)")
+    s.add_argument("out")
+    s.add_argument("--to")
+    s.set_defaults(fn=cmd_export)
+
+    s = sub.add_parser("selftest", help="solution = full marks, release = 0, every bank bug caught")
+    s.add_argument("--lab", action="append")
+    s.add_argument("--jobs", type=int, default=2)
+    s.add_argument("--out", help="keep the selftest's grading output here")
+    timing(s)
+    s.set_defaults(fn=cmd_selftest)
+
+    s = sub.add_parser("bench", help="seconds per submission, and --jobs 1 vs 2 on N submissions")
+    s.add_argument("--lab", default=None, help="default: the first lab under solutions/")
+    s.add_argument("-n", type=int, default=8)
+    s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
+    s.set_defaults(fn=cmd_bench)
+
+    a = p.parse_args(argv)
+    for flag, var in (("solutions", "MINIDIST_SOLUTIONS"), ("labs_dir", "MINIDIST_LABS"),
+                      ("bugbank", "MINIDIST_BUGBANK")):
+        if getattr(a, flag):
+            os.environ[var] = str(Path(getattr(a, flag)).resolve())
+    return a.fn(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

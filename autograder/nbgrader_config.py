@@ -1,0 +1,44 @@
+"""nbgrader course configuration for minidist.
+
+The source notebooks live in ``solutions/<lab>/<lab>.ipynb`` and the student
+release is generated into ``labs/<lab>/``.  ``python -m autograder`` loads this
+file and, for grading, points ``CourseDirectory.root`` at a private temporary
+course directory per submission (see autograder/README.md).
+"""
+import os
+
+c = get_config()  # noqa: F821  (provided by traitlets when this file is loaded)
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+c.CourseDirectory.course_id = "minidist"
+c.CourseDirectory.root = _REPO
+c.CourseDirectory.source_directory = "solutions"
+c.CourseDirectory.release_directory = "labs"
+# the gradebook is never written into the repository: every command overrides
+# this with a database in its own temporary or output directory
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_REPO, "out", "gradebook.db")
+
+# Release: stubs students see in place of the solution.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# Grading kernel: pinned, has minidist installed (python -m autograder installs it
+# on first use: python -m ipykernel install --sys-prefix --name minidist).
+c.Execute.kernel_name = "minidist"
+# Per-cell timeout (nbgrader's default is 30 s).  Tests call minidist.launch with
+# timeouts of at most ~30 s, so a cell that deadlocks is reported by LaunchError
+# well before this fires; this only catches code that never returns at all.
+c.Execute.timeout = 120
+# Rank subprocesses write straight to file descriptor 2; do not turn that into
+# "stderr" cell output (nbgrader scores any stderr output in a test cell as 0).
+c.Execute.extra_arguments = [
+    "--HistoryManager.hist_file=:memory:",
+    "--IPKernelApp.capture_fd_output=False",
+]
+# Deleted grade/test cells are put back (the autograder also restores them
+# itself before nbgrader runs, and records that it did).
+c.OverwriteCells.add_missing_cells = True
+# Megabytes of output: keep the autograded notebooks and feedback small.
+c.LimitOutput.max_lines = 200
+c.LimitOutput.max_traceback = 60
