@@ -100,21 +100,23 @@ def structural_problems(s: Schedule) -> list[str]:
                 if st > 0 and ({"B", "BI"} & set(done)) and "SEND_B" not in done:
                     out.append(f"{what}: gradient never sent to stage {st - 1}")
     for (src, dst), ch in sorted(channels.items()):
-        for k in range(max(len(ch["send"]), len(ch["recv"]))):
-            snd = ch["send"][k] if k < len(ch["send"]) else None
-            rcv = ch["recv"][k] if k < len(ch["recv"]) else None
-            if snd is None:
-                out.append(f"rank {dst} receives {rcv[0][0]} of micro-batch {rcv[0][1]} from rank {src} "
-                           f"(action {rcv[2]}), but rank {src} never sends it (no matching send)")
-            elif rcv is None:
-                out.append(f"rank {src} sends {snd[0][0]} of micro-batch {snd[0][1]} to rank {dst} "
-                           f"(action {snd[2]}), but rank {dst} never receives it (no matching recv)")
-            elif snd[0] != rcv[0]:
-                out.append(f"message {k} from rank {src} to rank {dst}: the send carries {snd[0]} but the "
-                           f"receive expects {rcv[0]} (messages match in order)")
-            else:
-                continue
-            break      # later positions of a broken channel are noise
+        sent = {msg for msg, _, _ in ch["send"]}
+        got = {msg for msg, _, _ in ch["recv"]}
+        for msg, _, i in ch["recv"]:
+            if msg not in sent:
+                out.append(f"rank {dst} receives the {msg[0]} of micro-batch {msg[1]} from rank {src} "
+                           f"(action {i}), but rank {src} never sends it (no matching send)")
+        for msg, _, i in ch["send"]:
+            if msg not in got:
+                out.append(f"rank {src} sends the {msg[0]} of micro-batch {msg[1]} to rank {dst} "
+                           f"(action {i}), but rank {dst} never receives it (no matching receive)")
+        if sent != got:
+            continue
+        for k, ((smsg, _, si), (rmsg, _, ri)) in enumerate(zip(ch["send"], ch["recv"])):
+            if smsg != rmsg:    # later positions of a broken channel are noise: report the first
+                out.append(f"message {k} from rank {src} to rank {dst}: the send (action {si}) carries "
+                           f"{smsg} but the receive (action {ri}) expects {rmsg} (messages match in order)")
+                break
     return out
 
 
