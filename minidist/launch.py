@@ -53,7 +53,7 @@ WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the 
 MAX_CPU_WORLD = 64
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
 _STATUS_BYTES = 512         # [0] phase, [1:17] main-thread id (hex), [32:] current op
-_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WI]\d{4} |^\s*warnings\.warn\(")
+_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(")
 
 
 class LaunchError(RuntimeError):
@@ -381,6 +381,9 @@ def _rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, fo
         # user's timeout, and a stuck op raises on its own before the watchdog has to step in.
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+        # Without this a rank that finishes fast can exit while a peer is still connecting
+        # to it, and the peer fails in init with "Connection closed by peer".
+        dist.barrier()
         status.set_phase(1)
     except BaseException:
         return _report_exception(rank, run_dir, "failed to start")

@@ -1,0 +1,1 @@
+"""Benchmarks for ``minidist bench NAME``: one module each, with ``add_arguments`` and ``run``."""

@@ -1,0 +1,140 @@
+"""The tracer: bytes, peers and ops of known patterns, guards, and exports."""
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist.trace import ForbiddenOperation, api, guard, merge, span, trace
+
+
+def ring_shift(numel):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = torch.empty(numel)
+    with trace() as t:
+        reqs = [dist.isend(torch.full((numel,), float(rank)), (rank + 1) % n),
+                dist.irecv(out, (rank - 1) % n)]
+        for r in reqs:
+            r.wait()
+        dist.barrier()
+    return t, out
+
+
+def test_ring_shift_bytes_and_peers():
+    n, numel = 4, 1000
+    results = minidist.launch(ring_shift, n, numel)
+    whole = merge(t for t, _ in results)
+    for rank, (t, out) in enumerate(results):
+        assert torch.equal(out, torch.full((numel,), float((rank - 1) % n)))
+        assert t.bytes_sent() == numel * 4 and t.bytes_received() == numel * 4
+        assert t.peers_sent_to() == {(rank + 1) % n}
+        assert t.peers_received_from() == {(rank - 1) % n}
+        assert t.op_counts() == {"isend": 1, "irecv": 1, "barrier": 1}
+        for e in t.events:
+            assert e.end >= e.start and e.rank == rank and "test_trace.py" in e.where
+    assert whole.edges() == {(r, (r + 1) % n): numel * 4 for r in range(n)}
+    assert whole.ranks() == list(range(n))
+
+
+def collectives_payloads():
+    x = torch.ones(6)
+    with trace() as t:
+        dist.all_reduce(x)
+        out = torch.empty(6 * dist.get_world_size())
+        dist.all_gather_into_tensor(out, x)
+        shard = torch.empty(3)
+        dist.reduce_scatter_tensor(shard, torch.ones(3 * dist.get_world_size()))
+        dist.broadcast(x, src=0)
+        objs = [None] * dist.get_world_size()
+        dist.all_gather_object(objs, {"rank": dist.get_rank()})   # calls all_gather inside: counted once
+    return [(e.op, e.nbytes) for e in t.events], objs
+
+
+def test_collectives_record_op_and_input_payload():
+    events, objs = minidist.launch(collectives_payloads, 2)[0]
+    assert events[:4] == [("all_reduce", 24), ("all_gather_into_tensor", 24),
+                          ("reduce_scatter_tensor", 24), ("broadcast", 24)]
+    assert [op for op, _ in events[4:]] == ["all_gather_object"]
+    assert objs == [{"rank": 0}, {"rank": 1}]
+
+
+def subgroup_send():
+    group = dist.new_group([1, 3])
+    with trace() as t:
+        if dist.get_rank() == 1:
+            dist.send(torch.ones(5), group_dst=1, group=group)
+        elif dist.get_rank() == 3:
+            dist.recv(torch.empty(5), group_src=0, group=group)
+    return [(e.op, e.peer, e.group) for e in t.events]
+
+
+def test_subgroup_peers_are_global_ranks():
+    out = minidist.launch(subgroup_send, 4)
+    assert out[1] == [("send", 3, (1, 3))]
+    assert out[3] == [("recv", 1, (1, 3))]
+    assert out[0] == [] and out[2] == []
+
+
+@api("fancy_all_reduce")
+def fancy_all_reduce(x):
+    dist.all_reduce(x)
+    return x
+
+
+def guarded_calls():
+    seen = {}
+    with guard(allow={"send", "recv", "isend", "irecv"}):
+        for name, call in [("all_reduce", lambda: dist.all_reduce(torch.ones(1))),
+                           ("minidist", lambda: fancy_all_reduce(torch.ones(1)))]:
+            try:
+                call()
+                seen[name] = "allowed"
+            except ForbiddenOperation as err:
+                seen[name] = str(err)
+        peer = 1 - dist.get_rank()
+        reqs = [dist.isend(torch.ones(2), peer), dist.irecv(torch.empty(2), peer)]
+        [r.wait() for r in reqs]
+        seen["p2p"] = "allowed"
+    dist.all_reduce(torch.ones(1))      # outside the guard: allowed again
+    seen["after"] = "allowed"
+    return seen
+
+
+def test_guard_forbids_collectives_and_minidist_apis_but_not_p2p():
+    seen = minidist.launch(guarded_calls, 2)[0]
+    assert "all_reduce is not allowed here (test_trace.py:" in seen["all_reduce"]
+    assert "send/recv" in seen["all_reduce"]
+    assert seen["minidist"].startswith("minidist.fancy_all_reduce is not allowed here")
+    assert seen["p2p"] == "allowed" and seen["after"] == "allowed"
+
+
+def spans_and_batched_p2p():
+    peer = 1 - dist.get_rank()
+    with trace() as t:
+        with span("F", mb=0):
+            ops = [dist.P2POp(dist.isend, torch.ones(3), peer), dist.P2POp(dist.irecv, torch.empty(3), peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        fancy_all_reduce(torch.ones(2))
+    return t
+
+
+def test_spans_api_regions_and_chrome_export(tmp_path):
+    traces = minidist.launch(spans_and_batched_p2p, 2)
+    t0 = traces[0]
+    ops = [e.op for e in t0.events]
+    assert "span:F" in ops and "api:fancy_all_reduce" in ops and "batch_isend_irecv" in ops
+    assert [e.meta for e in t0.events if e.op == "span:F"] == [{"mb": 0}]
+    assert all(not e.op.startswith(("span:", "api:")) for e in t0.comm())
+    path = tmp_path / "trace.json"
+    merge(traces).to_chrome(str(path))
+    doc = json.loads(path.read_text())
+    assert {row["tid"] for row in doc["traceEvents"]} == {0, 1}
+    assert all(row["dur"] >= 0 and row["ph"] == "X" for row in doc["traceEvents"])
+
+
+def test_trace_is_empty_outside_any_launch():
+    with trace() as t:
+        pass
+    assert t.events == [] and t.bytes_sent() == 0
