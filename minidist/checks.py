@@ -1,0 +1,316 @@
+"""Reusable checks for collectives: one call runs a function on N ranks and tells you,
+in words, what is wrong with it.
+
+Used by ``tests/``, the lab notebooks and the autograder alike, so a lab test cell is a
+one-liner::
+
+    checks.check_all_reduce(ring_all_reduce, world_sizes=(2, 3, 4), pattern="ring")
+    checks.lab1_check("ring_all_reduce", ring_all_reduce)            # lab 1's graded cases
+
+What one check does, for each world size: launch the ranks once (``minidist.launch``),
+run every case (length x dtype [x root]) on deterministic random inputs inside
+``trace()`` and ``guard()`` (only send/recv/isend/irecv allowed, so calling
+``dist.all_reduce`` or minidist's own implementation is caught), compare every rank's
+result with torch on the same inputs, then check the traced communication pattern.
+
+Failures raise ``AssertionError`` naming the function, the input (world size, length,
+dtype), the rank, what was expected and what was seen. A function that deadlocks fails
+after ``timeout`` seconds with the launcher's ``LaunchError`` (which rank is blocked in
+which operation, on which line), prefixed with the case that was running.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist.trace import ForbiddenOperation, Trace, guard, merge, trace
+
+P2P_ONLY = frozenset({"send", "recv", "isend", "irecv"})
+DEFAULT_TIMEOUT = 15.0
+_WHY = "graded collectives must be built from dist.send/recv/isend/irecv only"
+
+
+@dataclass(frozen=True)
+class Case:
+    world_size: int
+    length: int
+    dtype: torch.dtype
+    root: int | None = None          # src of broadcast/scatter, dst of reduce/gather
+
+    def __str__(self):
+        root = "" if self.root is None else f", root={self.root}"
+        return f"world_size={self.world_size}, length={self.length}, {str(self.dtype).replace('torch.', '')}{root}"
+
+
+def make_input(case: Case, rank: int, seed: int = 0) -> torch.Tensor:
+    """The tensor rank ``rank`` gets for ``case``: random, different on every rank, reproducible."""
+    g = torch.Generator().manual_seed(hash((seed, case.world_size, case.length, rank)) % (2 ** 62))
+    return torch.randn(case.length, generator=g, dtype=torch.float64).to(case.dtype)
+
+
+# ----------------------------------------------------------------------------- references
+def _sum(xs):
+    return torch.stack(xs).sum(0)
+
+
+KINDS = {   # kind -> (how to call fn, reference result on rank r or None if unchecked, exact?)
+    "all_reduce": (lambda fn, x, c: fn(x), lambda xs, r, c: _sum(xs), False),
+    "reduce_scatter": (lambda fn, x, c: fn(x), lambda xs, r, c: _sum(xs).tensor_split(c.world_size)[r], False),
+    "broadcast": (lambda fn, x, c: fn(x, c.root), lambda xs, r, c: xs[c.root], True),
+    "reduce": (lambda fn, x, c: fn(x, c.root), lambda xs, r, c: _sum(xs) if r == c.root else None, False),
+    "scatter": (lambda fn, x, c: fn(x, c.root), lambda xs, r, c: xs[c.root].tensor_split(c.world_size)[r], True),
+    "gather": (lambda fn, x, c: fn(x, c.root), lambda xs, r, c: torch.cat(xs) if r == c.root else None, True),
+    "all_gather": (lambda fn, x, c: fn(x), lambda xs, r, c: torch.cat(xs), True),
+    "all_to_all": (lambda fn, x, c: fn(x), lambda xs, r, c: torch.cat([x.tensor_split(c.world_size)[r] for x in xs]), True),
+}
+ROOTED = {"broadcast", "reduce", "scatter", "gather"}
+
+
+# ----------------------------------------------------------------------------- running
+def _rank_body(fn, kind, cases, seed, allow, progress_dir):
+    rank = dist.get_rank()
+    call = KINDS[kind][0]
+    out = []
+    for case in cases:
+        with open(os.path.join(progress_dir, f"rank{rank}"), "w") as f:
+            f.write(str(case))
+        x = make_input(case, rank, seed)
+        before = x.clone()
+        with trace() as t, guard(allow, _WHY):
+            y = call(fn, x, case)
+        out.append((y, Trace(t.comm()), torch.equal(x, before)))
+    return out
+
+
+def run_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
+              allow=P2P_ONLY, timeout: float = DEFAULT_TIMEOUT) -> list:
+    """Run ``fn`` on ``cases`` (all of one world size) in a single launch.
+
+    Returns, per rank, a list of (result, trace, input_unchanged) per case.
+    """
+    n = cases[0].world_size
+    if any(c.world_size != n for c in cases):
+        raise ValueError("run_cases: all cases of one launch must have the same world size")
+    name = name or getattr(fn, "__name__", "function")
+    progress = tempfile.mkdtemp(prefix="minidist-check-")
+    try:
+        return minidist.launch(_rank_body, n, fn, kind, cases, seed, frozenset(allow), progress, timeout=timeout)
+    except minidist.LaunchError as err:
+        running = sorted({open(os.path.join(progress, p)).read() for p in os.listdir(progress)})
+        where = f"{name} ({' / '.join(running) or f'world_size={n}'})"
+        forbidden = [text for text in err.failures.values() if ForbiddenOperation.__name__ in text]
+        if forbidden:
+            line = forbidden[0].split("ForbiddenOperation: ", 1)[-1].splitlines()[0]
+            raise AssertionError(f"{where}: a forbidden operation was called: {line}.\n"
+                                 f"Use only dist.send/recv/isend/irecv (and your own helpers); "
+                                 f"torch.distributed collectives and minidist's implementations "
+                                 f"are off limits here.") from None
+        raise minidist.LaunchError(f"{where} failed:\n{err}", err.failures) from None
+    finally:
+        shutil.rmtree(progress, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- comparing
+def _show(t: torch.Tensor) -> str:
+    if t.numel() <= 12:
+        return str([round(v, 5) for v in t.double().tolist()])
+    return f"tensor of {t.numel()} elements, first {[round(v, 4) for v in t[:6].double().tolist()]} ..."
+
+
+def _compare(name, case, rank, got, want, exact):
+    head = f"{name} ({case}): rank {rank}"
+    if not isinstance(got, torch.Tensor):
+        raise AssertionError(f"{head} returned {type(got).__name__}; expected a tensor of shape {tuple(want.shape)}")
+    if got.shape != want.shape:
+        raise AssertionError(f"{head} returned shape {tuple(got.shape)}; expected {tuple(want.shape)}")
+    if got.dtype != want.dtype:
+        raise AssertionError(f"{head} returned dtype {got.dtype}; expected {want.dtype} (same as the input)")
+    tol = dict(rtol=0, atol=0) if exact else (
+        dict(rtol=1e-5, atol=1e-5 * case.world_size) if want.dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10))
+    if torch.allclose(got, want, **tol):
+        return
+    bad = (~torch.isclose(got, want, **tol)).nonzero().flatten()
+    chunk_of = torch.cat([torch.full((c.numel(),), i) for i, c in enumerate(torch.arange(got.numel()).tensor_split(case.world_size))])
+    chunks = sorted({int(chunk_of[i]) for i in bad}) if got.dim() == 1 else []
+    raise AssertionError(
+        f"{head} returned a wrong result: {len(bad)} of {got.numel()} elements differ"
+        + (f" (in chunk(s) {chunks} of tensor_split({case.world_size}))" if chunks else "")
+        + f".\n  expected (torch on the same inputs): {_show(want)}\n  got: {_show(got)}"
+        + f"\n  max |error| = {(got.double() - want.double()).abs().max().item():.3g}")
+
+
+def check_results(name, kind, cases, results, seed=0, agree=None):
+    """Compare every rank's result with torch's, case by case (raises AssertionError)."""
+    ref = KINDS[kind][1]
+    exact = KINDS[kind][2]
+    agree = kind == "all_reduce" if agree is None else agree
+    for i, case in enumerate(cases):
+        xs = [make_input(case, r, seed) for r in range(case.world_size)]
+        for r in range(case.world_size):
+            got, _, unchanged = results[r][i]
+            want = ref(xs, r, case)
+            if want is not None:
+                _compare(name, case, r, got, want, exact)
+            if not unchanged:
+                raise AssertionError(f"{name} ({case}): rank {r} modified its input tensor; "
+                                     f"work on a copy (tensor.clone()) and return a new tensor")
+        if agree and any(not torch.equal(results[r][i][0], results[0][i][0]) for r in range(case.world_size)):
+            raise AssertionError(f"{name} ({case}): the ranks' results are close to the sum but not identical; "
+                                 f"after an all-reduce every rank must hold exactly the same tensor "
+                                 f"(each chunk should be summed once and then copied)")
+
+
+def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
+                     roots=None, pattern: str | None = None, name: str | None = None, seed: int = 0,
+                     timeout: float = DEFAULT_TIMEOUT, allow=P2P_ONLY) -> None:
+    """Run ``fn`` as a ``kind`` collective (see ``KINDS``) on every world size x length x
+    dtype (x root), compare with torch, and, if ``pattern`` is given, check the trace
+    with ``PATTERNS[pattern]`` (on the cases with length >= world size). Lengths may be callables of the world size (``lambda n: n - 1``).
+    Roots default to 0, n//2 and n-1 for rooted collectives."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    if pattern is not None and pattern not in PATTERNS:
+        raise ValueError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    name = name or getattr(fn, "__name__", "function")
+    for n in world_sizes:
+        ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
+        rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
+        cases = [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]
+        results = run_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout)
+        check_results(name, kind, cases, results, seed)
+        if pattern is not None:
+            for i, case in enumerate(cases):      # with empty chunks, message counts legitimately vary
+                if case.length >= n:
+                    PATTERNS[pattern](name, case, merge(results[r][i][1] for r in range(n)))
+
+
+def check_all_reduce(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
+                     pattern: str | None = None, **kw) -> None:
+    check_collective(fn, "all_reduce", world_sizes, lengths, dtypes, pattern=pattern, **kw)
+
+
+def check_reduce_scatter(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
+                         pattern: str | None = None, **kw) -> None:
+    check_collective(fn, "reduce_scatter", world_sizes, lengths, dtypes, pattern=pattern, **kw)
+
+
+def check_broadcast(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8), dtypes=(torch.float32,), roots=None, **kw) -> None:
+    check_collective(fn, "broadcast", world_sizes, lengths, dtypes, roots=roots, **kw)
+
+
+# ----------------------------------------------------------------------------- patterns
+def _fail(name, case, rank, expected, seen, hint=""):
+    raise AssertionError(f"{name} ({case}), communication pattern, rank {rank}: expected {expected}; "
+                         f"seen {seen}.{' ' + hint if hint else ''}")
+
+
+def _messages(t: Trace, rank: int):
+    return [e for e in t.select(rank).events if e.is_send or e.is_recv]
+
+
+def _check_bytes(name, case, t, rank, nominal, what, slack_elems=2):
+    item = torch.empty((), dtype=case.dtype).element_size()
+    slack = slack_elems * item
+    for direction, seen in (("sent", t.bytes_sent(rank)), ("received", t.bytes_received(rank))):
+        if abs(seen - nominal) > slack:
+            hint = ("That is about the whole tensor at every step: send one chunk per step."
+                    if seen > 1.5 * nominal else "Too little: is a phase missing?")
+            _fail(name, case, rank, f"{direction} bytes = {what} = {nominal:.0f} (±{slack} for chunk rounding)",
+                  f"{seen} bytes {direction}", hint)
+
+
+def ring_pattern(name, case, t, factor=2):
+    """Only ring neighbours, and factor·(N-1)/N·S bytes each way per rank (2 for all-reduce,
+    1 for reduce-scatter / all-gather)."""
+    n, S = case.world_size, case.length * torch.empty((), dtype=case.dtype).element_size()
+    for r in range(n):
+        peers = {e.peer for e in _messages(t, r)}
+        far = peers - {(r - 1) % n, (r + 1) % n}
+        if far:
+            _fail(name, case, r, f"messages only to/from ring neighbours {sorted({(r - 1) % n, (r + 1) % n})}",
+                  f"messages with rank(s) {sorted(far)}")
+        _check_bytes(name, case, t, r, factor * (n - 1) / n * S, f"{factor}(N-1)/N·S")
+
+
+def halving_pattern(name, case, t):
+    """Rabenseifner: lg N halving rounds then lg N doubling rounds, partner r XOR d for
+    d = 1, 2, 4, ... (either order), message sizes halving then doubling, 2(N-1)/N·S bytes."""
+    n, item = case.world_size, torch.empty((), dtype=case.dtype).element_size()
+    S, lg = case.length * item, n.bit_length() - 1
+    if n & (n - 1):
+        raise ValueError("halving_pattern needs a power-of-two world size")
+    for r in range(n):
+        sends = [e for e in _messages(t, r) if e.is_send]
+        if len(sends) != 2 * lg:
+            _fail(name, case, r, f"2·lg N = {2 * lg} messages sent (lg N halving + lg N doubling rounds)",
+                  f"{len(sends)} messages sent")
+        dist_seen = [e.peer ^ r for e in sends]
+        if sorted(dist_seen[:lg]) != [1 << k for k in range(lg)] or dist_seen[lg:] != dist_seen[:lg][::-1]:
+            _fail(name, case, r, f"partners rank XOR 1, 2, 4, ... (XOR-distances {[1 << k for k in range(lg)]}), "
+                  f"then the same partners in reverse order", f"XOR-distances {dist_seen}")
+        sizes = [e.nbytes for e in sends]
+        for k in range(lg):
+            for got, want in ((sizes[k], S / 2 ** (k + 1)), (sizes[2 * lg - 1 - k], S / 2 ** (k + 1))):
+                if abs(got - want) > n * item:
+                    _fail(name, case, r, f"message sizes S/2, S/4, ... then back up: {[S / 2 ** (j + 1) for j in range(lg)]}",
+                          f"sizes {sizes}", "Each round should send only the half you give up.")
+        _check_bytes(name, case, t, r, 2 * (n - 1) / n * S, "2(N-1)/N·S", slack_elems=n)
+
+
+def through_root_pattern(name, case, t, root=0):
+    """Naive all-reduce: every message has rank 0 at one end; rank 0 moves (N-1)·S each way."""
+    n, S = case.world_size, case.length * torch.empty((), dtype=case.dtype).element_size()
+    for r in range(n):
+        for e in _messages(t, r):
+            if root not in (e.rank, e.peer):
+                _fail(name, case, r, f"every message to or from rank {root}", f"{e.op} with rank {e.peer} at {e.where}")
+        want = (n - 1) * S if r == root else S
+        for direction, seen in (("sent", t.bytes_sent(r)), ("received", t.bytes_received(r))):
+            if seen != want:
+                _fail(name, case, r, f"{want} bytes {direction} ({'(N-1)·S' if r == root else 'S'})", f"{seen}")
+
+
+PATTERNS = {
+    "ring": ring_pattern,
+    "ring_reduce_scatter": lambda name, case, t: ring_pattern(name, case, t, factor=1),
+    "halving": halving_pattern,
+    "naive": through_root_pattern,
+}
+
+
+# ----------------------------------------------------------------------------- lab 1
+LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
+    "broadcast": ("broadcast", None, False),
+    "naive_all_reduce": ("all_reduce", "naive", False),
+    "ring_reduce_scatter": ("reduce_scatter", "ring_reduce_scatter", False),
+    "ring_all_reduce": ("all_reduce", "ring", False),
+    "recursive_halving_all_reduce": ("all_reduce", "halving", True),
+}
+
+
+def lab1_check(name: str, fn, hidden: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
+    world sizes 2-5 (powers of two for halving), lengths divisible by N, not, and below
+    N, float32 and float64."""
+    kind, _, pow2 = LAB1[name]
+    if hidden:
+        sizes = (2, 4) if pow2 else (2, 3, 4, 5)
+        lengths, dtypes = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37), (torch.float32, torch.float64)
+    else:
+        sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
+    check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout)
+
+
+def lab1_check_pattern(name: str, fn, timeout: float = DEFAULT_TIMEOUT) -> None:
+    """The traced communication pattern of lab 1's graded function ``name``."""
+    kind, pattern, pow2 = LAB1[name]
+    if pattern is None:
+        raise ValueError(f"lab 1 has no pattern test for {name}")
+    sizes = (2, 4) if pow2 else (2, 3, 4)
+    check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name, timeout=timeout)
