@@ -24,7 +24,8 @@ from minidist.models import TinyMLP, flat_parameters, make_optimizer, mlp_batch
 from minidist.trace import trace
 from minidist.zero import ZeroDataParallel
 
-VARIANTS = ("naive_ddp", "bucketed_ddp", "parameter_server", "zero1", "zero2", "zero3")
+# "local" is the control: every rank trains alone on its slice, with no communication.
+VARIANTS = ("local", "naive_ddp", "bucketed_ddp", "parameter_server", "zero1", "zero2", "zero3")
 ZERO_STAGE = {"bucketed_ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
 
 
@@ -52,7 +53,9 @@ class _Driver:
         opt_cls = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[optimizer]
         opt_kw = {"lr": lr} | ({"momentum": 0.9} if optimizer == "sgd" else {})
         self.optimizer = None
-        if variant == "naive_ddp":
+        if variant == "local":
+            self.wrapper = model
+        elif variant == "naive_ddp":
             self.wrapper = NaiveDDP(model, group)
         elif variant == "bucketed_ddp":
             self.wrapper = BucketedDDP(model, group, bucket_cap_bytes=bucket_cap_bytes)
@@ -66,7 +69,7 @@ class _Driver:
                                                     prefetch=prefetch, **opt_kw)
         else:
             raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
-        if variant in ("naive_ddp", "bucketed_ddp"):
+        if variant in ("local", "naive_ddp", "bucketed_ddp"):
             self.optimizer = make_optimizer(model.parameters(), optimizer, lr)
         elif self.optimizer is None:
             self.optimizer = self.wrapper.optimizer
@@ -80,13 +83,13 @@ class _Driver:
     def step(self):
         if self.variant == "naive_ddp":
             self.wrapper.sync_gradients()
-        if self.variant in ("naive_ddp", "bucketed_ddp"):
+        if self.variant in ("local", "naive_ddp", "bucketed_ddp"):
             self.optimizer.step()
         else:
             self.wrapper.step()
 
     def zero_grad(self):
-        (self.optimizer if self.variant in ("naive_ddp", "bucketed_ddp") else self.wrapper).zero_grad()
+        (self.optimizer if self.variant in ("local", "naive_ddp", "bucketed_ddp") else self.wrapper).zero_grad()
 
     def state_tensors(self):
         return self.wrapper.state_tensors() if hasattr(self.wrapper, "state_tensors") else list(self.model.parameters())

@@ -115,10 +115,10 @@ class ZeroDataParallel(nn.Module):
         self.module, self.group, self.stage = module, group, stage
         self.rank, self.world_size = group_rank_size(group)
         params = trainable_parameters(module)
+        groups = make_buckets(params, bucket_cap_bytes)   # validates before any collective
         if broadcast_from is not None:
             broadcast_module(module, broadcast_from, group)
-        self.buckets = [_ShardedBucket(ps, self.world_size, self.rank)
-                        for ps in make_buckets(params, bucket_cap_bytes)]
+        self.buckets = [_ShardedBucket(ps, self.world_size, self.rank) for ps in groups]
         self.optimizer = optimizer_cls([b.shard for b in self.buckets], **optimizer_kwargs)
         self._sync, self._next, self._in_backward = True, 0, False
         if stage == 2:
