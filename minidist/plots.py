@@ -51,3 +51,84 @@ def plot_bubble_vs_m(rows, ax=None, title: str = "pipeline bubble vs micro-batch
     ax.set_title(title)
     ax.legend(fontsize=7)
     return ax
+
+
+# -------------------------------------------------------------------------- collectives
+def plot_busbw(rows: list[dict], path: str | None = None, title: str | None = None):
+    """busbw vs message size, one colour per algorithm: measurements as markers, the fitted
+    α-β model (``model_us`` column of ``minidist bench collectives``) as a dashed line.
+
+    The model line is what the fitted α, β predict for that algorithm at every size;
+    where a marker sits far from its line, the α-β(-γ) model misses something (contention
+    on a shared CPU, copies, Python overhead per message).
+    """
+    import matplotlib
+    if path:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from minidist import cost
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    n = rows[0]["world_size"] if rows else 1
+    for i, alg in enumerate(algorithms):
+        pts = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+        color = f"C{i % 10}"
+        ax.plot([r["bytes"] for r in pts], [r["busbw_GBps"] for r in pts], "o-" if alg == "native" else "o",
+                color=color, label=alg)
+        fitted = [r for r in pts if "alpha_us" in r]
+        if fitted:
+            alpha, beta = fitted[0]["alpha_us"] * 1e-6, 1e-9 / fitted[0]["beta_GBps"]
+            S = np.geomspace(pts[0]["bytes"], pts[-1]["bytes"], 60)
+            T = np.array([cost.allreduce_time(alg, n, s, alpha, beta) for s in S])
+            ax.plot(S, cost.busbw(S, T, n) / 1e9, "--", color=color, alpha=0.7)
+    fit = next((r for r in rows if "alpha_us" in r), None)
+    note = f"dashed: α-β fit, α = {fit['alpha_us']:.0f} µs, 1/β = {fit['beta_GBps']:.2f} GB/s" if fit else ""
+    ax.set(xscale="log", yscale="log", xlabel="bytes per rank", ylabel="busbw (GB/s)",
+           title=title or f"all-reduce on {n} ranks\n{note}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+# ------------------------------------------------------------------------- communication
+COMM_COLORS = {"send": "#dd8452", "isend": "#dd8452", "recv": "#4c72b0", "irecv": "#4c72b0"}
+
+
+def plot_comm_timeline(trace, ax=None, title: str = "communication timeline", arrows: bool = True):
+    """Per-rank timeline of a merged :class:`minidist.trace.Trace`: a bar per operation
+    (sends orange, receives blue, collectives grey, spans green) and, for point-to-point
+    traffic, an arrow from each send to the matching receive."""
+    ax = _axes(ax, (9, 0.6 + 0.55 * max(1, len(trace.ranks()))))
+    events = [e for e in trace.events if not e.op.startswith("api:")]
+    if not events:
+        ax.set_title(f"{title} (no events)")
+        return ax
+    t0 = min(e.start for e in events)
+    ms = lambda t: (t - t0) * 1e3
+    for e in events:
+        color = "#55a868" if e.op.startswith("span:") else COMM_COLORS.get(e.op, "#8c8c8c")
+        ax.barh(e.rank, max(ms(e.end) - ms(e.start), 1e-3), left=ms(e.start), height=0.6,
+                color=color, edgecolor="black", linewidth=0.3)
+    if arrows:
+        # Match the k-th send r->p with the k-th receive at p from r: messages of a pair arrive in order.
+        pending: dict = {}
+        for e in sorted((e for e in events if e.is_recv), key=lambda e: e.start):
+            pending.setdefault((e.peer, e.rank), []).append(e)
+        for s in sorted((e for e in events if e.is_send), key=lambda e: e.start):
+            queue = pending.get((s.rank, s.peer))
+            if queue:
+                r = queue.pop(0)
+                ax.annotate("", xy=(ms(r.end), r.rank), xytext=(ms(s.start), s.rank),
+                            arrowprops=dict(arrowstyle="->", color="#444444", lw=0.6, alpha=0.7))
+    ranks = trace.ranks()
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.6)
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title)
+    return ax
