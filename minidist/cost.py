@@ -232,11 +232,12 @@ class Fit:
         return allreduce_time(self.algorithm, self.n, nbytes, self.alpha, self.beta)
 
 
-def fit_alpha_beta(sizes, times, algorithm: str | None = None, n: int = 2) -> Fit:
+def fit_alpha_beta(sizes, times, algorithm=None, n: int = 2) -> Fit:
     """Least-squares α, β from measured (bytes, seconds) points.
 
     The model is ``t = a·α + b·S·β`` with (a, b) from :func:`allreduce_terms` (or a = b = 1
-    for a single message, ``algorithm=None``); γ is folded into β. Errors are weighted
+    for a single message, ``algorithm=None``); γ is folded into β. ``algorithm`` may also
+    be a sequence, one name per point, to fit one (α, β) to several algorithms at once. Errors are weighted
     by 1/t, i.e. we minimise *relative* error, otherwise the largest message decides
     everything and α comes out as noise. α and β are kept non-negative (if the free fit
     makes one negative, it is pinned to 0 and the other refitted).
@@ -247,10 +248,14 @@ def fit_alpha_beta(sizes, times, algorithm: str | None = None, n: int = 2) -> Fi
         raise ValueError("need at least two (size, time) points, as two equal-length 1-D sequences")
     if np.any(t <= 0) or np.any(S < 0):
         raise ValueError("times must be > 0 and sizes >= 0")
-    a, b = (1.0, 1.0) if algorithm is None else allreduce_terms(algorithm, n)[:2]
-    if a == 0 and b == 0:
+    names = list(algorithm) if isinstance(algorithm, (list, tuple)) else [algorithm] * len(S)
+    if len(names) != len(S):
+        raise ValueError("one algorithm name per point, or a single name")
+    coef = np.array([(1.0, 1.0) if a is None else allreduce_terms(a, n)[:2] for a in names])
+    a, b = coef[:, 0], coef[:, 1]
+    if not np.any(a) and not np.any(b):
         raise ValueError("a 1-rank all-reduce has no communication to fit")
-    X = np.stack([np.full_like(S, a), b * S], axis=1) / t[:, None]
+    X = np.stack([a, b * S], axis=1) / t[:, None]
     y = np.ones_like(t)
     (alpha, beta), *_ = np.linalg.lstsq(X, y, rcond=None)
     if alpha < 0 or beta < 0:
@@ -259,7 +264,7 @@ def fit_alpha_beta(sizes, times, algorithm: str | None = None, n: int = 2) -> Fi
         alpha, beta = (0.0, max(coef, 0.0)) if keep == 1 else (max(coef, 0.0), 0.0)
     pred = a * alpha + b * S * beta
     rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
-    return Fit(float(alpha), float(beta), algorithm, n, rel_rms)
+    return Fit(float(alpha), float(beta), algorithm if not isinstance(algorithm, (list, tuple)) else None, n, rel_rms)
 
 
 # =========================================================================== 6. ZeRO memory

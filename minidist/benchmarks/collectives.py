@@ -1,0 +1,132 @@
+"""All-reduce algorithms vs torch.distributed's native one: time, algbw, busbw (nccl-tests style).
+
+Measurement, as in nccl-tests: for each size, every algorithm runs a few warm-up calls,
+then ``iters`` timed calls, each started after a barrier; a call's time is the slowest
+rank's (the collective is done when the last rank is done) and a row reports the median
+over calls. Algorithms are interleaved call by call, not run one after another, so a
+burst of load on a shared machine hits all of them alike.
+
+algbw = S / t; busbw = algbw · 2(N-1)/N, the nccl-tests factor for all-reduce, which
+reads as the speed of one link and does not depend on N (nccl-tests PERFORMANCE.md).
+α and β of the α-β model are fitted by least squares to all minidist rows at once
+(each algorithm with its own coefficients from ``minidist.cost.allreduce_terms``) and
+every row shows the model's prediction next to the measurement.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist import cost
+from minidist.allreduce import ALL_REDUCES
+
+NATIVE = "native"
+DEFAULT_ALGORITHMS = [NATIVE, "ring", "fast_ring", "recursive_halving", "tree", "naive", "parameter_server", "parallel"]
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'64K' -> 65536 bytes (binary units, as nccl-tests)."""
+    t = text.strip().upper()
+    digits = t.rstrip("KMGIB")
+    unit = t[len(digits):]
+    if not digits or unit not in _UNITS:
+        raise ValueError(f"cannot read size {text!r}; use e.g. 1K, 64K, 1M, 16M")
+    return int(float(digits) * _UNITS[unit])
+
+
+def human(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--sizes", default="1K,64K,1M,16M", help="bytes per rank, comma-separated (1K = 1024)")
+    parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+                        help=f"comma-separated, from {NATIVE},{','.join(ALL_REDUCES)}")
+    parser.add_argument("--iters", type=int, default=None, help="timed calls per size (default: by size)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--plot", default=None, metavar="PATH", help="save busbw vs size with the fitted model")
+
+
+def _native(x):
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
+
+
+def _iters_for(nbytes: int) -> int:
+    return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 7
+
+
+def _measure(sizes, algorithms, iters, warmup):
+    """Runs on every rank: {(algorithm, size): [seconds per call]} of this rank."""
+    fns = {a: _native if a == NATIVE else ALL_REDUCES[a] for a in algorithms}
+    times = {}
+    for nbytes in sizes:
+        x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(dist.get_rank()))
+        for _ in range(warmup):
+            for a in algorithms:
+                fns[a](x)
+        for _ in range(iters or _iters_for(nbytes)):
+            for a in algorithms:                    # interleaved: see the module docstring
+                dist.barrier()
+                start = time.perf_counter()
+                fns[a](x)
+                times.setdefault((a, nbytes), []).append(time.perf_counter() - start)
+    return times
+
+
+def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorithms=DEFAULT_ALGORITHMS,
+            iters=None, warmup=2, timeout=600.0) -> list[dict]:
+    """Benchmark rows (see the module docstring); the fit is in each row's model columns."""
+    unknown = [a for a in algorithms if a != NATIVE and a not in ALL_REDUCES]
+    if unknown:
+        raise ValueError(f"unknown algorithm(s) {unknown}; known: {NATIVE}, {', '.join(ALL_REDUCES)}")
+    if world_size < 2:
+        raise ValueError("a collective benchmark needs --world-size >= 2")
+    per_rank = minidist.launch(_measure, world_size, list(sizes), list(algorithms), iters, warmup, timeout=timeout)
+    rows = []
+    for (a, nbytes), first in per_rank[0].items():
+        calls = [max(r[(a, nbytes)][i] for r in per_rank) for i in range(len(first))]
+        t = statistics.median(calls)
+        rows.append({"algorithm": a, "size": human(nbytes), "bytes": nbytes, "world_size": world_size,
+                     "time_us": t * 1e6, "algbw_GBps": cost.algbw(nbytes, t) / 1e9,
+                     "busbw_GBps": cost.busbw(nbytes, t, world_size) / 1e9})
+    native = {r["bytes"]: r["busbw_GBps"] for r in rows if r["algorithm"] == NATIVE}
+    ours = [r for r in rows if r["algorithm"] != NATIVE]
+    fit = cost.fit_alpha_beta([r["bytes"] for r in ours], [r["time_us"] * 1e-6 for r in ours],
+                              algorithm=[r["algorithm"] for r in ours], n=world_size) if len(ours) >= 2 else None
+    for r in rows:
+        if r["bytes"] in native:
+            r["vs_native"] = r["busbw_GBps"] / native[r["bytes"]]
+        if fit is not None and r["algorithm"] != NATIVE:
+            r["model_us"] = cost.allreduce_time(r["algorithm"], world_size, r["bytes"], fit.alpha, fit.beta) * 1e6
+            r["alpha_us"], r["beta_GBps"] = fit.alpha * 1e6, (1 / fit.beta / 1e9 if fit.beta else float("inf"))
+    rows.sort(key=lambda r: (r["bytes"], DEFAULT_ALGORITHMS.index(r["algorithm"])
+                             if r["algorithm"] in DEFAULT_ALGORITHMS else 99))
+    return rows
+
+
+def run(args) -> list[dict]:
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    rows = measure(args.world_size, sizes, algorithms, args.iters, args.warmup)
+    fitted = next((r for r in rows if "alpha_us" in r), None)
+    if fitted:
+        print(f"fitted alpha-beta model: alpha = {fitted['alpha_us']:.1f} us, "
+              f"1/beta = {fitted['beta_GBps']:.2f} GB/s", file=sys.stderr)
+    if args.plot:
+        from minidist.plots import plot_busbw
+        plot_busbw(rows, path=args.plot)
+        print(f"plot saved to {args.plot}", file=sys.stderr)
+    return rows
