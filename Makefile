@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(BIN)/minidist bench launch
 
 slides: $(STAMP)
-	$(BIN)/python -m slides.build
+	$(BIN)/python slides/build.py
 
 release: $(STAMP)
 	$(BIN)/python -m autograder release
