@@ -134,10 +134,13 @@ def train_on_rank(variant: str, model_kwargs: dict | None = None, steps: int = 3
         drv.zero_grad()
     with trace() as t:
         if measure:
-            before = model_state_bytes(drv.state_tensors(), drv.optimizer)["total"]
-            _, peak = peak_bytes(one_step, steps - 1)
+            # Peak = what was live at the start + the profiler's peak above it. What was live
+            # at the start is read at the end (the states after the step, minus what the step
+            # allocated and kept): persistent buffers such as DDP's buckets, which hold no
+            # gradient between steps, are then counted too.
+            _, peak, kept = peak_bytes(one_step, steps - 1)
             out["memory"] = model_state_bytes(drv.state_tensors(), drv.optimizer)
-            out["peak_step_bytes"] = before + peak
+            out["peak_step_bytes"] = out["memory"]["total"] - kept + peak
         else:
             one_step(steps - 1)
     out["traced"] = {}

@@ -66,11 +66,13 @@ def _cpu_allocation_deltas(prof) -> list[int]:
     return [size for _, size in sorted(events, key=lambda e: e[0])]
 
 
-def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple[object, int]:
-    """Run ``fn``; return (its result, peak bytes allocated above the level at the start).
+def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple[object, int, int]:
+    """Run ``fn``; return (its result, peak bytes above the level at the start, net change).
 
-    Add the bytes live before the call (e.g. :func:`model_state_bytes`) for the absolute
-    peak. On CPU this counts every allocation of this process, gloo's threads included.
+    The net change is what ``fn`` left allocated (e.g. gradients created during a step),
+    so ``states_after - net + peak`` is the absolute peak when ``states_after`` is what
+    the rank holds at the end. On CPU this counts every allocation of this process,
+    gloo's threads included.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -79,7 +81,7 @@ def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple
         torch.cuda.reset_peak_memory_stats(device)
         result = fn(*args, **kwargs)
         torch.cuda.synchronize(device)
-        return result, torch.cuda.max_memory_allocated(device) - base
+        return result, torch.cuda.max_memory_allocated(device) - base, torch.cuda.memory_allocated(device) - base
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn(*args, **kwargs)
@@ -87,4 +89,4 @@ def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple
     for delta in _cpu_allocation_deltas(prof):
         live += delta
         peak = max(peak, live)
-    return result, peak
+    return result, peak, live
