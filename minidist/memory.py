@@ -21,7 +21,9 @@ def _storage_key(t: torch.Tensor):
     return (t.device.type, t.device.index, s.data_ptr(), s.nbytes())
 
 
-def _storage_bytes(tensors, seen: set) -> int:
+def storage_bytes(tensors, seen: set | None = None) -> int:
+    """Bytes of the distinct non-empty storages behind ``tensors`` (``seen`` is shared across calls)."""
+    seen = set() if seen is None else seen
     total = 0
     for t in tensors:
         if not isinstance(t, torch.Tensor):
@@ -47,9 +49,9 @@ def model_state_bytes(params, optimizer: torch.optim.Optimizer | None) -> dict[s
     """
     params = list(params)
     seen: set = set()
-    out = {"params": _storage_bytes(params, seen),
-           "grads": _storage_bytes([p.grad for p in params if p.grad is not None], seen),
-           "optimizer": _storage_bytes(optimizer_state_tensors(optimizer) if optimizer else [], seen)}
+    out = {"params": storage_bytes(params, seen),
+           "grads": storage_bytes([p.grad for p in params if p.grad is not None], seen),
+           "optimizer": storage_bytes(optimizer_state_tensors(optimizer) if optimizer else [], seen)}
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
 

@@ -132,3 +132,36 @@ def plot_comm_timeline(trace, ax=None, title: str = "communication timeline", ar
     ax.set_xlabel("time (ms)")
     ax.set_title(title)
     return ax
+
+
+# ----------------------------------------------------------------------------- ZeRO memory
+ZERO_COLORS = {"params": "#4c72b0", "grads": "#dd8452", "optimizer": "#55a868"}
+
+
+def plot_zero_memory(rows: list[dict], ax=None, title: str = "model states per rank (measured)",
+                     unit: float = 1024, unit_name: str = "KiB"):
+    """The ZeRO paper's Figure 1 from measurements: per stage, one stacked bar per rank
+    (params, grads, optimizer states). ``rows`` are dicts with keys stage (label), rank,
+    params, grads, optimizer (bytes) and optionally formula (total bytes), drawn as a
+    black tick over the bar -- e.g. the rows of ``minidist bench zero --json``."""
+    ax = _axes(ax, (8, 4))
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    ranks = sorted({r["rank"] for r in rows})
+    width = 0.8 / max(len(ranks), 1)
+    for r in rows:
+        x = stages.index(r["stage"]) + (ranks.index(r["rank"]) - (len(ranks) - 1) / 2) * width
+        bottom = 0.0
+        for key, color in ZERO_COLORS.items():
+            height = r[key] / unit
+            ax.bar(x, height, width * 0.9, bottom=bottom, color=color, edgecolor="black", linewidth=0.4,
+                   label=key if (r is rows[0]) else None)
+            bottom += height
+        if r.get("formula") is not None:
+            ax.plot([x - width * 0.45, x + width * 0.45], [r["formula"] / unit] * 2, color="black", linewidth=1.5,
+                    label="formula" if r is rows[0] else None)
+    ax.set_xticks(range(len(stages)), [str(s) for s in stages])
+    ax.set_ylabel(f"bytes per rank ({unit_name})")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title + (f", bars = ranks 0..{len(ranks) - 1}" if len(ranks) > 1 else ""))
+    return ax
