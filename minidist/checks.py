@@ -111,7 +111,12 @@ def run_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed
                                  f"Use only dist.send/recv/isend/irecv (and your own helpers); "
                                  f"torch.distributed collectives and minidist's implementations "
                                  f"are off limits here.") from None
-        raise minidist.LaunchError(f"{where} failed:\n{err}", err.failures) from None
+        hint = ""
+        if any("SIGABRT" in text or "Connection reset" in text for text in err.failures.values()):
+            hint = ("\nHint: a rank crashed inside gloo. The usual cause is a send and its receive of "
+                    "different sizes (e.g. a wrong chunk index when chunks differ in length); gloo's own "
+                    "message ('Received data size doesn't match expected size') is in the output above.")
+        raise minidist.LaunchError(f"{where} failed:\n{err}{hint}", err.failures) from None
     finally:
         shutil.rmtree(progress, ignore_errors=True)
 
@@ -270,6 +275,7 @@ def through_root_pattern(name, case, t, root=0):
         for e in _messages(t, r):
             if root not in (e.rank, e.peer):
                 _fail(name, case, r, f"every message to or from rank {root}", f"{e.op} with rank {e.peer} at {e.where}")
+    for r in range(n):
         want = (n - 1) * S if r == root else S
         for direction, seen in (("sent", t.bytes_sent(r)), ("received", t.bytes_received(r))):
             if seen != want:

@@ -1,0 +1,190 @@
+"""minidist.checks: correct code passes, and each realistic bug fails with a message that
+says what was expected, what was seen, on which rank and for which input.
+
+The "student" functions below are written the way lab 1 asks (default group, plain
+isend/irecv), once correctly and once with each classic mistake."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist import checks
+from minidist import allreduce as A
+from minidist import collectives as C
+
+
+def sendrecv(send, dst, recv, src):
+    reqs = [dist.isend(send, dst=dst), dist.irecv(recv, src=src)]
+    for q in reqs:
+        q.wait()
+
+
+def _ring(tensor, off_by_one=False, skip_all_gather=False):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = tensor.flatten().clone()
+    chunks = out.tensor_split(n)
+    right, left = (rank + 1) % n, (rank - 1) % n
+    shift = 1 if off_by_one else 0
+    for s in range(n - 1):                              # reduce-scatter
+        send_i, recv_i = (rank - s - 1 + shift) % n, (rank - s - 2) % n
+        incoming = torch.empty_like(chunks[recv_i])
+        sendrecv(chunks[send_i], right, incoming, left)
+        chunks[recv_i].add_(incoming)
+    if skip_all_gather:
+        return out.view(tensor.shape)
+    for s in range(n - 1):                              # all-gather
+        sendrecv(chunks[(rank - s) % n], right, chunks[(rank - s - 1) % n], left)
+    return out.view(tensor.shape)
+
+
+def ring_all_reduce(tensor):
+    return _ring(tensor)
+
+
+def ring_off_by_one(tensor):
+    return _ring(tensor, off_by_one=True)
+
+
+def ring_without_all_gather(tensor):
+    return _ring(tensor, skip_all_gather=True)
+
+
+def ring_whole_tensor(tensor):
+    """Right answer (summed in rank order, so identical everywhere), neighbours only,
+    but the whole tensor travels at every step."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    everyone = {rank: tensor.clone()}
+    for s in range(n - 1):
+        incoming = torch.empty_like(tensor)
+        sendrecv(everyone[(rank - s) % n], (rank + 1) % n, incoming, (rank - 1) % n)
+        everyone[(rank - s - 1) % n] = incoming
+    return sum(everyone[r] for r in range(n))
+
+
+def ring_everyone_sends_first(tensor):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    incoming = torch.empty_like(out)
+    dist.send(out, dst=(rank + 1) % n)                  # blocking: every rank waits for a receiver
+    dist.recv(incoming, src=(rank - 1) % n)
+    return out + incoming
+
+
+def ring_calls_all_reduce(tensor):
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def ring_calls_minidist(tensor):
+    return A.ring_all_reduce(tensor)
+
+
+def ring_in_place(tensor):
+    out = ring_all_reduce(tensor)
+    tensor.copy_(out)
+    return out
+
+
+def naive_all_reduce_via_ring(tensor):       # right answer, wrong pattern for "naive"
+    return ring_all_reduce(tensor)
+
+
+def halving_all_reduce(tensor):
+    return A.recursive_halving_all_reduce.__wrapped__(tensor)   # the implementation, without its api marker
+
+
+def halving_as_ring(tensor):                 # right answer and bytes, but 2(N-1) ring steps
+    return ring_all_reduce(tensor)
+
+
+def ring_reduce_scatter(tensor):
+    return C.reduce_scatter.__wrapped__(tensor)
+
+
+def broadcast(tensor, src):
+    return C.broadcast.__wrapped__(tensor, src)
+
+
+def broadcast_from_zero(tensor, src):
+    return C.broadcast.__wrapped__(tensor, 0)
+
+
+# ----------------------------------------------------------------------------- passing
+def test_correct_student_functions_pass_the_lab1_checks():
+    checks.lab1_check("ring_all_reduce", ring_all_reduce, hidden=True)
+    checks.lab1_check_pattern("ring_all_reduce", ring_all_reduce)
+    checks.lab1_check("recursive_halving_all_reduce", halving_all_reduce, hidden=True)
+    checks.lab1_check_pattern("recursive_halving_all_reduce", halving_all_reduce)
+    checks.lab1_check("ring_reduce_scatter", ring_reduce_scatter)
+    checks.lab1_check_pattern("ring_reduce_scatter", ring_reduce_scatter)
+    checks.lab1_check("broadcast", broadcast)
+
+
+def test_library_passes_when_its_own_api_is_allowed():
+    allow = checks.P2P_ONLY | {"minidist.naive_all_reduce"}
+    checks.check_all_reduce(A.naive_all_reduce, world_sizes=(1, 3), pattern="naive", allow=allow)
+
+
+# ----------------------------------------------------------------------------- failing
+def _fails(fn, match, kind="all_reduce", world_sizes=(3,), pattern=None, exc=AssertionError, **kw):
+    with pytest.raises(exc) as info:
+        checks.check_collective(fn, kind, world_sizes, lengths=(7,), dtypes=(torch.float32,), pattern=pattern, **kw)
+    message = str(info.value)
+    for text in match:
+        assert text in message, f"{text!r} not in:\n{message}"
+    return message
+
+
+def test_off_by_one_chunk_index_is_a_wrong_result_with_the_input_and_rank():
+    with pytest.raises(AssertionError) as info:     # equal chunks: the sizes match, the sums do not
+        checks.check_all_reduce(ring_off_by_one, world_sizes=(3,), lengths=(9,), dtypes=(torch.float64,))
+    for text in ["ring_off_by_one", "world_size=3, length=9, float64", "rank 0", "wrong result",
+                 "expected (torch on the same inputs)", "got:", "chunk(s) [", "max |error|"]:
+        assert text in str(info.value), str(info.value)
+
+
+def test_off_by_one_with_unequal_chunks_crashes_gloo_and_says_why():
+    _fails(ring_off_by_one, ["ring_off_by_one", "world_size=3, length=7", "different sizes"], exc=minidist.LaunchError)
+
+
+def test_missing_all_gather_is_a_wrong_result():
+    _fails(ring_without_all_gather, ["wrong result", "of tensor_split(3)"])
+
+
+def test_whole_tensor_each_step_fails_the_bytes_check():
+    checks.check_all_reduce(ring_whole_tensor, world_sizes=(3,), lengths=(7,))     # the answer is right ...
+    _fails(ring_whole_tensor, ["communication pattern", "2(N-1)/N·S", "56 bytes sent", "whole tensor"],
+           pattern="ring")                                                          # ... the traffic is not
+
+
+def test_deadlock_fails_within_the_timeout_with_the_launchers_diagnosis():
+    msg = _fails(ring_everyone_sends_first, ["ring_everyone_sends_first", "world_size=3, length=7", "send(dst="],
+                 exc=minidist.LaunchError, timeout=2)
+    assert "ring_everyone_sends_first" in msg
+
+
+def test_calling_a_collective_or_minidist_is_forbidden():
+    _fails(ring_calls_all_reduce, ["forbidden", "all_reduce is not allowed", "dist.send/recv/isend/irecv"])
+    _fails(ring_calls_minidist, ["forbidden", "minidist.ring_all_reduce"])
+
+
+def test_modifying_the_input_is_reported():
+    _fails(ring_in_place, ["modified its input", "clone()"])
+
+
+def test_pattern_checks_catch_right_answers_computed_the_wrong_way():
+    _fails(naive_all_reduce_via_ring, ["every message to or from rank 0", "rank 1"], pattern="naive")
+    _fails(halving_as_ring, ["2·lg N = 4 messages sent", "seen 6"], world_sizes=(4,), pattern="halving")
+
+
+def test_broadcast_root_is_checked():
+    with pytest.raises(AssertionError, match=r"broadcast_from_zero \(world_size=3, length=3, float32, root=1\): rank 0"):
+        checks.check_broadcast(broadcast_from_zero, world_sizes=(3,), lengths=(3,))
+
+
+def test_bad_arguments_to_the_checks():
+    with pytest.raises(ValueError, match="unknown kind"):
+        checks.check_collective(ring_all_reduce, "allreduce")
+    with pytest.raises(ValueError, match="unknown pattern"):
+        checks.check_all_reduce(ring_all_reduce, pattern="tree")
