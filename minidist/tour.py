@@ -19,6 +19,7 @@ from minidist.trace import trace
 
 TOUR_MODULES = [
     "minidist.tour",            # the baseline below: torch's own all-reduce through the launcher and tracer
+    "minidist.pipeline.tour",   # naive, GPipe, 1F1B, interleaved, ZB-H1: error, bytes, bubble
 ]
 
 COLUMNS = ["technique", "world_size", "max_err", "bytes_per_rank", "bytes_theory", "time_s", "note"]
