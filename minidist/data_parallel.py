@@ -281,3 +281,10 @@ class ParameterServer:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+
+def tour_entries():
+    """``minidist tour`` rows for the data-parallel variants (run on 4 CPU ranks)."""
+    from minidist.dp_harness import tour_row
+    from minidist.tour import TourEntry
+    return [TourEntry(v, 4, lambda v=v: tour_row(v)) for v in ("naive_ddp", "bucketed_ddp", "parameter_server")]

@@ -161,3 +161,44 @@ def reference_parameters(model_kwargs: dict | None = None, steps: int = 3, batch
 def run_cases(cases: list[dict], group=None) -> list[dict]:
     """Many ``train_on_rank`` cases in one launch (launching costs more than a tiny model)."""
     return [train_on_rank(group=group, **case) for case in cases]
+
+
+# ----------------------------------------------------------------------------- tour
+TOUR_LABELS = {"naive_ddp": "DDP, naive (all-reduce per gradient)",
+               "bucketed_ddp": "DDP, bucketed with overlap",
+               "parameter_server": "data parallel, parameter server",
+               "zero1": "ZeRO-1 (sharded Adam states)",
+               "zero2": "ZeRO-2 (+ sharded gradients)",
+               "zero3": "ZeRO-3 / FSDP (+ sharded parameters)"}
+
+
+def theory_wire_bytes(variant: str, numel: int, n: int) -> float:
+    """Bytes the busiest rank sends per step, from the lecture: 2(N−1)/N·Ψ for DDP and
+    ZeRO-1/2, 3(N−1)/N·Ψ for ZeRO-3, (N−1)·Ψ for the parameter server (fp32 elements)."""
+    psi = 4 * numel
+    if variant == "parameter_server":
+        return (n - 1) * psi
+    return (3 if variant == "zero3" else 2) * (n - 1) / n * psi
+
+
+def tour_row(variant: str, world_size: int = 4) -> dict:
+    """One ``minidist tour`` row: error vs reference, traffic vs theory, memory vs formula."""
+    import time
+    import minidist
+    from minidist.cost import zero_memory_bytes_fp32
+    case = dict(variant=variant, model_kwargs={"hidden": 32, "tied": True}, batch=24, steps=3,
+                bucket_cap_bytes=2048, measure=True)
+    start = time.perf_counter()
+    out = minidist.launch(run_cases, world_size, [case], timeout=120)
+    elapsed = time.perf_counter() - start
+    ref = reference_parameters(case["model_kwargs"], case["steps"], case["batch"])
+    err = max((o[0]["params"] - ref).abs().max().item() for o in out)
+    r0 = out[0][0]
+    formula = zero_memory_bytes_fp32(ZERO_STAGE.get(variant, 0), r0["numel"], world_size)["total"]
+    mem = r0["memory"]["total"]
+    return {"technique": TOUR_LABELS[variant], "world_size": world_size, "max_err": err,
+            "bytes_per_rank": max(o[0]["wire_bytes"] for o in out),
+            "bytes_theory": theory_wire_bytes(variant, r0["numel"], world_size), "time_s": elapsed,
+            "note": (f"ring model of traced payloads; rank-0 model states {mem} B vs formula "
+                     f"{formula:.0f} B ({100 * (mem / formula - 1):+.1f}%)"),
+            "memory_bytes": mem, "memory_formula": formula, "peak_step_bytes": r0["peak_step_bytes"]}

@@ -205,3 +205,10 @@ class ZeroDataParallel(nn.Module):
     def state_tensors(self) -> list[torch.Tensor]:
         """Every parameter-like tensor this wrapper holds (for memory accounting)."""
         return list(self.module.parameters()) + [b.shard for b in self.buckets]
+
+
+def tour_entries():
+    """``minidist tour`` rows for ZeRO-1, ZeRO-2 and ZeRO-3/FSDP (run on 4 CPU ranks)."""
+    from minidist.dp_harness import tour_row
+    from minidist.tour import TourEntry
+    return [TourEntry(v, 4, lambda v=v: tour_row(v)) for v in ("zero1", "zero2", "zero3")]
