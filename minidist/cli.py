@@ -74,9 +74,9 @@ def _doctor_checks():
         ("launch 2 ranks (gloo, spawn)", launch_case(2, backend="gloo", start_method="spawn")),
     ]
     if gpus >= 2 and dist.is_nccl_available():
-        checks.append((f"launch 2 ranks (nccl)", launch_case(2, backend="nccl")))
+        checks.append(("launch 2 ranks (nccl)", launch_case(2, backend="nccl")))
     if gpus >= 4 and dist.is_nccl_available():
-        checks.append((f"launch 4 ranks (nccl)", launch_case(4, backend="nccl")))
+        checks.append(("launch 4 ranks (nccl)", launch_case(4, backend="nccl")))
     return checks
 
 

@@ -25,11 +25,7 @@ only and gathers every rank's result, so the same lab code scales to many nodes.
 """
 from __future__ import annotations
 
-import ctypes
-import datetime
-import faulthandler
 import json
-import mmap
 import os
 import re
 import shutil
@@ -37,22 +33,21 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
-from minidist import trace as _trace
+from minidist import rank_process
+from minidist.rank_process import (STARTUP_TIMEOUT, STATUS_BYTES, format_frame, indent, is_library_frame,
+                                   rank_main)
+from minidist.torchrun import launch_under_torchrun
 
 DEFAULT_TIMEOUT = 60.0      # seconds of user code, counted once every rank has joined
-STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
 FAILURE_GRACE = 1.0         # after a first failure, time for the others to report theirs
 WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the op; this catches the rest
 MAX_CPU_WORLD = 64
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
-_STATUS_BYTES = 512         # [0] phase, [1:17] main-thread id (hex), [32:] current op
 _NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(")
 
 
@@ -75,7 +70,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
     if not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if os.environ.get("TORCHELASTIC_RUN_ID") and "RANK" in os.environ:
-        return _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
+        return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
     backend = _resolve_backend(backend, world_size)
     start_method = _resolve_start_method(start_method, backend)
     run_dir = tempfile.mkdtemp(prefix="minidist-")
@@ -96,7 +91,7 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
         for r in ranks:
             job = (r.rank, world_size, backend, run_dir, float(timeout))
             if start_method == "fork":
-                r.start_fork(lambda job=job: _rank_main(*job, fn, args, kwargs, forked=True))
+                r.start_fork(lambda job=job: rank_main(*job, fn, args, kwargs, forked=True))
             else:
                 r.start_spawn(job)
         return _supervise(ranks, float(timeout))
@@ -140,7 +135,7 @@ class _Rank:
         self.rank, self.run_dir = rank, run_dir
         self.path = lambda ext: os.path.join(run_dir, f"rank{rank}.{ext}")
         with open(self.path("status"), "wb") as f:
-            f.write(b"\0" * _STATUS_BYTES)
+            f.write(b"\0" * STATUS_BYTES)
         open(self.path("out"), "wb").close()
         self.pid = None
         self.popen = None
@@ -167,7 +162,7 @@ class _Rank:
     def start_spawn(self, job):
         rank, world_size, backend, run_dir, timeout = job
         out = open(self.path("out"), "wb")
-        cmd = [sys.executable, "-c", "from minidist.launch import _spawn_entry; _spawn_entry()",
+        cmd = [sys.executable, "-c", "from minidist.rank_process import spawn_entry; spawn_entry()",
                run_dir, str(rank), str(world_size), backend, str(timeout)]
         self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
@@ -190,7 +185,7 @@ class _Rank:
 
     def status(self):
         with open(self.path("status"), "rb") as f:
-            raw = f.read(_STATUS_BYTES)
+            raw = f.read(STATUS_BYTES)
         op = raw[32:].split(b"\0", 1)[0].decode(errors="replace")
         return raw[0], raw[1:17].split(b"\0", 1)[0].decode(), op
 
@@ -310,16 +305,16 @@ def _failure_report(r: _Rank, timeout: float, user_clock_started: bool) -> str:
         where = f"blocked in {op}" if op else "busy in Python code (no communication in flight)"
         if not user_clock_started:
             where = "still starting up (process group not joined)"
-        return f"rank {r.rank}: {where}\n" + _indent(frames or ["(no Python stack available)"])
+        return f"rank {r.rank}: {where}\n" + indent(frames or ["(no Python stack available)"])
     if kind == "signal":
         name = signal.Signals(num).name if num in signal.Signals._value2member_map_ else str(num)
         hint = " (the kernel's out-of-memory killer sends SIGKILL)" if num == signal.SIGKILL else ""
         tail = _tail(r.path("out"))
-        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{_indent(tail)}" if tail else "")
+        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{indent(tail)}" if tail else "")
     if kind == "code" and num == 0:
         return f"rank {r.rank}: exited without returning a result (os._exit(0) inside the function?)"
     tail = _tail(r.path("out"))
-    return f"rank {r.rank}: exited with code {num} without an exception (os._exit()?)" + (f"\n{_indent(tail)}" if tail else "")
+    return f"rank {r.rank}: exited with code {num} without an exception (os._exit()?)" + (f"\n{indent(tail)}" if tail else "")
 
 
 def _stack_frames(path, main_thread):
@@ -333,23 +328,11 @@ def _stack_frames(path, main_thread):
     frames = []
     for m in re.finditer(r'File "(.+?)", line (\d+) in (\S+)', chosen):    # innermost first
         filename, line, func = m.group(1), int(m.group(2)), m.group(3)
-        if filename == __file__:
-            break           # _rank_main: what lies beyond is the parent's stack, inherited by fork
-        if not _is_library_frame(filename):
-            frames.append(_format_frame(filename, line, func))
+        if filename == rank_process.__file__:
+            break           # rank_main: what lies beyond is the parent's stack, inherited by fork
+        if not is_library_frame(filename):
+            frames.append(format_frame(filename, line, func))
     return list(reversed(frames))[-6:]
-
-
-def _is_library_frame(filename: str) -> bool:
-    return (filename in (__file__, _trace.__file__) or "/torch/" in filename or "/threading.py" in filename
-            or filename.startswith("<frozen"))
-
-
-def _format_frame(filename, line, func):
-    import linecache
-    shown = "notebook cell" if re.search(r"ipykernel_\d+|<ipython-input", filename) else filename
-    src = linecache.getline(filename, line).strip()
-    return f'File "{shown}", line {line}, in {func}' + (f"\n    {src}" if src else "")
 
 
 def _tail(path, n=8):
@@ -359,173 +342,3 @@ def _tail(path, n=8):
     except OSError:
         return []
     return lines[-n:]
-
-
-def _indent(lines):
-    return "\n".join("  " + l.replace("\n", "\n  ") for l in lines)
-
-
-# ------------------------------------------------------------------------------ child
-def _rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, forked=False) -> int:
-    """Body of every rank. Returns the process exit code; never raises."""
-    try:
-        _become_rank_process(rank, run_dir, forked)
-        status = _StatusPage(os.path.join(run_dir, f"rank{rank}.status"))
-        _trace.set_op_listener(status.set_op)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
-        _wait_for_all_ranks(store, world_size)
-        # Everyone is here, so connecting is quick even under load: the group can carry the
-        # user's timeout, and a stuck op raises on its own before the watchdog has to step in.
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
-        # Without this a rank that finishes fast can exit while a peer is still connecting
-        # to it, and the peer fails in init with "Connection closed by peer".
-        dist.barrier()
-        status.set_phase(1)
-    except BaseException:
-        return _report_exception(rank, run_dir, "failed to start")
-    try:
-        result = fn(*args, **kwargs)
-    except BaseException:
-        return _report_exception(rank, run_dir, "raised")
-    try:
-        tmp = os.path.join(run_dir, f"rank{rank}.result.tmp")
-        torch.save(_to_cpu(result), tmp)
-        os.replace(tmp, os.path.join(run_dir, f"rank{rank}.result"))
-    except Exception as err:
-        _write_error(rank, run_dir, f"rank {rank}: returned a value that cannot be sent back "
-                                    f"({type(err).__name__}: {err}); return tensors, numbers, lists or dicts")
-        return 1
-    sys.stdout.flush()
-    return 0
-
-
-def _become_rank_process(rank, run_dir, forked):
-    if forked:
-        os.setpgid(0, 0)    # own process group: killpg reaches anything this rank starts
-        out = os.open(os.path.join(run_dir, f"rank{rank}.out"), os.O_WRONLY | os.O_APPEND)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(out)
-    # A forked notebook kernel's sys.stdout talks to a zmq thread that does not exist here.
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    sys.stdin = open(os.devnull)
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    faulthandler.enable(file=sys.stderr)
-    stack_file = open(os.path.join(run_dir, f"rank{rank}.stack"), "w")
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    _become_rank_process.stack_file = stack_file    # keep it open for the process's life
-
-
-def _wait_for_all_ranks(store, world_size):
-    """A rendezvous with the generous startup timeout, before gloo's own strict one starts."""
-    store.add("minidist/arrived", 1)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while store.add("minidist/arrived", 0) < world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not all {world_size} ranks started within {STARTUP_TIMEOUT:g} s")
-        time.sleep(0.002)
-
-
-class _StatusPage:
-    """A shared page the parent reads to learn what this rank is blocked in."""
-
-    def __init__(self, path):
-        fd = os.open(path, os.O_RDWR)
-        self.page = mmap.mmap(fd, _STATUS_BYTES)
-        os.close(fd)
-        self.page[1:17] = f"{threading.main_thread().ident:#x}".encode()[:16].ljust(16, b"\0")
-
-    def set_phase(self, phase):
-        self.page[0] = phase
-
-    def set_op(self, op):
-        data = (op or "").encode()[: _STATUS_BYTES - 33] + b"\0"
-        self.page[32:32 + len(data)] = data
-
-
-def _report_exception(rank, run_dir, verb) -> int:
-    etype, err, tb = sys.exc_info()
-    if isinstance(err, SystemExit):
-        _write_error(rank, run_dir, f"rank {rank}: called sys.exit({err.code!r}) inside the launched function")
-        return 1
-    frames = [f for f in traceback.extract_tb(tb) if not _is_library_frame(f.filename)]
-    lines = [_format_frame(f.filename, f.lineno, f.name) for f in frames[-6:]]
-    message = "".join(traceback.format_exception_only(etype, err)).strip()
-    message = re.sub(r"^(minidist\.\w+\.|torch\.distributed\.\w*\.?)(?=\w+(Error|Timeout|Gone|Operation)\b)", "", message)
-    message = message.split("\nException raised from")[0]      # C++ stack frames follow that line
-    _write_error(rank, run_dir, f"rank {rank} {verb}: {message}\n" + _indent(lines))
-    return 1
-
-
-def _write_error(rank, run_dir, text):
-    with open(os.path.join(run_dir, f"rank{rank}.error"), "w") as f:
-        f.write(text)
-
-
-def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu()
-        # torch.save writes a view's whole storage; copy so a small slice stays small.
-        return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(_to_cpu(o) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
-def _spawn_entry():
-    """Entry point of a fresh-interpreter rank (``start_method='spawn'``)."""
-    run_dir, rank, world_size, backend, timeout = sys.argv[1:6]
-    rank = int(rank)
-    code = 1
-    try:
-        with open(os.path.join(run_dir, "payload.json")) as f:
-            meta = json.load(f)
-        sys.path[:] = meta["sys_path"]
-        os.chdir(meta["cwd"])
-        import cloudpickle
-        with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
-            fn, args, kwargs = cloudpickle.load(f)
-    except BaseException:
-        _become_rank_process(rank, run_dir, forked=False)
-        code = _report_exception(rank, run_dir, "could not load the function to run")
-    else:
-        code = _rank_main(rank, int(world_size), backend, run_dir, float(timeout), fn, args, kwargs)
-    sys.stdout.flush()
-    os._exit(code)
-
-
-# --------------------------------------------------------------------------- torchrun
-def init_from_env(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
-    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
-    if missing:
-        raise RuntimeError(f"init_from_env() needs {', '.join(missing)} in the environment: run under torchrun")
-    if not dist.is_initialized():
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-    _trace.install()
-    return dist.get_rank(), dist.get_world_size()
-
-
-def _launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout):
-    env_world = int(os.environ["WORLD_SIZE"])
-    if world_size != env_world:
-        raise ValueError(f"launch(world_size={world_size}) under torchrun with WORLD_SIZE={env_world}: they must match")
-    init_from_env(backend, timeout)
-    result = _to_cpu(fn(*args, **kwargs))
-    gathered = [None] * env_world
-    dist.all_gather_object(gathered, result)
-    return gathered

@@ -1,0 +1,186 @@
+"""What runs inside each rank's process: become a well-behaved child, join the group, run.
+
+The parent (``minidist.launch``) watches from outside; this side makes that possible:
+output goes to a file the parent relays, a page of shared memory says which operation the
+rank is in, ``faulthandler`` dumps the Python stack on SIGUSR1 (even inside a blocking C++
+recv), errors are written as short reports with the user's frames, results as files that
+outlive the process.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import json
+import linecache
+import mmap
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from minidist import trace as _trace
+
+STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
+STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
+
+_LAUNCH_FILE = os.path.join(os.path.dirname(__file__), "launch.py")
+
+
+def is_library_frame(filename: str) -> bool:
+    return (filename in (__file__, _LAUNCH_FILE, _trace.__file__) or "/torch/" in filename or "/threading.py" in filename
+            or filename.startswith("<frozen"))
+
+
+def format_frame(filename, line, func):
+    shown = "notebook cell" if re.search(r"ipykernel_\d+|<ipython-input", filename) else filename
+    src = linecache.getline(filename, line).strip()
+    return f'File "{shown}", line {line}, in {func}' + (f"\n    {src}" if src else "")
+
+
+def indent(lines):
+    return "\n".join("  " + l.replace("\n", "\n  ") for l in lines)
+
+
+def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, forked=False) -> int:
+    """Body of every rank. Returns the process exit code; never raises."""
+    try:
+        _become_rank_process(rank, run_dir, forked)
+        status = _StatusPage(os.path.join(run_dir, f"rank{rank}.status"))
+        _trace.set_op_listener(status.set_op)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        if backend == "nccl":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
+        _wait_for_all_ranks(store, world_size)
+        # Everyone is here, so connecting is quick even under load: the group can carry the
+        # user's timeout, and a stuck op raises on its own before the watchdog has to step in.
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        # Without this a rank that finishes fast can exit while a peer is still connecting
+        # to it, and the peer fails in init with "Connection closed by peer".
+        dist.barrier()
+        status.set_phase(1)
+    except BaseException:
+        return _report_exception(rank, run_dir, "failed to start")
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException:
+        return _report_exception(rank, run_dir, "raised")
+    try:
+        tmp = os.path.join(run_dir, f"rank{rank}.result.tmp")
+        torch.save(to_cpu(result), tmp)
+        os.replace(tmp, os.path.join(run_dir, f"rank{rank}.result"))
+    except Exception as err:
+        _write_error(rank, run_dir, f"rank {rank}: returned a value that cannot be sent back "
+                                    f"({type(err).__name__}: {err}); return tensors, numbers, lists or dicts")
+        return 1
+    sys.stdout.flush()
+    return 0
+
+
+def _become_rank_process(rank, run_dir, forked):
+    if forked:
+        os.setpgid(0, 0)    # own process group: killpg reaches anything this rank starts
+        out = os.open(os.path.join(run_dir, f"rank{rank}.out"), os.O_WRONLY | os.O_APPEND)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(out)
+    # A forked notebook kernel's sys.stdout talks to a zmq thread that does not exist here.
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    sys.stdin = open(os.devnull)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    faulthandler.enable(file=sys.stderr)
+    stack_file = open(os.path.join(run_dir, f"rank{rank}.stack"), "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    _become_rank_process.stack_file = stack_file    # keep it open for the process's life
+
+
+def _wait_for_all_ranks(store, world_size):
+    """A rendezvous with the generous startup timeout, before gloo's own strict one starts."""
+    store.add("minidist/arrived", 1)
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while store.add("minidist/arrived", 0) < world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not all {world_size} ranks started within {STARTUP_TIMEOUT:g} s")
+        time.sleep(0.002)
+
+
+class _StatusPage:
+    """A shared page the parent reads to learn what this rank is blocked in."""
+
+    def __init__(self, path):
+        fd = os.open(path, os.O_RDWR)
+        self.page = mmap.mmap(fd, STATUS_BYTES)
+        os.close(fd)
+        self.page[1:17] = f"{threading.main_thread().ident:#x}".encode()[:16].ljust(16, b"\0")
+
+    def set_phase(self, phase):
+        self.page[0] = phase
+
+    def set_op(self, op):
+        data = (op or "").encode()[: STATUS_BYTES - 33] + b"\0"
+        self.page[32:32 + len(data)] = data
+
+
+def _report_exception(rank, run_dir, verb) -> int:
+    etype, err, tb = sys.exc_info()
+    if isinstance(err, SystemExit):
+        _write_error(rank, run_dir, f"rank {rank}: called sys.exit({err.code!r}) inside the launched function")
+        return 1
+    frames = [f for f in traceback.extract_tb(tb) if not is_library_frame(f.filename)]
+    lines = [format_frame(f.filename, f.lineno, f.name) for f in frames[-6:]]
+    message = "".join(traceback.format_exception_only(etype, err)).strip()
+    message = re.sub(r"^(minidist\.\w+\.|torch\.distributed\.\w*\.?)(?=\w+(Error|Timeout|Gone|Operation)\b)", "", message)
+    message = message.split("\nException raised from")[0]      # C++ stack frames follow that line
+    _write_error(rank, run_dir, f"rank {rank} {verb}: {message}\n" + indent(lines))
+    return 1
+
+
+def _write_error(rank, run_dir, text):
+    with open(os.path.join(run_dir, f"rank{rank}.error"), "w") as f:
+        f.write(text)
+
+
+def to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu()
+        # torch.save writes a view's whole storage; copy so a small slice stays small.
+        return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(to_cpu(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    return obj
+
+
+def spawn_entry():
+    """Entry point of a fresh-interpreter rank (``start_method='spawn'``)."""
+    run_dir, rank, world_size, backend, timeout = sys.argv[1:6]
+    rank = int(rank)
+    code = 1
+    try:
+        with open(os.path.join(run_dir, "payload.json")) as f:
+            meta = json.load(f)
+        sys.path[:] = meta["sys_path"]
+        os.chdir(meta["cwd"])
+        import cloudpickle
+        with open(os.path.join(run_dir, "payload.pkl"), "rb") as f:
+            fn, args, kwargs = cloudpickle.load(f)
+    except BaseException:
+        _become_rank_process(rank, run_dir, forked=False)
+        code = _report_exception(rank, run_dir, "could not load the function to run")
+    else:
+        code = rank_main(rank, int(world_size), backend, run_dir, float(timeout), fn, args, kwargs)
+    sys.stdout.flush()
+    os._exit(code)
