@@ -284,3 +284,44 @@ ALL_REDUCES = {
     "recursive_halving": recursive_halving_all_reduce,
     "fast_ring": fast_ring_all_reduce,
 }
+
+
+# ----------------------------------------------------------------------------- tour
+_THEORY = {"parameter_server": "rank 0: (N-1)·S", "naive": "rank 0: (N-1)·S", "parallel": "(N-1)·S",
+           "tree": "root: ⌈lg N⌉·S", "ring": "2(N-1)/N·S", "fast_ring": "2(N-1)/N·S",
+           "recursive_halving": "2(N-1)/N·S"}
+
+
+def _tour_rank(name, numel):
+    import time
+    import torch.distributed as dist
+    from minidist.trace import trace
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
+    ALL_REDUCES[name](x)                                     # warm-up: connections, allocator
+    dist.barrier()
+    with trace() as t:
+        start = time.perf_counter()
+        y = ALL_REDUCES[name](x)
+        elapsed = time.perf_counter() - start
+    return x, y, t.bytes_sent(), elapsed
+
+
+def tour_entries():
+    """One tour row per all-reduce variant: 4 ranks, 64 Ki float32 elements (256 KiB)."""
+    import minidist
+    from minidist import cost
+    from minidist.tour import TourEntry
+
+    def entry(name, n=4, numel=1 << 16):
+        def run():
+            out = minidist.launch(_tour_rank, n, name, numel)
+            reference = torch.stack([x for x, *_ in out]).sum(0)
+            theory = max(s for s, _ in cost.allreduce_bytes_per_rank(name, n, numel, 4))
+            return {"technique": f"all-reduce: {name}", "world_size": n,
+                    "max_err": max((y - reference).abs().max().item() for _, y, *_ in out),
+                    "bytes_per_rank": max(b for *_, b, _ in out), "bytes_theory": theory,
+                    "time_s": max(t for *_, t in out),
+                    "note": f"max over ranks of bytes sent; theory {_THEORY[name]}; time of one call"}
+        return TourEntry(f"all-reduce: {name}", n, run)
+
+    return [entry(name) for name in ALL_REDUCES]

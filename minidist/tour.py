@@ -19,6 +19,7 @@ from minidist.trace import trace
 
 TOUR_MODULES = [
     "minidist.tour",            # the baseline below: torch's own all-reduce through the launcher and tracer
+    "minidist.allreduce",       # every all-reduce variant of lecture 1, built from send/recv
     "minidist.data_parallel",   # naive DDP, bucketed DDP, parameter server
     "minidist.zero",            # ZeRO-1, ZeRO-2, ZeRO-3 / FSDP
     "minidist.pipeline.tour",   # naive, GPipe, 1F1B, interleaved, ZB-H1: error, bytes, bubble
