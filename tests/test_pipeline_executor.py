@@ -139,3 +139,39 @@ def test_sleep_mode_bubble_near_theory_and_zb_h1_below_1f1b():
         # The 3-point target is checked by `minidist bench pipeline`.
         assert abs(measured[(name, m)] - theory) < 0.08, (name, m, measured[(name, m)], theory)
     assert measured[("zb-h1", 8)] < measured[("1f1b", 8)] - 0.08
+
+
+# --------------------------------------------------------------------------- sub-groups
+def _rank_subgroup():
+    import minidist.pipeline.executor as ex
+
+    ex.ALWAYS_BATCH = True            # exercise the batch_isend_irecv path (NCCL's) on gloo
+    rank = dist.get_rank()
+    groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]    # two pipelines, ranks interleaved
+    group = groups[rank % 2]
+    x, y = regression_batch(BATCH, WIDTH, step=rank % 2)
+    out = {}
+    for name, m, v in [("1f1b", 3, 1), ("interleaved", 4, 2), ("zb-h1", 2, 1)]:
+        chunks = rank_chunks(partition(_model(2, v), 2 * v), 2, dist.get_rank(group))
+        with trace() as t:
+            stats = run_schedule(_schedule(name, 2, m, v), chunks, x, y, group=group)
+        out[(name, m, v)] = ([q.grad.clone() for c in chunks for q in c.parameters()], stats.loss,
+                             t.peers_sent_to(), len(slots_from_trace(t)))
+    return out
+
+
+def test_pipelines_in_sub_groups_with_batched_p2p():
+    results = minidist.launch(_rank_subgroup, 4, timeout=120)
+    for rank in range(4):
+        pipe, stage_rank = rank % 2, rank // 2
+        for (name, m, v), (grads, loss, peers, n_slots) in results[rank].items():
+            model = _model(2, v)
+            x, y = regression_batch(BATCH, WIDTH, step=pipe)
+            ref_loss = F.mse_loss(model(x), y)
+            ref_loss.backward()
+            ref = [q.grad for c in rank_chunks(partition(model, 2 * v), 2, stage_rank) for q in c.parameters()]
+            assert max((g - r).abs().max().item() for g, r in zip(grads, ref)) <= 1e-5, (rank, name)
+            assert peers == {pipe + 2 * (1 - stage_rank)}       # talks only inside its own pipeline
+            assert n_slots == len(_schedule(name, 2, m, v).compute(stage_rank))
+            if stage_rank == 1:
+                assert loss == pytest.approx(ref_loss.item(), abs=1e-5)

@@ -40,6 +40,12 @@ from .simulate import Costs, frees_activation
 from .validate import check
 
 
+# Post multi-message groups with batch_isend_irecv on NCCL (one ncclGroup: needed there)
+# and plain isend/irecv elsewhere (gloo progresses each op independently). Tests set
+# this to True to run the batched path on gloo too.
+ALWAYS_BATCH = False
+
+
 @dataclass
 class StepStats:
     loss: float | None          # the full-batch loss, on the rank holding the last stage
@@ -107,7 +113,7 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
                 buf = torch.empty(act_shape, device=device, dtype=dtype)
                 received[(kind, a.mb, a.chunk)] = buf
                 ops.append((dist.irecv, buf, peer(a.peer)))
-        if nccl and len(ops) > 1:   # one NCCL group: the pair cannot block each other
+        if (nccl or ALWAYS_BATCH) and len(ops) > 1:   # one group: the pair cannot block each other
             works = dist.batch_isend_irecv([dist.P2POp(op, t, q, group) for op, t, q in ops])
         else:
             works = [op(t, q, group=group) for op, t, q in ops]
