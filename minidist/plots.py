@@ -165,3 +165,15 @@ def plot_zero_memory(rows: list[dict], ax=None, title: str = "model states per r
     if title:
         ax.set_title(title + (f", bars = ranks 0..{len(ranks) - 1}" if len(ranks) > 1 else ""))
     return ax
+
+
+def plot_pipeline_side_by_side(simulated, measured, title: str = "", sim_unit: str = "cost units"):
+    """The simulator's Gantt chart above the measured one (same schedule), as in the
+    lecture's GPipe figure. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    p = max(s.rank for s in list(simulated) + list(measured)) + 1
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 1.2 + 0.9 * p), constrained_layout=True)
+    plot_pipeline_gantt(simulated, top, f"{title} simulated".strip(), p, sim_unit)
+    plot_pipeline_gantt(measured, bottom, f"{title} measured".strip(), p, "s")
+    return fig

@@ -14,4 +14,4 @@ from .validate import ScheduleError, validate, check
 from .simulate import Costs, Slot, SimResult, simulate
 from .partition import partition, balanced_boundaries, rank_chunks
 from .executor import StepStats, run_schedule
-from .timeline import slots_from_trace, bubble_of, to_chrome
+from .timeline import slots_from_trace, bubble_of, to_chrome, measure
