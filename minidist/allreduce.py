@@ -201,17 +201,21 @@ def recursive_halving_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tens
 
 
 @api("fast_ring_all_reduce")
-def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 1 << 19) -> torch.Tensor:
+def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 1 << 20) -> torch.Tensor:
     """The ring all-reduce, pipelined: same messages' bytes and neighbours as
     :func:`ring_all_reduce`, arranged the way NCCL runs its ring.
 
     Why it is faster than the plain ring:
 
-    1. **Receives are posted before the data arrives.** Every receive of both phases
-       is posted up front, each into its final place (a scratch slot per reduce-scatter
-       step, the output tensor for the all-gather). The transport can then write each
-       message straight into its destination instead of parking it, and no rank ever
-       waits for its neighbour to reach the next step before bytes can flow.
+    1. **Receives are posted before the data arrives.** gloo (like NCCL, and MPI's
+       rendezvous protocol for large messages) moves no bytes until the receiver has
+       told the sender "my receive is posted" (gloo's NOTIFY_RECV_READY message). In the
+       plain ring a rank posts the receive for step s only when it reaches step s, so
+       every step pays that handshake (an extra one-way latency, plus a thread wake-up
+       on a busy CPU) before any data moves. Here every receive of both phases is
+       posted up front, each into its final place (a scratch slot per reduce-scatter
+       step, the output tensor for the all-gather), so the handshakes are all done
+       before the data exists and each segment flows the moment it is ready.
     2. **Chunks are cut into segments** of ``segment_bytes``, and each segment is
        forwarded as soon as it has been reduced. The add of segment j overlaps the
        transfer of segment j+1, and step s+1 starts while step s is still arriving:
