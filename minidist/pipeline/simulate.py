@@ -168,8 +168,8 @@ def simulate(s: Schedule, costs: Costs | None = None, check: bool = True) -> Sim
                     u["done_msgs"] = {}
                     progress = True
                 for msg, side in u["msgs"]:
-                    other = unit_of(carrier.get(msg + ("recv" if side == "send" else "send",), (r, q, -1))) \
-                        if msg + ("recv" if side == "send" else "send",) in carrier else None
+                    where = carrier.get(msg + ("recv" if side == "send" else "send",))   # not posted yet: None
+                    other = unit_of(where) if where else None
                     if other is not None and other["start"] is not None and msg not in u["done_msgs"]:
                         u["done_msgs"][msg] = max(u["start"], other["start"]) + costs.comm
                         progress = True
