@@ -171,3 +171,18 @@ def test_chrome_export_of_a_simulated_timeline():
     doc = to_chrome(r.timeline)
     assert len(doc["traceEvents"]) == 2 * 2 * 2
     assert {e["tid"] for e in doc["traceEvents"]} == {0, 1}
+
+
+def test_validator_catches_a_deadlock_that_only_nccl_would_hit():
+    # Interleaved 1F1B on p=2 with each compute action's messages in their own group:
+    # ranks 0 and 1 each block on a send to the other on their shared pair stream.
+    # Gloo would buffer its way through; NCCL would hang. Fusing F and B into one step
+    # (as interleaved_1f1b does) puts both directions in one group and fixes it.
+    from minidist.pipeline import with_comms
+
+    good = make("interleaved", 2, 4, v=2)
+    unfused = with_comms("unfused", 2, 4, 2, [good.compute(r) for r in range(2)])
+    assert [a for r in range(2) for a in unfused.compute(r)] == [a for r in range(2) for a in good.compute(r)]
+    problems = validate(unfused)
+    assert len(problems) == 1 and "deadlocks" in problems[0]
+    assert validate(good) == []
