@@ -120,6 +120,14 @@ class ZeroDataParallel(nn.Module):
             broadcast_module(module, broadcast_from, group)
         self.buckets = [_ShardedBucket(ps, self.world_size, self.rank) for ps in groups]
         self.optimizer = optimizer_cls([b.shard for b in self.buckets], **optimizer_kwargs)
+        if stage == 1:
+            # Stage 1 keeps the full gradient anyway: keep it as one flat buffer per bucket,
+            # with every .grad a view into it, so backward accumulates in place and the
+            # reduce-scatter reads it directly instead of from a Ψ-sized copy.
+            for b in self.buckets:
+                b.full_grad = torch.zeros_like(b.flat)
+                b.grad_views = b.layout.views(b.full_grad)
+            self.zero_grad()
         self._sync, self._next, self._in_backward = True, 0, False
         if stage == 2:
             self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
@@ -185,9 +193,14 @@ class ZeroDataParallel(nn.Module):
         """(stage 1: reduce-scatter gradients) → update own shard → all-gather parameters."""
         if self.stage == 1:
             for b in self.buckets:
-                grad_flat = b.layout.flatten([p.grad for p in b.params], like=b.flat)
+                for p, view in zip(b.params, b.grad_views):
+                    if p.grad is None:                   # unused this step: zero gradient
+                        view.zero_()
+                    elif p.grad.data_ptr() != view.data_ptr():
+                        view.copy_(p.grad)               # someone replaced .grad: take it back
+                    p.grad = view
                 summed = torch.empty_like(b.shard)
-                dist.reduce_scatter_tensor(summed, grad_flat, group=self.group)
+                dist.reduce_scatter_tensor(summed, b.full_grad, group=self.group)
                 self._accumulate_shard_grad(b, summed)
         self.optimizer.step()
         for b in self.buckets:
@@ -199,8 +212,13 @@ class ZeroDataParallel(nn.Module):
     def zero_grad(self) -> None:
         for b in self.buckets:
             b.shard.grad = None
-            for p in b.params:
-                p.grad = None
+            if self.stage == 1:
+                b.full_grad.zero_()
+                for p, view in zip(b.params, b.grad_views):
+                    p.grad = view
+            else:
+                for p in b.params:
+                    p.grad = None
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every parameter-like tensor this wrapper holds (for memory accounting)."""
