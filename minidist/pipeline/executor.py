@@ -161,7 +161,7 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
                 peak_bytes = max(peak_bytes, sum(saved_bytes.values()))
             else:
                 inp, out = stored[key]
-                grad = None if stage == last else received.pop(("grad", *key))
+                grad = None if stage == last or a.kind == "BW" else received.pop(("grad", *key))
                 if a.kind == "B":
                     torch.autograd.backward(out, grad)
                     if stage != first:
