@@ -53,6 +53,8 @@ def run_everything():
             assert torch.equal(x, inputs(n, length, dtype, r)), "an input was modified"
     x2d = inputs(n, 6 * n, torch.float32, r, shape=(2 * n, 3))          # any shape: all-reduce keeps it
     out["2d"] = {name: fn(x2d) for name, fn in ALL_REDUCES.items()}
+    edge = {"scalar": torch.tensor(r + 1.0), "empty": torch.empty(0), "int64": torch.arange(5) * (r + 1)}
+    out["edge"] = {(name, k): fn(v) for name, fn in ALL_REDUCES.items() for k, v in edge.items()}
     return out
 
 
@@ -75,9 +77,14 @@ def test_all_reduces_match_torch_and_agree_bitwise(world):
                     torch.testing.assert_close(got[r], ref, rtol=tol, atol=tol * n, msg=f"{name} n={n} L={length} rank {r}")
                     assert torch.equal(got[r], got[0]), f"{name}: rank {r} differs from rank 0 (n={n}, L={length})"
     ref2d = torch.stack([inputs(n, 6 * n, torch.float32, r, shape=(2 * n, 3)) for r in range(n)]).sum(0)
+    total = n * (n + 1) // 2
     for name in ALL_REDUCES:
         for r in range(n):
             torch.testing.assert_close(res[r]["2d"][name], ref2d, rtol=1e-5, atol=1e-5 * n)
+            edge = {k: res[r]["edge"][name, k] for k in ("scalar", "empty", "int64")}
+            assert edge["scalar"].shape == () and edge["scalar"].item() == total, name
+            assert edge["empty"].shape == (0,), name
+            assert torch.equal(edge["int64"], torch.arange(5) * total), name
 
 
 def test_one_to_many_and_many_to_many_match_torch(world):
