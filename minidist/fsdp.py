@@ -13,7 +13,8 @@ parameter, gradient and optimizer state: (4+4+8)Ψ/N bytes in fp32. The model is
 
 Per rank per step that is two all-gathers and one reduce-scatter of Ψ: 3·(N−1)/N·Ψ on
 the wire, 1.5× DDP's 2·(N−1)/N·Ψ. With ``prefetch=True`` the next unit's all-gather is
-launched asynchronously while the current unit computes.
+launched asynchronously while the current unit computes (in forward from the second
+step on: the first forward records the order in which units run).
 
 Freeing works like FSDP1: every parameter is a view into its unit's flat buffer, and
 the buffer's *storage* is resized to 0 bytes and back. Tensors that autograd saved during
@@ -90,7 +91,12 @@ class FullyShardedDataParallel(nn.Module):
         self.module, self.group, self.prefetch = module, group, prefetch
         self.rank, self.world_size = group_rank_size(group)
         trainable = {id(p) for p in trainable_parameters(module)}
-        is_unit = wrap if callable(wrap) and not isinstance(wrap, (tuple, type)) else (lambda m: isinstance(m, wrap))
+        if isinstance(wrap, type) or (isinstance(wrap, tuple) and all(isinstance(t, type) for t in wrap)):
+            is_unit = lambda m: isinstance(m, wrap)
+        elif callable(wrap):
+            is_unit = wrap
+        else:
+            raise TypeError(f"wrap must be a module type, a tuple of types or a predicate, got {wrap!r}")
         if broadcast_from is not None:
             broadcast_module(module, broadcast_from, group)
         self.units = self._build_units(module, is_unit, trainable)

@@ -151,12 +151,13 @@ def _bad_inputs():
     errors = {}
     for name, make in [("stage", lambda: ZeroDataParallel(TinyMLP(), stage=3)),
                        ("frozen", lambda: FullyShardedDataParallel(TinyMLP().requires_grad_(False))),
-                       ("cap", lambda: ZeroDataParallel(TinyMLP(), stage=2, bucket_cap_bytes=0))]:
+                       ("cap", lambda: ZeroDataParallel(TinyMLP(), stage=2, bucket_cap_bytes=0)),
+                       ("wrap", lambda: FullyShardedDataParallel(TinyMLP(), wrap="Linear"))]:
         with trace() as t:
             try:
                 make()
                 errors[name] = None
-            except ValueError as err:
+            except (ValueError, TypeError) as err:
                 errors[name] = (str(err), len(t.comm()))
     return errors
 
@@ -166,6 +167,7 @@ def test_bad_input_raises_before_any_collective():
     assert "fsdp" in errors["stage"][0]
     assert "requires_grad" in errors["frozen"][0]
     assert "bucket_cap_bytes" in errors["cap"][0]
+    assert "wrap must be" in errors["wrap"][0]
     assert all(e[1] == 0 for e in errors.values())
 
 
@@ -181,3 +183,35 @@ def test_stages_work_inside_a_sub_group():
         ref = _reference(case)
         for rank in range(4):
             assert (out[rank][i]["params"] - ref).abs().max().item() < TOL, (rank, case)
+
+
+def _prefetch_probe(prefetch):
+    import time
+    import torch.nn.functional as F
+    from minidist.models import mlp_batch
+    model = TinyMLP()
+    fsdp = FullyShardedDataParallel(model, prefetch=prefetch)
+    layers = [model.inp, *model.hidden, model.out]
+    done = {}
+
+    def mark(i):
+        def hook(module, args, out):     # registered after FSDP's hooks: runs after the free
+            done[i] = time.perf_counter()
+        return hook
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(mark(i))
+    x, y = mlp_batch(0, 8)
+    F.mse_loss(fsdp(x), y).backward()    # the first forward learns the layer order
+    done.clear()
+    with trace() as t:
+        F.mse_loss(fsdp(x), y)
+    starts = [e.start for e in t.comm() if e.op == "all_gather_into_tensor"]
+    # with prefetch, layer i+1's all-gather is launched before layer i's forward has finished
+    return [starts[i + 1] < done[i] for i in range(len(layers) - 1)]
+
+
+def test_zero3_prefetch_launches_the_next_all_gather_during_the_current_layer():
+    with_prefetch, without = minidist.launch(
+        lambda: (_prefetch_probe(True), _prefetch_probe(False)), 2)[0]
+    assert all(with_prefetch) and not any(without)
