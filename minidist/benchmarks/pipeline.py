@@ -3,7 +3,9 @@
 Part "bubble": every compute action sleeps a fixed time (``--t-f``, ``--t-b``;
 interleaved chunks take 1/v of it), so p ranks on two cores really run in parallel
 and the measured bubble (idle share of rank-time, from the traced compute spans) can
-be held to theory. Target: within 3 percentage points for p = 4, m in {1, 4, 8, 16}.
+be held to theory. Target: the median over ``--repeats`` within 3 percentage points
+for p = 4, m in {1, 4, 8, 16}. What remains is per-message wake-up latency, which a
+loaded machine inflates; longer ``--t-f``/``--t-b`` shrink its share.
 
 Part "torch": real compute on the same block-stack model, same stages, same
 micro-batches; median step time of minidist's executor against ScheduleGPipe and
@@ -94,7 +96,9 @@ def _bubble_rows(args):
         peak = max(results[r][k][0][1] for r in range(args.p))
         meas = statistics.median(measured)
         ref = theory if theory is not None else sim.bubble
-        rows.append(row | {"theory": theory, "simulated": sim.bubble, "measured": meas,
+        # Interference from other processes only ever adds idle time, so the best of the
+        # repeats is the closest look at the schedule itself; the target is judged on the median.
+        rows.append(row | {"theory": theory, "simulated": sim.bubble, "measured": meas, "measured_min": min(measured),
                            "err_pts": 100 * abs(meas - ref), "within_3pts": abs(meas - ref) <= 0.03,
                            "peak_act": peak, "peak_act_theory": pipeline_peak_activations(name, args.p, m, 0, v),
                            "note": "vs simulated (formula needs m >= p)" if theory is None else ""})
