@@ -201,8 +201,9 @@ def recursive_halving_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tens
 
 
 @api("fast_ring_all_reduce")
-def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 1 << 20) -> torch.Tensor:
-    """The ring all-reduce, pipelined: same messages' bytes and neighbours as
+def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 1 << 20,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """The ring all-reduce, pipelined: the same messages' bytes and neighbours as
     :func:`ring_all_reduce`, arranged the way NCCL runs its ring.
 
     Why it is faster than the plain ring:
@@ -213,70 +214,70 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
        plain ring a rank posts the receive for step s only when it reaches step s, so
        every step pays that handshake (an extra one-way latency, plus a thread wake-up
        on a busy CPU) before any data moves. Here every receive of both phases is
-       posted up front, each into its final place (a scratch slot per reduce-scatter
-       step, the output tensor for the all-gather), so the handshakes are all done
-       before the data exists and each segment flows the moment it is ready.
+       posted up front, straight into its place in the output, so the handshakes are
+       done before the data exists and each segment flows the moment it is ready.
     2. **Chunks are cut into segments** of ``segment_bytes``, and each segment is
-       forwarded as soon as it has been reduced. The add of segment j overlaps the
-       transfer of segment j+1, and step s+1 starts while step s is still arriving:
-       the ring becomes a pipeline, with no barrier between steps.
-    3. **No extra copies:** the partial sum is formed in the receive slot
-       (``slot += x[chunk]``) and sent from there; the first step sends straight from
-       the input.
+       forwarded as soon as it has been reduced: the add of segment j overlaps the
+       transfer of segment j+1, and step s+1 starts while step s is still arriving.
+       The ring becomes a pipeline, with no barrier between steps.
+    3. **No extra memory or copies:** partial sums are formed in the output
+       (``out[c] += x[c]``) and sent from there; the first step sends straight from the
+       input. Fresh memory is expensive (every new page is a page fault), so ``out=``
+       accepts a preallocated output, as nccl-tests' out-of-place mode uses.
 
-    Reduce-scatter outputs go to scratch slots and all-gather inputs land in the output
-    tensor, so no receive ever targets memory that a pending send still reads; that is
-    what makes posting everything at once safe.
+    Why two receives may target the same output chunk (the reduce-scatter partial of
+    chunk c, then the finished chunk c in the all-gather): transfers from the left
+    neighbour match receives in posting order, and the finished chunk c can only come
+    back round the ring after our partial of c has been forwarded and received, i.e.
+    after our send from that memory is complete.
 
-    Transport note: this relies on the transport progressing receives in the background
-    while the rank computes, as gloo's I/O threads do. Under NCCL, whose p2p ops are
+    Transport note: this relies on receives progressing in the background while the
+    rank computes, as gloo's I/O threads do. Under NCCL, whose p2p ops are
     stream-ordered, use :func:`ring_all_reduce` (NCCL's own ring already does all this
     inside one kernel).
     """
     check_tensor(tensor)
     if not isinstance(segment_bytes, int) or segment_bytes <= 0:
         raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != tensor.dtype
+                            or out.numel() != tensor.numel() or not out.is_contiguous()):
+        raise ValueError("out must be a contiguous tensor with the input's dtype and number of elements")
     me, n = group_info(group)
     x = tensor.detach().reshape(-1).contiguous()
+    res = torch.empty_like(x) if out is None else out.detach().view(-1)
+    if x.numel() and res.data_ptr() < x.data_ptr() + x.nbytes and x.data_ptr() < res.data_ptr() + res.nbytes:
+        raise ValueError("out must not overlap the input")
     if n == 1:
-        return x.clone().view(tensor.shape)
-    out = torch.empty_like(x)
-    xc, oc = x.tensor_split(n), out.tensor_split(n)
+        return res.copy_(x).view(tensor.shape)
+    xc, oc = x.tensor_split(n), res.tensor_split(n)
     seg = max(1, segment_bytes // x.element_size())
     right, left = (me + 1) % n, (me - 1) % n
 
     def segments(t):
         return [t[i:i + seg] for i in range(0, t.numel(), seg)]
 
-    rs_in = [(me - s - 2) % n for s in range(n - 1)]         # chunk arriving at RS step s
+    rs_in = [(me - s - 2) % n for s in range(n - 1)]         # chunk arriving at RS step s (last: me)
     ag_in = [(me - s - 1) % n for s in range(n - 1)]         # chunk arriving at AG step s
-    scratch = torch.empty((n - 1) * xc[0].numel(), dtype=x.dtype)
-    slots = [scratch[s * xc[0].numel():][: xc[c].numel()] for s, c in enumerate(rs_in)]
     # 1. post every receive, in exactly the order the left neighbour will send
-    rs_recv = [[(p, _recv(p, left, group)) for p in segments(slots[s])] for s in range(n - 1)]
+    rs_recv = [[(p, _recv(p, left, group)) for p in segments(oc[c])] for c in rs_in]
     ag_recv = [[(p, _recv(p, left, group)) for p in segments(oc[c])] for c in ag_in]
     sends = [_send(p, right, group) for p in segments(xc[(me - 1) % n])]   # RS step 0
-    # 2. reduce-scatter: add each arriving segment, forward it at once
+    # 2. reduce-scatter: add my part to each arriving segment and forward it at once
+    #    (after the last step, chunk me is final and the same send is all-gather step 0)
     for s, c in enumerate(rs_in):
-        last = s == n - 2                                    # then c == me: the sum is final
-        for (slot, work), own, dst in zip(rs_recv[s], segments(xc[c]), segments(oc[c])):
+        for (partial, work), own in zip(rs_recv[s], segments(xc[c])):
             if work is not None:
                 work.wait()
-            if last:
-                torch.add(slot, own, out=dst)
-                sends.append(_send(dst, right, group))       # = all-gather step 0
-            else:
-                slot += own
-                sends.append(_send(slot, right, group))      # = reduce-scatter step s+1
+            partial += own
+            sends.append(_send(partial, right, group))
     # 3. all-gather: every finished segment that arrives is forwarded unchanged
-    for s in range(n - 1):
-        for seg_out, work in ag_recv[s]:
+    for s in range(n - 2):
+        for done, work in ag_recv[s]:
             if work is not None:
                 work.wait()
-            if s < n - 2:
-                sends.append(_send(seg_out, right, group))
-    wait_all(sends)
-    return out.view(tensor.shape)
+            sends.append(_send(done, right, group))
+    wait_all([w for _, w in ag_recv[-1]] + sends)
+    return res.view(tensor.shape)
 
 
 ALL_REDUCES = {

@@ -17,6 +17,7 @@ from minidist.trace import Trace, trace
 
 ALL_REDUCES = dict(A.ALL_REDUCES)
 ALL_REDUCES["fast_ring_tiny_segments"] = functools.partial(A.fast_ring_all_reduce, segment_bytes=8)
+ALL_REDUCES["fast_ring_into_out"] = lambda t, **kw: A.fast_ring_all_reduce(t, out=torch.empty_like(t), segment_bytes=12, **kw)
 OTHERS = {   # name -> (call on rank r of n, reference from all inputs for rank r)
     "broadcast": (lambda x, n: C.broadcast(x, n - 1), lambda xs, r, n: xs[n - 1]),
     "reduce": (lambda x, n: C.reduce(x, n // 2), lambda xs, r, n: sum(xs) if r == n // 2 else None),
@@ -194,6 +195,8 @@ def bad_calls():
         lambda: C.scatter(x, src=5),
         lambda: A.parameter_server_all_reduce(x, server=7),
         lambda: A.fast_ring_all_reduce(x, segment_bytes=0),
+        lambda: A.fast_ring_all_reduce(x, out=x),
+        lambda: A.fast_ring_all_reduce(x, out=torch.empty(4, dtype=torch.float64)),
         lambda: A.ring_all_reduce(x, group=outsiders) if dist.get_rank() == 0 else (_ for _ in ()).throw(ValueError("skip")),
     ]
     with trace() as t:
@@ -215,4 +218,4 @@ def test_bad_input_fails_before_any_communication():
     msgs = res[0][0]
     assert "torch.Tensor" in msgs[0] and "complex64" in msgs[1] and "bool" in msgs[2]
     assert "src=2" in msgs[3] and "size 2" in msgs[3] and "dst=-1" in msgs[4]
-    assert "segment_bytes" in msgs[7] and "not a member" in msgs[8]
+    assert "segment_bytes" in msgs[7] and "overlap" in msgs[8] and "dtype" in msgs[9] and "not a member" in msgs[10]

@@ -6,6 +6,11 @@ rank's (the collective is done when the last rank is done) and a row reports the
 over calls. Algorithms are interleaved call by call, not run one after another, so a
 burst of load on a shared machine hits all of them alike.
 
+Buffers, as in nccl-tests: native ``dist.all_reduce`` runs in place on a preallocated
+buffer and ``fast_ring`` writes into a preallocated ``out=``, so neither pays for fresh
+memory (page faults cost ~1 ms per MiB on this VM); the other algorithms allocate their
+result, as their API does, which is part of why they are slower at large sizes.
+
 algbw = S / t; busbw = algbw · 2(N-1)/N, the nccl-tests factor for all-reduce, which
 reads as the speed of one link and does not depend on N (nccl-tests PERFORMANCE.md).
 α and β of the α-β model are fitted by least squares to all minidist rows at once
@@ -58,27 +63,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plot", default=None, metavar="PATH", help="save busbw vs size with the fitted model")
 
 
-def _native(x):
-    y = x.clone()
-    dist.all_reduce(y)
-    return y
-
-
 def _iters_for(nbytes: int) -> int:
     return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 7
 
 
 def _measure(sizes, algorithms, iters, warmup):
     """Runs on every rank: {(algorithm, size): [seconds per call]} of this rank."""
-    fns = {a: _native if a == NATIVE else ALL_REDUCES[a] for a in algorithms}
     times = {}
     for nbytes in sizes:
         x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(dist.get_rank()))
+        inplace, out = x.clone(), torch.zeros_like(x)        # preallocated and touched: no page faults timed
+        fns = {a: ALL_REDUCES[a] for a in algorithms if a != NATIVE}
+        fns[NATIVE] = lambda x: dist.all_reduce(inplace)
+        if "fast_ring" in fns:
+            fns["fast_ring"] = lambda x: ALL_REDUCES["fast_ring"](x, out=out)
         for _ in range(warmup):
             for a in algorithms:
+                inplace.copy_(x)
                 fns[a](x)
         for _ in range(iters or _iters_for(nbytes)):
             for a in algorithms:                    # interleaved: see the module docstring
+                inplace.copy_(x)                    # native sums in place: restore its input, untimed
                 dist.barrier()
                 start = time.perf_counter()
                 fns[a](x)
