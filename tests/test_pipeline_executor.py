@@ -117,6 +117,7 @@ def _rank_sleep(runs):
     x, y = regression_batch(BATCH * 2, WIDTH)
     for name, m in runs:
         chunks = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)
+        run_schedule(make(name, p, m), chunks, x, y)          # warm-up (and validation), unmeasured
         dist.barrier()
         with trace() as t:
             run_schedule(make(name, p, m), chunks, x, y, costs=SLEEP)

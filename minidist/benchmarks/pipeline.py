@@ -64,6 +64,7 @@ def _sleep_rank(cases, costs_by_v, repeats, width=8):
     for name, m, v in cases:
         chunks = rank_chunks(partition(block_stack(p * v, width), p * v), p, rank)
         sched = make(name, p, m, **({"v": v} if v > 1 else {}))
+        run_schedule(sched, chunks, x, y)     # warm-up, unmeasured: validation, first autograd calls
         runs = []
         for _ in range(repeats):
             dist.barrier()

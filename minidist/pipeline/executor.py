@@ -44,6 +44,7 @@ from .validate import check
 # and plain isend/irecv elsewhere (gloo progresses each op independently). Tests set
 # this to True to run the batched path on gloo too.
 ALWAYS_BATCH = False
+_VALID: set = set()                  # schedules already checked in this process
 
 
 @dataclass
@@ -85,7 +86,10 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
         if x is None:
             raise ValueError("pass act_shape (one micro-batch activation's shape) or x on every rank")
         act_shape = (x.shape[0] // s.m, *x.shape[1:])
-    check(s)                                  # invalid or deadlocking: ValueError, nothing sent yet
+    fingerprint = (s.p, s.m, s.v, tuple(tuple(prog) for prog in s.actions))
+    if fingerprint not in _VALID:             # invalid or deadlocking: ValueError, nothing sent yet
+        check(s)
+        _VALID.add(fingerprint)               # checking costs ms: do it once per schedule, not per step
 
     param = next((p for c in chunks for p in c.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
