@@ -6,7 +6,9 @@
 
 Files: ``schedules`` (generators), ``validate``, ``simulate``, ``partition``,
 ``executor`` (runs any valid schedule over send/recv), ``timeline`` (Gantt data from
-the simulator or a traced run, measured bubble, Chrome trace).
+the simulator or a traced run, measured bubble, Chrome trace, ``measure``), ``tour``
+(the ``minidist tour`` rows). Formulas: ``minidist.cost`` section 7; plots:
+``minidist.plots``; benchmark: ``minidist bench pipeline``.
 """
 from .schedules import (Action, Schedule, SCHEDULES, make, naive, gpipe, one_f_one_b,
                         interleaved_1f1b, zb_h1, with_comms)
