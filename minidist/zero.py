@@ -168,15 +168,24 @@ class ZeroDataParallel(nn.Module):
         while self._next < len(self.buckets) and \
                 len(self.buckets[self._next].ready) == len(self.buckets[self._next].params):
             self._launch(self.buckets[self._next])
+            if self._next >= 2:
+                # At most two buckets in flight: the full gradient copies we wait for here
+                # would otherwise all live until the end of backward, i.e. Ψ again.
+                self._retire(self.buckets[self._next - 2])
             self._next += 1
+
+    def _retire(self, b: _ShardedBucket) -> None:
+        if b.work is not None:
+            b.work.wait()
+            self._accumulate_shard_grad(b, b.reduced)
+            b.work = b.grad_flat = b.reduced = None
 
     def _finish_backward(self) -> None:
         for b in self.buckets[self._next:]:   # unused parameters: their hooks never fired
             b.ready.update(range(len(b.params)))
         self._launch_ready_buckets()
         for b in self.buckets:
-            b.work.wait()
-            self._accumulate_shard_grad(b, b.reduced)
+            self._retire(b)
             b.reset()
         self._next, self._in_backward = 0, False
 

@@ -27,6 +27,7 @@ def add_arguments(parser):
     parser.add_argument("--world-size", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--bucket-kb", type=int, default=128, help="ZeRO-1/2 and DDP bucket cap")
     parser.add_argument("--no-fsdp2", action="store_true", help="skip the torch FSDP2 comparison")
 
 
@@ -66,8 +67,8 @@ def _fsdp2(model_kwargs, batch):
     return mem, mem["total"] - kept + peak
 
 
-def _bench(model_kwargs, with_fsdp2):
-    cases = [dict(variant=v, model_kwargs=model_kwargs, bucket_cap_bytes=1 << 20, steps=2, measure=True, batch=48)
+def _bench(model_kwargs, with_fsdp2, bucket_bytes):
+    cases = [dict(variant=v, model_kwargs=model_kwargs, bucket_cap_bytes=bucket_bytes, steps=2, measure=True, batch=48)
              for v in LABEL]
     out = {"ours": run_cases(cases)}
     if with_fsdp2:
@@ -81,7 +82,7 @@ def _bench(model_kwargs, with_fsdp2):
 def run(args) -> list[dict]:
     n = args.world_size
     model_kwargs = dict(d_in=64, hidden=args.hidden, d_out=64, n_hidden=args.layers)
-    out = minidist.launch(_bench, n, model_kwargs, not args.no_fsdp2, timeout=600)
+    out = minidist.launch(_bench, n, model_kwargs, not args.no_fsdp2, args.bucket_kb << 10, timeout=600)
     rows = []
     for i, variant in enumerate(LABEL):
         for rank in range(n):
