@@ -1,0 +1,458 @@
+"""Lab 1 (collectives from send/recv): realistic wrong implementations.
+
+Each bug replaces one solution cell of solutions/lab1_collectives/lab1_collectives.ipynb
+and names the test cells that must lose points (format: autograder/bugbank/README.md).
+
+A note on the pattern tests: they run the same correctness check first, so a bug that
+gives a wrong result also fails the pattern test of its function. Bugs that compute the
+right sum in the wrong way (whole tensors, wrong partners) fail *only* the pattern test;
+that is what the pattern tests are for.
+"""
+
+BUGS = [
+    # ------------------------------------------------------------------ sendrecv (helper)
+    # Not graded by itself, but every ring and butterfly is built on it: its bugs must show
+    # up in the tests of the functions that use it.
+    dict(
+        name="sendrecv_blocking_send_first",
+        cell="sendrecv",
+        code='''
+def sendrecv(send_tensor, dst, recv_tensor, src):
+    """Send `send_tensor` to rank `dst` while receiving into `recv_tensor` from rank `src`."""
+    dist.send(send_tensor, dst=dst)
+    dist.recv(recv_tensor, src=src)
+''',
+        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct",
+                 "test_recursive_halving_all_reduce_correct"],
+        why="everyone-sends-first deadlock: blocking send before recv, on every rank at once",
+    ),
+    dict(
+        name="sendrecv_blocking_recv_first",
+        cell="sendrecv",
+        code='''
+def sendrecv(send_tensor, dst, recv_tensor, src):
+    """Send `send_tensor` to rank `dst` while receiving into `recv_tensor` from rank `src`."""
+    dist.recv(recv_tensor, src=src)
+    dist.send(send_tensor, dst=dst)
+''',
+        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct",
+                 "test_recursive_halving_all_reduce_correct"],
+        why="everyone-receives-first deadlock: nobody ever sends",
+    ),
+    dict(
+        name="sendrecv_swapped_peers",
+        cell="sendrecv",
+        replace=[("dist.isend(send_tensor, dst=dst)", "dist.isend(send_tensor, dst=src)"),
+                 ("dist.irecv(recv_tensor, src=src)", "dist.irecv(recv_tensor, src=dst)")],
+        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct"],
+        why="dst and src swapped: the ring turns the other way, so the chunk schedule is wrong "
+            "(a pairwise swap, as in halving, does not notice)",
+    ),
+
+    # ------------------------------------------------------------------ broadcast
+    dict(
+        name="broadcast_recv_from_rank0",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    if rank == src:
+        requests = [dist.isend(out, dst=peer) for peer in range(world) if peer != src]
+        for request in requests:
+            request.wait()
+    else:
+        dist.recv(out, src=0)
+    return out
+''',
+        catches=["test_broadcast_correct"],
+        why="receivers wait for rank 0 instead of the root src (only works for src=0)",
+    ),
+    dict(
+        name="broadcast_receives_into_input",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == src:
+        for peer in range(world):
+            if peer != src:
+                dist.send(tensor, dst=peer)
+        return tensor.clone()
+    dist.recv(tensor, src=src)
+    return tensor
+''',
+        catches=["test_broadcast_correct"],
+        why="receives straight into the caller's tensor: the input is overwritten",
+    ),
+    dict(
+        name="broadcast_calls_dist_broadcast",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    out = tensor.clone()
+    dist.broadcast(out, src=src)
+    return out
+''',
+        catches=["test_broadcast_correct"],
+        why="shortcut: torch.distributed's own broadcast",
+    ),
+    dict(
+        name="broadcast_only_to_next_rank",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    if world == 1:
+        return out
+    if rank == src:
+        dist.send(out, dst=(src + 1) % world)
+    else:
+        dist.recv(out, src=src)
+    return out
+''',
+        catches=["test_broadcast_correct"],
+        why="the root sends once, to its neighbour; every other rank waits forever",
+    ),
+
+    # ------------------------------------------------------------------ naive all-reduce
+    dict(
+        name="naive_recv_overwrites_sum",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    if rank == 0:
+        for peer in range(1, world):
+            dist.recv(total, src=peer)
+    else:
+        dist.send(total, dst=0)
+    return broadcast(total, src=0)
+''',
+        catches=["test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
+        why="rank 0 receives on top of its running sum instead of adding: the last rank wins",
+    ),
+    dict(
+        name="naive_forgets_broadcast",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    if rank == 0:
+        incoming = torch.empty_like(total)
+        for peer in range(1, world):
+            dist.recv(incoming, src=peer)
+            total += incoming
+    else:
+        dist.send(total, dst=0)
+    return total
+''',
+        catches=["test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
+        why="a reduce, not an all-reduce: only rank 0 gets the sum",
+    ),
+    dict(
+        name="naive_everyone_to_everyone",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pieces = [tensor.clone() if peer == rank else torch.empty_like(tensor) for peer in range(world)]
+    requests = []
+    for peer in range(world):
+        if peer != rank:
+            requests.append(dist.isend(tensor, dst=peer))
+            requests.append(dist.irecv(pieces[peer], src=peer))
+    for request in requests:
+        request.wait()
+    total = pieces[0].clone()
+    for piece in pieces[1:]:
+        total += piece
+    return total
+''',
+        catches=["test_naive_all_reduce_pattern"],
+        why="right sum, wrong algorithm: everyone sends to everyone instead of through rank 0",
+    ),
+    dict(
+        name="naive_calls_dist_reduce",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    total = tensor.clone()
+    dist.reduce(total, dst=0)
+    return broadcast(total, src=0)
+''',
+        catches=["test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
+        why="shortcut: torch.distributed's reduce for the first phase",
+    ),
+
+    # ------------------------------------------------------------------ ring reduce-scatter
+    dict(
+        name="rs_off_by_one_chunk",
+        cell="ring_reduce_scatter",
+        replace=[("send_index = (rank - step - 1) % world", "send_index = (rank - step) % world"),
+                 ("recv_index = (rank - step - 2) % world", "recv_index = (rank - step - 1) % world")],
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern"],
+        why="off-by-one chunk index: the chunk that ends complete on rank r is r+1, not r",
+    ),
+    dict(
+        name="rs_whole_tensor_each_step",
+        cell="ring_reduce_scatter",
+        code='''
+def ring_reduce_scatter(tensor):
+    """Return, on rank r, the sum over all ranks of chunk r of `tensor.tensor_split(N)`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    total = tensor.clone()
+    passing = tensor.clone()
+    for step in range(world - 1):
+        incoming = torch.empty_like(passing)
+        sendrecv(passing, right, incoming, left)
+        total += incoming
+        passing = incoming
+    return total.tensor_split(world)[rank].clone()
+''',
+        catches=["test_ring_reduce_scatter_pattern"],
+        why="sends the whole tensor at every step (passes every rank's tensor around the ring): "
+            "right answer, N times the traffic",
+    ),
+    dict(
+        name="rs_everyone_sends_first",
+        cell="ring_reduce_scatter",
+        code='''
+def ring_reduce_scatter(tensor):
+    """Return, on rank r, the sum over all ranks of chunk r of `tensor.tensor_split(N)`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = tensor.clone().tensor_split(world)
+    for step in range(world - 1):
+        send_index = (rank - step - 1) % world
+        recv_index = (rank - step - 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        dist.send(chunks[send_index], dst=right)
+        dist.recv(incoming, src=left)
+        chunks[recv_index].add_(incoming)
+    return chunks[rank].clone()
+''',
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern"],
+        why="everyone-sends-first deadlock: blocking send then recv instead of sendrecv",
+    ),
+    dict(
+        name="rs_overwrites_instead_of_adding",
+        cell="ring_reduce_scatter",
+        code='''
+def ring_reduce_scatter(tensor):
+    """Return, on rank r, the sum over all ranks of chunk r of `tensor.tensor_split(N)`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = tensor.clone().tensor_split(world)
+    for step in range(world - 1):
+        send_index = (rank - step - 1) % world
+        recv_index = (rank - step - 2) % world
+        sendrecv(chunks[send_index], right, chunks[recv_index], left)
+    return chunks[rank].clone()
+''',
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern"],
+        why="receives into the chunk instead of adding to it (an all-gather step, not a reduce step)",
+    ),
+
+    # ------------------------------------------------------------------ ring all-reduce
+    dict(
+        name="ring_off_by_one_allgather",
+        cell="ring_all_reduce",
+        replace=[("send_index = (rank - step) % world", "send_index = (rank - step - 1) % world"),
+                 ("recv_index = (rank - step - 1) % world\n        sendrecv(chunks[send_index], right, chunks[recv_index], left)",
+                  "recv_index = (rank - step - 2) % world\n        sendrecv(chunks[send_index], right, chunks[recv_index], left)")],
+        catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
+        why="off-by-one chunk index in the all-gather (copied from the reduce-scatter): "
+            "unfinished chunks are passed around",
+    ),
+    dict(
+        name="ring_missing_allgather",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    out = tensor.flatten().clone()
+    chunks = out.tensor_split(world)
+    for step in range(world - 1):
+        send_index = (rank - step - 1) % world
+        recv_index = (rank - step - 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        sendrecv(chunks[send_index], right, incoming, left)
+        chunks[recv_index].add_(incoming)
+    return out.view(tensor.shape)
+''',
+        catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
+        why="missing all-gather phase: each rank only has its own chunk fully summed",
+    ),
+    dict(
+        name="ring_whole_tensor_each_step",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    contributions = [None] * world
+    contributions[rank] = tensor.clone()
+    passing = contributions[rank]
+    for step in range(world - 1):
+        incoming = torch.empty_like(passing)
+        sendrecv(passing, right, incoming, left)
+        contributions[(rank - step - 1) % world] = incoming
+        passing = incoming
+    total = contributions[0].clone()
+    for part in contributions[1:]:
+        total += part
+    return total
+''',
+        catches=["test_ring_all_reduce_pattern"],
+        why="sends the whole tensor at every step (passes every rank's tensor around, then sums "
+            "in rank order): right answer, (N-1)·S bytes per rank instead of 2(N-1)/N·S",
+    ),
+    dict(
+        name="ring_everyone_sends_first",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    out = tensor.flatten().clone()
+    chunks = out.tensor_split(world)
+    for step in range(world - 1):
+        send_index = (rank - step - 1) % world
+        recv_index = (rank - step - 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        dist.send(chunks[send_index], dst=right)
+        dist.recv(incoming, src=left)
+        chunks[recv_index].add_(incoming)
+    for step in range(world - 1):
+        send_index = (rank - step) % world
+        recv_index = (rank - step - 1) % world
+        dist.send(chunks[send_index], dst=right)
+        dist.recv(chunks[recv_index], src=left)
+    return out.view(tensor.shape)
+''',
+        catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
+        why="everyone-sends-first deadlock: blocking send then recv on every rank",
+    ),
+    dict(
+        name="ring_calls_dist_all_reduce",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+''',
+        catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
+        why="shortcut: torch.distributed's all_reduce",
+    ),
+    dict(
+        name="ring_calls_minidist_ring",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    from minidist.allreduce import ring_all_reduce as library_ring
+    return library_ring(tensor)
+''',
+        catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
+        why="shortcut: minidist's own ring implementation",
+    ),
+
+    # ------------------------------------------------------------------ recursive halving
+    dict(
+        name="halving_partner_plus_distance",
+        cell="recursive_halving_all_reduce",
+        replace=[("partner = rank ^ distance", "partner = (rank + distance) % world")],
+        catches=["test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
+        why="partner rank + d instead of rank XOR d: pairs do not match up (r's partner is not "
+            "partner's partner)",
+    ),
+    dict(
+        name="halving_allgather_same_order",
+        cell="recursive_halving_all_reduce",
+        replace=[("for partner, keep, give in reversed(rounds):", "for partner, keep, give in rounds:")],
+        catches=["test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
+        why="the all-gather replays the rounds in the same order instead of reversed: "
+            "half-finished ranges are swapped first",
+    ),
+    dict(
+        name="halving_both_keep_lower_half",
+        cell="recursive_halving_all_reduce",
+        replace=[("keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))",
+                  "keep, give = (lo, mid), (mid, hi)")],
+        catches=["test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
+        why="both partners keep the lower half: the upper half is never reduced",
+    ),
+    dict(
+        name="halving_whole_tensor_each_round",
+        cell="recursive_halving_all_reduce",
+        code='''
+def recursive_halving_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor` (N a power of two): recursive-halving
+    reduce-scatter, then recursive-doubling all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world & (world - 1):
+        raise ValueError(f"recursive halving needs a power-of-two world size, got {world}")
+    total = tensor.clone()
+    distance = 1
+    while distance < world:
+        partner = rank ^ distance
+        incoming = torch.empty_like(total)
+        sendrecv(total, partner, incoming, partner)
+        total = total + incoming if rank < partner else incoming + total
+        distance *= 2
+    return total
+''',
+        catches=["test_recursive_halving_all_reduce_pattern"],
+        why="recursive doubling of the whole tensor: right answer in lg N rounds, but every "
+            "round sends all S bytes instead of halving",
+    ),
+    dict(
+        name="halving_uses_own_ring",
+        cell="recursive_halving_all_reduce",
+        code='''
+def recursive_halving_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor` (N a power of two): recursive-halving
+    reduce-scatter, then recursive-doubling all-gather."""
+    return ring_all_reduce(tensor)
+''',
+        catches=["test_recursive_halving_all_reduce_pattern"],
+        why="reuses the ring: right answer, but 2(N-1) neighbour messages instead of 2 lg N "
+            "rounds at distances 1, 2, 4, ...",
+    ),
+    dict(
+        name="halving_calls_dist_all_reduce",
+        cell="recursive_halving_all_reduce",
+        code='''
+def recursive_halving_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor` (N a power of two): recursive-halving
+    reduce-scatter, then recursive-doubling all-gather."""
+    out = tensor.clone()
+    dist.all_reduce(out)
+    return out
+''',
+        catches=["test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
+        why="shortcut: torch.distributed's all_reduce",
+    ),
+]
+
+NOT_GRADED = []
+RELEASE_MAY_PASS = []
