@@ -13,6 +13,7 @@ naive parallel         everyone sends everything to everyone   n(n-1)S on the wi
 ring                   reduce-scatter + all-gather on a ring   2(n-1)/n·S per rank
 recursive halving      Rabenseifner: reduce-scatter by         2 lg n steps, 2(n-1)/n·S
                        halving, all-gather by doubling
+tree                   binomial reduce, binomial broadcast     2⌈lg n⌉ steps of S
 =====================  ======================================  =========================
 
 The ring is the Patarasuk & Yuan (2009) bandwidth-optimal all-reduce; recursive halving

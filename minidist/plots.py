@@ -82,7 +82,7 @@ def plot_busbw(rows: list[dict], path: str | None = None, title: str | None = No
         if fitted:
             alpha, beta = fitted[0]["alpha_us"] * 1e-6, 1e-9 / fitted[0]["beta_GBps"]
             S = np.geomspace(pts[0]["bytes"], pts[-1]["bytes"], 60)
-            T = np.array([cost.allreduce_time(alg, n, s, alpha, beta) for s in S])
+            T = np.array([cost.allreduce_time(fitted[0].get("model", alg), n, s, alpha, beta) for s in S])
             ax.plot(S, cost.busbw(S, T, n) / 1e9, "--", color=color, alpha=0.7)
     fit = next((r for r in rows if "alpha_us" in r), None)
     note = f"dashed: α-β fit, α = {fit['alpha_us']:.0f} µs, 1/β = {fit['beta_GBps']:.2f} GB/s" if fit else ""

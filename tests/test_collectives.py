@@ -219,3 +219,27 @@ def test_bad_input_fails_before_any_communication():
     assert "torch.Tensor" in msgs[0] and "complex64" in msgs[1] and "bool" in msgs[2]
     assert "src=2" in msgs[3] and "size 2" in msgs[3] and "dst=-1" in msgs[4]
     assert "segment_bytes" in msgs[7] and "overlap" in msgs[8] and "dtype" in msgs[9] and "not a member" in msgs[10]
+
+
+def test_bench_rows_are_consistent_and_the_plot_is_drawn(tmp_path):
+    from minidist.benchmarks import collectives as bench
+    from minidist.plots import plot_busbw
+    assert [bench.parse_size(s) for s in ("1K", "64K", "1M", "16M", "100")] == [1024, 65536, 1 << 20, 16 << 20, 100]
+    with pytest.raises(ValueError, match="cannot read size"):
+        bench.parse_size("12Q")
+    rows = bench.measure(2, [1024, 8192], ["native", "ring", "fast_ring"], iters=2, warmup=1,
+                         functions={"mine": A.ring_all_reduce.__wrapped__}, models={"mine": "ring"})
+    assert [(r["algorithm"], r["bytes"]) for r in rows] == [
+        (a, s) for s in (1024, 8192) for a in ("native", "ring", "fast_ring", "mine")]
+    for r in rows:
+        t = r["time_us"] * 1e-6
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / t / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * (2 - 1) / 2)    # nccl-tests factor
+        assert ("model_us" in r) == (r["algorithm"] != "native")
+    fit = cost.fit_alpha_beta([r["bytes"] for r in rows if r["algorithm"] != "native"],
+                              [r["time_us"] * 1e-6 for r in rows if r["algorithm"] != "native"],
+                              ["ring" if r["algorithm"] == "mine" else r["algorithm"] for r in rows if r["algorithm"] != "native"], 2)
+    assert rows[1]["alpha_us"] == pytest.approx(fit.alpha * 1e6)
+    path = tmp_path / "busbw.png"
+    plot_busbw(rows, path=str(path))
+    assert path.stat().st_size > 10_000

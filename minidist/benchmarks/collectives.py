@@ -19,6 +19,7 @@ every row shows the model's prediction next to the measurement.
 """
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 import time
@@ -38,12 +39,10 @@ _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 
 
 def parse_size(text: str) -> int:
     """'64K' -> 65536 bytes (binary units, as nccl-tests)."""
-    t = text.strip().upper()
-    digits = t.rstrip("KMGIB")
-    unit = t[len(digits):]
-    if not digits or unit not in _UNITS:
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([A-Z]*)", text.strip().upper())
+    if not m or m.group(2) not in _UNITS:
         raise ValueError(f"cannot read size {text!r}; use e.g. 1K, 64K, 1M, 16M")
-    return int(float(digits) * _UNITS[unit])
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def human(nbytes: int) -> str:
@@ -67,15 +66,15 @@ def _iters_for(nbytes: int) -> int:
     return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 7
 
 
-def _measure(sizes, algorithms, iters, warmup):
+def _measure(sizes, algorithms, iters, warmup, functions):
     """Runs on every rank: {(algorithm, size): [seconds per call]} of this rank."""
     times = {}
     for nbytes in sizes:
         x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(dist.get_rank()))
         inplace, out = x.clone(), torch.zeros_like(x)        # preallocated and touched: no page faults timed
-        fns = {a: ALL_REDUCES[a] for a in algorithms if a != NATIVE}
+        fns = {a: functions.get(a) or ALL_REDUCES[a] for a in algorithms if a != NATIVE}
         fns[NATIVE] = lambda x: dist.all_reduce(inplace)
-        if "fast_ring" in fns:
+        if "fast_ring" in fns and "fast_ring" not in functions:
             fns["fast_ring"] = lambda x: ALL_REDUCES["fast_ring"](x, out=out)
         for _ in range(warmup):
             for a in algorithms:
@@ -92,14 +91,22 @@ def _measure(sizes, algorithms, iters, warmup):
 
 
 def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorithms=DEFAULT_ALGORITHMS,
-            iters=None, warmup=2, timeout=600.0) -> list[dict]:
-    """Benchmark rows (see the module docstring); the fit is in each row's model columns."""
-    unknown = [a for a in algorithms if a != NATIVE and a not in ALL_REDUCES]
+            iters=None, warmup=2, timeout=600.0, functions=None, models=None) -> list[dict]:
+    """Benchmark rows (see the module docstring); the fit is in each row's model columns.
+
+    ``functions`` adds your own all-reduces by name (e.g. ``{"my_ring": ring_all_reduce}``
+    from a lab), measured in the same interleaved run; ``models`` names the cost model of
+    each (``{"my_ring": "ring"}``) so that it joins the α-β fit.
+    """
+    functions, models = dict(functions or {}), {a: a for a in ALL_REDUCES} | dict(models or {})
+    algorithms = list(algorithms) + [f for f in functions if f not in algorithms]
+    unknown = [a for a in algorithms if a != NATIVE and a not in ALL_REDUCES and a not in functions]
     if unknown:
         raise ValueError(f"unknown algorithm(s) {unknown}; known: {NATIVE}, {', '.join(ALL_REDUCES)}")
     if world_size < 2:
         raise ValueError("a collective benchmark needs --world-size >= 2")
-    per_rank = minidist.launch(_measure, world_size, list(sizes), list(algorithms), iters, warmup, timeout=timeout)
+    per_rank = minidist.launch(_measure, world_size, list(sizes), algorithms, iters, warmup, functions,
+                               timeout=timeout)
     rows = []
     for (a, nbytes), first in per_rank[0].items():
         calls = [max(r[(a, nbytes)][i] for r in per_rank) for i in range(len(first))]
@@ -108,17 +115,19 @@ def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorith
                      "time_us": t * 1e6, "algbw_GBps": cost.algbw(nbytes, t) / 1e9,
                      "busbw_GBps": cost.busbw(nbytes, t, world_size) / 1e9})
     native = {r["bytes"]: r["busbw_GBps"] for r in rows if r["algorithm"] == NATIVE}
-    ours = [r for r in rows if r["algorithm"] != NATIVE]
-    fit = cost.fit_alpha_beta([r["bytes"] for r in ours], [r["time_us"] * 1e-6 for r in ours],
-                              algorithm=[r["algorithm"] for r in ours], n=world_size) if len(ours) >= 2 else None
+    modelled = [r for r in rows if r["algorithm"] in models]
+    fit = cost.fit_alpha_beta([r["bytes"] for r in modelled], [r["time_us"] * 1e-6 for r in modelled],
+                              algorithm=[models[r["algorithm"]] for r in modelled], n=world_size) \
+        if len(modelled) >= 2 else None
     for r in rows:
         if r["bytes"] in native:
             r["vs_native"] = r["busbw_GBps"] / native[r["bytes"]]
-        if fit is not None and r["algorithm"] != NATIVE:
-            r["model_us"] = cost.allreduce_time(r["algorithm"], world_size, r["bytes"], fit.alpha, fit.beta) * 1e6
+        if fit is not None and r["algorithm"] in models:
+            r["model"] = models[r["algorithm"]]
+            r["model_us"] = cost.allreduce_time(models[r["algorithm"]], world_size, r["bytes"], fit.alpha, fit.beta) * 1e6
             r["alpha_us"], r["beta_GBps"] = fit.alpha * 1e6, (1 / fit.beta / 1e9 if fit.beta else float("inf"))
-    rows.sort(key=lambda r: (r["bytes"], DEFAULT_ALGORITHMS.index(r["algorithm"])
-                             if r["algorithm"] in DEFAULT_ALGORITHMS else 99))
+    order = {a: i for i, a in enumerate(algorithms)}
+    rows.sort(key=lambda r: (r["bytes"], order[r["algorithm"]]))
     return rows
 
 
