@@ -243,3 +243,53 @@ def test_bench_rows_are_consistent_and_the_plot_is_drawn(tmp_path):
     path = tmp_path / "busbw.png"
     plot_busbw(rows, path=str(path))
     assert path.stat().st_size > 10_000
+
+
+class _Done:
+    def wait(self, *args, **kwargs):
+        return True
+
+
+def under_blocking_semantics(names, lengths_):
+    """Every isend/irecv made blocking (gloo's send waits for the matching receive): the
+    strictest model, the one NCCL's stream-ordered p2p can reach. Code whose op order only
+    works because ops are asynchronous deadlocks here."""
+    send, recv = dist.send, dist.recv
+    dist.isend = lambda t, dst=None, group=None, tag=0, **kw: (send(t, dst=dst, group=group, tag=tag), _Done())[1]
+    dist.irecv = lambda t, src=None, group=None, tag=0, **kw: (recv(t, src=src, group=group, tag=tag), _Done())[1]
+    n, r = dist.get_world_size(), dist.get_rank()
+    fns = {**A.ALL_REDUCES, **{k: call for k, (call, _) in OTHERS.items()}}
+    out = {}
+    for length in lengths_:
+        x = inputs(n, length, torch.float32, r)
+        for name in names:
+            out[name, length] = fns[name](x) if name in A.ALL_REDUCES else fns[name](x, n)
+    return out
+
+
+def naive_sendrecv_ring(names, lengths_):
+    dist.isend = lambda t, dst=None, **kw: (dist.send(t, dst=dst), _Done())[1]
+    n, r = dist.get_world_size(), dist.get_rank()
+    x, y = torch.ones(4), torch.empty(4)
+    dist.isend(x, dst=(r + 1) % n).wait()          # everyone posts its send first
+    dist.irecv(y, src=(r - 1) % n).wait()
+    return y
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_op_order_is_deadlock_free_when_every_op_blocks_until_matched(n):
+    names = [a for a in A.ALL_REDUCES if a != "fast_ring"] + list(OTHERS)   # fast_ring: gloo only (documented)
+    res = minidist.launch(under_blocking_semantics, n, names, [n + 2], timeout=20)
+    xs = [inputs(n, n + 2, torch.float32, r) for r in range(n)]
+    for name in A.ALL_REDUCES:
+        if name != "fast_ring":
+            torch.testing.assert_close(res[n - 1][name, n + 2], torch.stack(xs).sum(0))
+    for name, (_, reference) in OTHERS.items():
+        want = reference(xs, 0, n)
+        if want is not None:
+            torch.testing.assert_close(res[0][name, n + 2], want)
+
+
+def test_the_blocking_model_does_catch_a_bad_order():
+    with pytest.raises(minidist.LaunchError, match="send"):
+        minidist.launch(naive_sendrecv_ring, 3, [], [], timeout=2)
