@@ -8,14 +8,12 @@ tolerance is tight enough to catch a missing sync.
 import time
 
 import pytest
-import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
 import minidist
 from minidist.data_parallel import BucketedDDP, NaiveDDP, ParameterServer, make_buckets
-from minidist.dp_harness import reference_parameters, ring_wire_bytes, run_cases, train_on_rank
+from minidist.dp_harness import reference_parameters, run_cases, train_on_rank
 from minidist.models import TinyMLP, mlp_batch
 from minidist.trace import trace
 
