@@ -40,7 +40,11 @@ COLLECTIVES = {
     "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
     "gather", "scatter", "barrier", "all_gather_object", "broadcast_object_list",
     "gather_object", "scatter_object_list", "batch_isend_irecv", "monitored_barrier",
+    "reduce_scatter_single", "all_gather_single",      # torch >= 2.13 names of the *_tensor ops
 }
+# Collectives whose input is the second argument (the first is the output buffer).
+INPUT_SECOND = {"all_to_all", "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor",
+                "all_gather_into_tensor", "reduce_scatter_single", "all_gather_single"}
 PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
 
@@ -238,7 +242,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
             if peer is None and gpeer is not None and group is not None:
                 peer = dist.get_global_rank(group, gpeer)
         payload = args[0] if args else kwargs.get("tensor", kwargs.get("input", kwargs.get("tensor_list")))
-        if name in ("all_to_all", "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "all_gather_into_tensor"):
+        if name in INPUT_SECOND:
             payload = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("input_tensor")))
         nbytes = _nbytes(payload)
         description = _describe(name, peer, nbytes)
