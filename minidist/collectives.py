@@ -89,10 +89,11 @@ def exchange(send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | No
     ring step send and receive at once). Order: when the partner in both directions
     is the same rank (a pairwise swap, or a 2-rank ring) the lower rank sends first
     and the higher one receives first, so the exchange completes even if ops block
-    until matched (NCCL). With distinct partners (a ring with n > 2) the two ops
-    involve different pairs and cannot block each other; we still use the rank
-    parity order (even ranks send first), under which a ring completes under
-    blocking semantics too.
+    until matched (NCCL). With distinct partners (a ring with n > 2) even ranks send
+    first and odd ranks receive first: then in every ring step some rank's first op
+    meets its partner's first op (an even rank sending to an odd one), and the chain
+    unwinds from there, for odd n too. tests/test_collectives.py runs every algorithm
+    with isend/irecv made blocking to check exactly this.
     """
     me, _ = group_info(group)
     send_first = me < dst if (dst is not None and dst == src) else me % 2 == 0
