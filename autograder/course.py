@@ -92,7 +92,9 @@ def _kernel_ok(argv) -> bool:
     exe = shutil.which(argv[0]) if argv else None
     if not exe:
         return False
-    r = subprocess.run([exe, "-c", "import minidist, ipykernel"], capture_output=True)
+    probe = ("import importlib.util as u, sys; "
+             "sys.exit(0 if u.find_spec('minidist') and u.find_spec('ipykernel') else 1)")
+    r = subprocess.run([exe, "-c", probe], capture_output=True)
     return r.returncode == 0
 
 
@@ -168,8 +170,7 @@ def build_course(labs: list[str], dest: Path, solutions: Path | None = None) -> 
 
     Runs ``nbgrader generate_assignment`` (through nbgrader's API) for each lab.
     """
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.converters import GenerateAssignment
 
     ensure_venv_on_path()
     solutions = solutions or solutions_dir()
@@ -182,13 +183,31 @@ def build_course(labs: list[str], dest: Path, solutions: Path | None = None) -> 
         shutil.copytree(src, dest / "source" / lab, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     c = load_config(root=dest)
-    api = NbGraderAPI(coursedir=CourseDirectory(config=c), config=c)
     for lab in labs:
-        r = api.generate_assignment(lab, force=True, create=True)
+        r = run_converter(GenerateAssignment, c, lab, force=True, create_assignment=True)
         if not r["success"]:
             raise RuntimeError(f"nbgrader generate_assignment {lab} failed:\n"
                                f"{r.get('error', '')}\n{r.get('log', '')}")
     return dest
+
+
+def run_converter(cls, config, assignment_id: str, student_id: str | None = None, **attrs) -> dict:
+    """Run one nbgrader converter (what ``nbgrader <command>`` runs) and capture its log.
+
+    Same as nbgrader's NbGraderAPI methods, without importing nbgrader.apps (slow).
+    Returns nbgrader's dict: success, log and possibly error.
+    """
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.utils import capture_log
+
+    coursedir = CourseDirectory(config=config)
+    coursedir.assignment_id = assignment_id
+    if student_id is not None:
+        coursedir.student_id = student_id
+    app = cls(coursedir=coursedir, config=config)
+    for k, v in attrs.items():
+        setattr(app, k, v)
+    return capture_log(app)
 
 
 def lab_cells(course: Path, lab: str) -> dict[str, list[dict]]:

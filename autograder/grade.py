@@ -17,7 +17,6 @@ import html
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -29,8 +28,30 @@ from pathlib import Path
 from autograder import REPO, SUBMISSION_TIMEOUT
 from autograder.course import (all_labs, build_course, cell_timeout, kernel_argv, lab_cells,
                                solutions_dir)
+from autograder import worker
 from autograder.procs import TAG_VAR, kill_job
 from autograder.worker import fallback_cells, last_started
+
+_CTX = None
+_CTX_LOCK = threading.Lock()
+
+
+def _ctx():
+    """A forkserver that has imported nbgrader once (importing it takes seconds):
+    each submission is a fresh fork of it, in its own session."""
+    global _CTX
+    with _CTX_LOCK:
+        if _CTX is None:
+            import multiprocessing as mp
+            # the forkserver starts with our sys.path: make sure this checkout's
+            # autograder package is found first (an old editable install may map it
+            # to a namespace package)
+            if str(REPO) not in sys.path:
+                sys.path.insert(0, str(REPO))
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload(worker.PRELOAD)
+            _CTX = ctx
+        return _CTX
 
 RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
                  "reason", "flags"]
@@ -106,6 +127,15 @@ def discover(submissions: Path, labs: list[str] | None) -> tuple[list[tuple[str,
     return entries, graded, ignored
 
 
+def _warm_forkserver():
+    try:
+        from multiprocessing import forkserver
+        _ctx()
+        forkserver.ensure_running()
+    except Exception:
+        pass
+
+
 def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> Job:
     t0 = time.time()
     job.job_dir.mkdir(parents=True, exist_ok=True)
@@ -122,19 +152,14 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> 
     spec_path.write_text(json.dumps(spec))
     tag = uuid.uuid4().hex
     env = dict(env, **{TAG_VAR: tag})
-    log = open(job.job_dir / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "autograder.worker", str(spec_path)],
-                            cwd=str(REPO), env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-    timed_out = False
-    try:
-        proc.wait(timeout=wall)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        kill_job(tag, proc.pid)
-        proc.wait()
-        log.close()
+    proc = _ctx().Process(target=worker.child_entry,
+                          args=(str(spec_path), env, str(job.job_dir / "worker.log")),
+                          name=f"grade-{job.student}-{job.lab}", daemon=False)
+    proc.start()
+    proc.join(timeout=wall)
+    timed_out = proc.exitcode is None
+    kill_job(tag, proc.pid)
+    proc.join()
     res_path = job.job_dir / "result.json"
     if res_path.is_file() and not timed_out:
         job.result = json.loads(res_path.read_text())
@@ -147,7 +172,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> 
         else:
             err = job.job_dir / "worker_error.txt"
             tail = err.read_text().strip().split("\n")[-1][:200] if err.is_file() else \
-                f"worker exited with code {proc.returncode}"
+                f"worker exited with code {proc.exitcode}"
             reason = f"grading failed: {tail}"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
                       "failure": reason,
@@ -293,6 +318,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     for sub in ("feedback", "autograded"):
         shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
+    threading.Thread(target=_warm_forkserver, daemon=True).start()
     template = build_course(graded, work / "template") if graded else None
     cpus = os.cpu_count() or 1
     env = dict(os.environ)

@@ -8,12 +8,13 @@ gradebook) into the job directory given in the spec.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import traceback
 from pathlib import Path
 
-from autograder.course import lab_cells, load_config, read_nb, write_nb
+from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
 from autograder.notebooks import classify, load, locate, repair
 
 
@@ -40,6 +41,7 @@ def feedback_config(course: Path):
     from autograder.nbext import HideHiddenTests, TruncateOutput
 
     c = load_config(root=course)
+    c.HTMLExporter.template_name = "feedback"
     c.GenerateFeedback.preprocessors = [HideHiddenTests, TruncateOutput, GetGrades,
                                         CSSHTMLHeaderPreprocessor]
     return c
@@ -47,8 +49,7 @@ def feedback_config(course: Path):
 
 def run(spec: dict) -> dict:
     from nbgrader.api import Gradebook
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.converters import Autograde, GenerateFeedback
 
     job = Path(spec["job_dir"])
     student, lab = spec["student"], spec["lab"]
@@ -85,6 +86,10 @@ def run(spec: dict) -> dict:
             continue
         nb, flags, nb_notes = repair(nb, release_nbs[name])
         notes += nb_notes
+        graded_ids = {m["name"] for m in cells_meta[name]}
+        for gid, fl in flags.items():  # solution / markdown cells have no results row
+            if gid not in graded_ids:
+                notes += [f"cell {gid!r}: {f}" for f in fl]
         cell_flags[name] = flags
         write_nb(nb, dest / f"{name}.ipynb")
 
@@ -93,8 +98,7 @@ def run(spec: dict) -> dict:
     progress = job / "progress.jsonl"
     if len(unusable) < len(names):
         c = autograde_config(course, progress, spec["cell_timeout"])
-        api = NbGraderAPI(coursedir=CourseDirectory(config=c), config=c)
-        r = api.autograde(lab, student, force=True, create=True)
+        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
         (job / "autograde.log").write_text(r.get("log", "") + "\n" + r.get("error", ""))
         if r["success"]:
             result["graded"] = True
@@ -129,8 +133,7 @@ def run(spec: dict) -> dict:
             sub = gb.find_submission(lab, student)
             result["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else None
         c = feedback_config(course)
-        api = NbGraderAPI(coursedir=CourseDirectory(config=c), config=c)
-        fr = api.generate_feedback(lab, student, force=True)
+        fr = run_converter(GenerateFeedback, c, lab, student, force=True)
         if not fr["success"]:
             result["notes"].append("feedback generation failed")
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
@@ -182,7 +185,6 @@ def fallback_cells(cells_meta, progress: Path, unusable: dict, reason: str, cell
     nbgrader's rules give them; the rest get 0 with ``reason``."""
     done = {r["grade_id"]: r for r in read_progress(progress)
             if r["event"] == "done" and r.get("grade_id") and "points" in r}
-    stuck = last_started(progress)
     out = {}
     for name, cells in cells_meta.items():
         rows = {}
@@ -193,15 +195,37 @@ def fallback_cells(cells_meta, progress: Path, unusable: dict, reason: str, cell
                 row = (0.0, "error", unusable[name])
             elif d is not None and name not in unusable:
                 row = (d["points"] or 0.0, d["status"], d["reason"])
-            elif meta["name"] == stuck and status_unrun == "timeout":
-                row = (0.0, "timeout", reason)
-            else:
-                row = (0.0, status_unrun if meta["name"] == stuck else "error",
-                       reason or "not run")
+            else:  # never finished: the stuck cell or one after it
+                row = (0.0, status_unrun, reason or "not run")
             rows[meta["name"]] = {"points": row[0], "max_points": meta["max_score"],
                                   "status": row[1], "reason": row[2], "flags": flags}
         out[name] = rows
     return out
+
+
+PRELOAD = ["autograder.worker", "autograder.nbext", "nbgrader.converters", "nbgrader.api",
+           "nbgrader.coursedir", "nbgrader.preprocessors", "nbconvert.exporters",
+           "jupyter_client.manager", "nbclient"]
+
+
+def child_entry(spec_path: str, env: dict, log_path: str) -> None:
+    """Entry point in a process forked from the forkserver (see autograder.grade):
+    a new session, the job's environment (with its kill tag), output to the job log."""
+    os.setsid()
+    os.environ.clear()
+    os.environ.update(env)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        main([spec_path])
+    except BaseException:
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv=None):

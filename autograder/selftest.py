@@ -1,0 +1,170 @@
+"""``python -m autograder selftest``: the grader and the tests of every lab, checked.
+
+For each lab, grades in one batch: the solution (must get full marks), the untouched
+release (0 on every implementation test, no timeout), and every bug of the lab's bug
+bank injected into a copy of the solution (must lose points on each test it names).
+"""
+from __future__ import annotations
+
+import copy
+import runpy
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from autograder.course import (all_labs, build_course, bugbank_dir, grade_id, lab_notebooks, nbg,
+                               read_nb, solution_submission, strip_solution_markers, write_nb)
+
+
+class BankError(ValueError):
+    pass
+
+
+def load_bank(lab: str) -> dict:
+    path = bugbank_dir() / f"{lab}.py"
+    if not path.is_file():
+        return {"BUGS": [], "NOT_GRADED": [], "RELEASE_MAY_PASS": [], "path": None}
+    ns = runpy.run_path(str(path))
+    return {"BUGS": list(ns.get("BUGS", [])), "NOT_GRADED": list(ns.get("NOT_GRADED", [])),
+            "RELEASE_MAY_PASS": list(ns.get("RELEASE_MAY_PASS", [])), "path": path}
+
+
+def inject(bug: dict, solution_nbs: dict) -> dict:
+    """{notebook: nb} = the solution submission with bug['cell'] broken."""
+    nbs = copy.deepcopy(solution_nbs)
+    hits = [(n, c) for n, nb in nbs.items() for c in nb.cells
+            if grade_id(c) == bug["cell"] and (bug.get("notebook") in (None, n))]
+    if len(hits) != 1:
+        raise BankError(f"bug {bug.get('name')!r}: cell {bug['cell']!r} not found exactly once")
+    _, cell = hits[0]
+    if not nbg(cell).get("solution"):
+        raise BankError(f"bug {bug['name']!r}: cell {bug['cell']!r} is not a solution cell")
+    if ("code" in bug) == ("replace" in bug):
+        raise BankError(f"bug {bug['name']!r}: give exactly one of 'code' or 'replace'")
+    if "code" in bug:
+        cell.source = bug["code"].strip("\n")
+    else:
+        src = cell.source
+        for old, new in bug["replace"]:
+            if src.count(old) != 1:
+                raise BankError(f"bug {bug['name']!r}: {old!r} occurs {src.count(old)} times "
+                                f"in cell {bug['cell']!r} (must be exactly once)")
+            src = src.replace(old, new)
+        cell.source = src
+    return nbs
+
+
+def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
+    problems = []
+    sol_cells = {grade_id(c) for nb in source_nbs.values() for c in nb.cells
+                 if nbg(c).get("solution") and c.cell_type == "code"}
+    tests = {grade_id(c) for nb in source_nbs.values() for c in nb.cells
+             if nbg(c).get("grade") and not nbg(c).get("solution")}
+    names = Counter(b.get("name") for b in bank["BUGS"])
+    problems += [f"duplicate bug name {n!r}" for n, k in names.items() if k > 1]
+    per_fn = Counter()
+    for b in bank["BUGS"]:
+        for key in ("name", "cell", "catches"):
+            if key not in b:
+                problems.append(f"bug {b.get('name')!r} has no {key!r}")
+        if b.get("cell") not in sol_cells:
+            problems.append(f"bug {b.get('name')!r}: {b.get('cell')!r} is not a code solution cell")
+        for t in b.get("catches", []):
+            if t not in tests:
+                problems.append(f"bug {b.get('name')!r}: {t!r} is not a test cell")
+        per_fn[b.get("function", b.get("cell"))] += 1
+    for cell in sorted(sol_cells - set(bank["NOT_GRADED"])):
+        if per_fn[cell] < 3:
+            problems.append(f"graded function {cell!r} has {per_fn[cell]} bugs in the bank (need >= 3)")
+    return problems
+
+
+def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=None, wall_s=None,
+             progress: bool = True, stream=None) -> bool:
+    from autograder.grade import grade
+
+    stream = stream or sys.stdout
+    labs = labs or all_labs()
+    if not labs:
+        print("selftest: no labs under solutions/", file=stream)
+        return False
+    ok = True
+    report = []
+    with tempfile.TemporaryDirectory(prefix="minidist-selftest-") as tmp:
+        tmp = Path(tmp)
+        course = build_course(labs, tmp / "course")
+        for lab in labs:
+            names = lab_notebooks(lab, course / "source")
+            source = {n: read_nb(course / "source" / lab / f"{n}.ipynb") for n in names}
+            release = {n: read_nb(course / "release" / lab / f"{n}.ipynb") for n in names}
+            solution = {n: solution_submission(source[n], release[n]) for n in names}
+            bank = load_bank(lab)
+            problems = check_bank(lab, bank, source)
+            if bank["path"] is None:
+                problems.append(f"no bug bank {bugbank_dir() / (lab + '.py')}")
+            subs = tmp / "subs" / lab
+            plan = {"solution": ("solution", None), "release": ("release", None)}
+            for n in names:
+                write_nb(solution[n], subs / "solution" / lab / f"{n}.ipynb")
+                write_nb(release[n], subs / "release" / lab / f"{n}.ipynb")
+            for b in bank["BUGS"]:
+                try:
+                    nbs = inject(b, solution)
+                except (BankError, KeyError, TypeError) as e:
+                    problems.append(str(e))
+                    continue
+                student = f"bug-{b['name']}"
+                plan[student] = ("bug", b)
+                for n, nb in nbs.items():
+                    write_nb(nb, subs / student / lab / f"{n}.ipynb")
+            for p in problems:
+                report.append((lab, "bug bank", "FAIL", p))
+                ok = False
+            dest = (out / lab) if out else tmp / "out" / lab
+            r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
+                      wall_s=wall_s, progress=progress)
+            by_student = {j.student: j for j in r["jobs"]}
+            for student, (kind, bug) in plan.items():
+                j = by_student[student]
+                rows = {c: row for cells in j.result["cells"].values() for c, row in cells.items()}
+                fails = []
+                if kind == "solution":
+                    fails = [f"{c}: {row['status']} ({row['reason']})" for c, row in rows.items()
+                             if row["status"] != "manual" and
+                             (float(row["points"] or 0) < row["max_points"] or row["status"] != "pass")]
+                    what = "full marks"
+                elif kind == "release":
+                    fails = [f"{c}: {float(row['points'] or 0):g} points ({row['status']})"
+                             for c, row in rows.items()
+                             if row["status"] != "manual" and c not in bank["RELEASE_MAY_PASS"]
+                             and float(row["points"] or 0) > 0]
+                    fails += [f"{c}: timed out ({row['reason']})" for c, row in rows.items()
+                              if row["status"] == "timeout"]
+                    what = "0 on every test, no timeout"
+                else:
+                    what = "loses points on " + ", ".join(bug["catches"])
+                    for t in bug["catches"]:
+                        row = rows.get(t)
+                        if row is None:
+                            fails.append(f"{t}: no such test")
+                        elif float(row["points"] or 0) >= row["max_points"]:
+                            fails.append(f"{t}: still full marks")
+                if j.result.get("failure") and kind != "bug":
+                    fails.append(j.result["failure"])
+                status = "FAIL" if fails else "ok"
+                ok &= not fails
+                caught = ""
+                if kind == "bug":
+                    caught = ", ".join(f"{c}={row['status']}" for c, row in rows.items()
+                                       if float(row["points"] or 0) < row["max_points"])
+                report.append((lab, student, status,
+                               what + (f" -- {'; '.join(fails)}" if fails else
+                                       (f" [{caught}]" if caught else "")) + f" ({j.seconds:.0f} s)"))
+    w = max(len(r[1]) for r in report)
+    for lab, who, status, detail in report:
+        print(f"{lab:<20} {who:<{w}} {status:<4} {detail}", file=stream)
+    n_fail = sum(r[2] == "FAIL" for r in report)
+    print(f"selftest: {'PASSED' if ok else 'FAILED'} ({len(report) - n_fail}/{len(report)} checks ok)",
+          file=stream)
+    return ok

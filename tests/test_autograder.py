@@ -1,0 +1,336 @@
+"""End-to-end tests of python -m autograder on the fixture lab (tests/fixtures/course).
+
+The broken submissions are graded as ONE batch with --jobs 2 (module fixture) and the
+tests assert on its outputs, to keep the suite fast.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
+                                 set_code, write_class)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fixture_course(tmp_path_factory):
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
+    os.environ["MINIDIST_BUGBANK"] = str(BUGBANK)
+    os.environ["MINIDIST_LABS"] = str(tmp_path_factory.mktemp("labs"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory, fixture_course):
+    from autograder.course import build_course, read_nb, solution_submission
+    root = build_course([LAB], tmp_path_factory.mktemp("course"))
+    src = read_nb(root / "source" / LAB / f"{LAB}.ipynb")
+    rel = read_nb(root / "release" / LAB / f"{LAB}.ipynb")
+    return {"root": root, "source": src, "release": rel, "solution": solution_submission(src, rel)}
+
+
+@pytest.fixture(scope="module")
+def graded(course, tmp_path_factory):
+    from autograder.grade import grade
+    subs = write_class(tmp_path_factory.mktemp("subs"), broken_class(course["solution"], course["release"]))
+    out = tmp_path_factory.mktemp("out")
+    t0 = time.time()
+    r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
+    r["elapsed"] = time.time() - t0
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    r["cells"] = {(row["student"], row["cell"]): row for row in rows}
+    r["grades"] = {row["student_id"]: row for row in csv.DictReader(open(out / "grades.csv"))}
+    r["json"] = json.loads((out / "results.json").read_text())
+    return r
+
+
+def row(g, student, cell):
+    return g["cells"][(student, cell)]
+
+
+def total(g, student):
+    return float(g["grades"][student]["score"])
+
+
+# ---------------------------------------------------------------- outputs
+def test_every_submission_gets_a_grade_and_reasons(graded, course):
+    from autograder_fixtures import broken_class
+    students = set(broken_class(course["solution"], course["release"]))
+    assert set(graded["grades"]) == students
+    for s in students:
+        for c in ("test_add", "test_allsum"):
+            r = row(graded, s, c)
+            assert r["status"] in {"pass", "fail", "error", "timeout"}, r
+            assert r["reason"].strip(), r
+            assert "\n" not in r["reason"]
+
+
+def test_grades_csv_has_nbgrader_export_columns(graded):
+    header = open(graded["out"] / "grades.csv").readline().strip().split(",")
+    assert header == ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
+                      "email", "raw_score", "late_submission_penalty", "score", "max_score"]
+    assert graded["grades"]["sol1"]["max_score"] == "3.0"
+
+
+def test_solution_full_marks_release_zero(graded):
+    assert total(graded, "sol1") == 3.0
+    assert row(graded, "sol1", "test_allsum")["status"] == "pass"
+    assert total(graded, "release") == 0.0
+    assert row(graded, "release", "test_add")["reason"].startswith("NotImplementedError")
+
+
+def test_deterministic(graded):
+    """The same submission graded three times gets identical scores and statuses."""
+    views = [[(c, row(graded, s, c)["points"], row(graded, s, c)["status"])
+              for c in ("test_add", "test_allsum")] for s in ("sol1", "sol2", "sol3")]
+    assert views[0] == views[1] == views[2]
+
+
+# ---------------------------------------------------------------- robustness
+def test_deadlocking_rank_is_a_timeout_with_launch_error(graded):
+    r = row(graded, "deadlock", "test_allsum")
+    assert r["status"] == "timeout" and "LaunchError" in r["reason"], r
+    assert row(graded, "deadlock", "test_add")["status"] == "pass"
+
+
+def test_infinite_loop_hits_cell_timeout(graded):
+    sub = next(s for s in graded["json"]["submissions"] if s["student"] == "infloop")
+    assert row(graded, "infloop", "test_add")["status"] == "error"      # add never defined
+    assert "NameError" in row(graded, "infloop", "test_add")["reason"]
+    assert row(graded, "infloop", "test_allsum")["status"] == "pass"
+    assert sub["seconds"] < WALL
+
+
+def test_sys_exit_in_a_cell(graded):
+    assert row(graded, "sysexit", "test_add")["status"] == "error"
+    assert row(graded, "sysexit", "test_allsum")["status"] == "pass"
+
+
+@pytest.mark.parametrize("student,dies_in", [("osexit", "allsum"), ("segfault", "allsum"),
+                                             ("sigkill", "add")])
+def test_dead_kernel_gets_partial_grade_and_reason(graded, student, dies_in):
+    a, s = row(graded, student, "test_add"), row(graded, student, "test_allsum")
+    assert "kernel died" in s["reason"] and repr(dies_in) in s["reason"], s
+    assert s["points"] == "0.0"
+    if dies_in == "allsum":      # test_add ran before the crash: keeps its point
+        assert a["status"] == "pass" and a["points"] == "1.0"
+    else:
+        assert a["points"] == "0.0" and "kernel died" in a["reason"]
+
+
+def test_megabytes_of_output(graded):
+    assert total(graded, "bigoutput") == 3.0
+    fb = graded["out"] / "feedback" / "bigoutput" / LAB / f"{LAB}.html"
+    assert fb.stat().st_size < 1_000_000
+
+
+def test_deleted_test_cell_restored_and_flagged(graded):
+    r = row(graded, "deleted_test", "test_add")
+    assert r["status"] == "pass" and "deleted" in r["flags"], r
+    assert total(graded, "deleted_test") == 3.0
+
+
+def test_deleted_solution_cell(graded):
+    r = row(graded, "deleted_solution", "test_allsum")
+    assert r["points"] == "0.0" and "NotImplementedError" in r["reason"]
+
+
+def test_renamed_cell_restored_and_flagged(graded):
+    assert total(graded, "renamed") == 3.0
+    assert "my_add" in row(graded, "renamed", "test_add")["flags"]
+
+
+def test_modified_locked_test_cell_restored_and_flagged(graded):
+    r = row(graded, "tampered", "test_add")
+    assert r["status"] == "fail" and r["points"] == "0.0", r       # real test ran, caught a - b
+    assert r["max_points"] == "1.0"                               # points tampering undone
+    assert "locked cell was modified; restored" in r["flags"]
+
+
+def test_missing_notebook(graded):
+    assert total(graded, "missing") == 0.0
+    assert "missing notebook toylab.ipynb" in row(graded, "missing", "test_add")["reason"]
+
+
+def test_wrongly_named_notebook(graded):
+    assert total(graded, "wrongname") == 3.0
+    assert "toylab-Copy1.ipynb" in row(graded, "wrongname", "test_add")["flags"]
+
+
+def test_corrupt_json(graded):
+    assert total(graded, "corrupt") == 0.0
+    assert "not a readable notebook" in row(graded, "corrupt", "test_add")["reason"]
+
+
+def test_parallel_batch_is_fast_enough(graded):
+    # 20 submissions, several of which hit 10 s timeouts: the batch must not serialise
+    n = len(graded["grades"])
+    assert graded["elapsed"] < n * 15, graded["elapsed"]
+
+
+# ---------------------------------------------------------------- feedback
+def test_feedback_per_student_hides_hidden_tests(graded, course):
+    from autograder.course import hidden_test_lines
+    hidden = hidden_test_lines(course["source"])
+    assert hidden, "fixture must have hidden tests"
+    files = sorted((graded["out"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
+    assert len(files) == len(graded["grades"])
+    for f in files:
+        text = html.unescape(f.read_text())
+        for line in hidden:
+            assert line not in text, (f, line)
+    sol = html.unescape((graded["out"] / "feedback" / "sol1" / LAB / f"{LAB}.html").read_text())
+    assert "hidden tests not shown" in sol and "test_allsum" in sol
+    # a failing hidden test keeps its message but not its source
+    bad = html.unescape((graded["out"] / "feedback" / "tampered" / LAB / f"{LAB}.html").read_text())
+    assert "AssertionError" in bad
+
+
+def test_feedback_command_finds_no_leak(graded, tmp_path):
+    from autograder.feedback import collect
+    made, leaks = collect(graded["out"], tmp_path / "handback")
+    assert not leaks and made
+    assert (tmp_path / "handback" / "sol1" / LAB / f"{LAB}.html").is_file()
+
+
+def test_export_reproduces_grades_csv(graded, tmp_path):
+    from autograder.grade import export_csv
+    export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
+    assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
+
+
+# ---------------------------------------------------------------- wall clock, orphans
+def test_wall_clock_limit_kills_everything(course, tmp_path):
+    from autograder.grade import grade
+    pidfile = tmp_path / "orphans.txt"
+    spawn = ("import subprocess\n"
+             "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+             f"open({str(pidfile)!r}, 'a').write(str(p.pid) + '\\n')\n")
+    subs = write_class(tmp_path / "subs", {
+        "orphan": set_code(course["solution"], "add", spawn + "def add(a, b):\n    return a + b"),
+        "sleeper": set_code(course["solution"], "add", spawn + "import time\ntime.sleep(1000)"),
+    })
+    t0 = time.time()
+    r = grade(subs, tmp_path / "out", jobs=2, labs=[LAB], cell_timeout_s=300, wall_s=25,
+              progress=False)
+    assert time.time() - t0 < 90
+    res = {(j.student, c): rr for j in r["jobs"] for c, rr in j.result["cells"][LAB].items()}
+    assert res[("orphan", "test_add")]["status"] == "pass"
+    s = res[("sleeper", "test_add")]
+    assert s["status"] == "timeout" and "wall-clock" in s["reason"] and "'add'" in s["reason"], s
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert len(pids) == 2
+    time.sleep(0.5)
+    for pid in pids:
+        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        assert not alive, f"orphan {pid} survived grading"
+
+
+# ---------------------------------------------------------------- release
+def test_release_check_detects_stale_labs(tmp_path):
+    from autograder import release
+    labs = tmp_path / "labs"
+    release.release(labs_dir=labs)
+    assert release.check(labs) == []
+    nb = labs / LAB / f"{LAB}.ipynb"
+    nb.write_text(nb.read_text().replace("Implement", "Please implement"))
+    (labs / "stale_lab").mkdir()
+    problems = release.check(labs)
+    assert any("differs" in p for p in problems) and any("stale_lab" in p for p in problems)
+
+
+def test_release_has_no_hidden_tests_or_solutions(tmp_path, course):
+    from autograder import release
+    from autograder.course import hidden_test_lines
+    labs = tmp_path / "labs"
+    release.release(labs_dir=labs)
+    text = (labs / LAB / f"{LAB}.ipynb").read_text()
+    for line in hidden_test_lines(course["source"]):
+        assert line not in text
+    assert "BEGIN SOLUTION" not in text and "dist.all_reduce(y)" not in text
+
+
+def test_repo_labs_match_fresh_release():
+    """make test: labs/ must be exactly what `python -m autograder release` generates."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINIDIST_")}
+    r = subprocess.run([sys.executable, "-m", "autograder", "release", "--check"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_repo_labs_contain_no_hidden_tests():
+    from autograder.course import hidden_test_lines, read_nb
+    for src in sorted((REPO / "solutions").glob("*/*.ipynb")):
+        rel = REPO / "labs" / src.parent.name / src.name
+        if not rel.exists():
+            continue
+        text = rel.read_text()
+        for line in hidden_test_lines(read_nb(src)):
+            assert line not in text, (rel, line)
+
+
+# ---------------------------------------------------------------- kernel
+def test_kernel_is_pinned_and_has_minidist():
+    from autograder.course import kernel_argv, load_config
+    assert load_config().Execute.kernel_name == "minidist"
+    argv = kernel_argv()
+    r = subprocess.run([argv[0], "-c", "import minidist; print(minidist.__file__)"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "minidist" in r.stdout
+
+
+def test_cell_timeout_exceeds_launch_timeouts():
+    from autograder.course import cell_timeout
+    assert cell_timeout() > 30            # tests use launch timeouts <= 30 s
+    assert CELL_TIMEOUT > 4               # the fixture's LAUNCH_TIMEOUT
+
+
+# ---------------------------------------------------------------- selftest
+def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys):
+    """A bank with one real bug, one bug no test can see, and too few bugs per function."""
+    (tmp_path / f"{LAB}.py").write_text(
+        "BUGS = [\n"
+        "  dict(name='subtracts', cell='add', replace=[('return a + b', 'return a - b')],\n"
+        "       catches=['test_add']),\n"
+        "  dict(name='harmless', cell='add', code='def add(a, b):\\n    return b + a',\n"
+        "       catches=['test_add']),\n"
+        "]\n")
+    monkeypatch.setenv("MINIDIST_BUGBANK", str(tmp_path))
+    from autograder.selftest import selftest
+    ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
+    out = capsys.readouterr().out
+    assert not ok
+    lines = {l.split()[1]: l for l in out.splitlines() if l.startswith(LAB)}
+    assert " ok " in lines["solution"] and " ok " in lines["release"], out
+    assert " ok " in lines["bug-subtracts"], out
+    assert " FAIL " in lines["bug-harmless"] and "still full marks" in lines["bug-harmless"], out
+    assert "'add' has 2 bugs" in out and "'allsum' has 0 bugs" in out, out
+
+
+def test_bugbank_injection_rules(course):
+    from autograder.selftest import BankError, inject
+    sol = {LAB: course["solution"]}
+    nbs = inject(dict(name="x", cell="add", replace=[("a + b", "a * b")], catches=[]), sol)
+    from autograder_fixtures import cell
+    assert "a * b" in cell(nbs[LAB], "add").source
+    assert "a + b" in cell(sol[LAB], "add").source          # the solution is untouched
+    with pytest.raises(BankError):
+        inject(dict(name="y", cell="add", replace=[("nope", "x")], catches=[]), sol)
+    with pytest.raises(BankError):
+        inject(dict(name="z", cell="test_add", code="pass", catches=[]), sol)
