@@ -63,7 +63,7 @@ def add_arguments(parser) -> None:
 
 
 def _iters_for(nbytes: int) -> int:
-    return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 7
+    return 40 if nbytes <= 64 << 10 else 15 if nbytes <= 1 << 20 else 9
 
 
 def _measure(sizes, algorithms, iters, warmup, functions):
@@ -123,7 +123,8 @@ def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorith
         if r["bytes"] in native:
             r["vs_native"] = r["busbw_GBps"] / native[r["bytes"]]
         if fit is not None and r["algorithm"] in models:
-            r["model"] = models[r["algorithm"]]
+            if models[r["algorithm"]] != r["algorithm"]:       # a user function timed against a model
+                r["model"] = models[r["algorithm"]]
             r["model_us"] = cost.allreduce_time(models[r["algorithm"]], world_size, r["bytes"], fit.alpha, fit.beta) * 1e6
             r["alpha_us"], r["beta_GBps"] = fit.alpha * 1e6, (1 / fit.beta / 1e9 if fit.beta else float("inf"))
     order = {a: i for i, a in enumerate(algorithms)}
