@@ -15,7 +15,7 @@ Conventions shared by every function here and in :mod:`minidist.allreduce`:
 * Data is chunked with ``tensor.tensor_split(n)`` along dim 0: chunk ``i`` goes to /
   is owned by group rank ``i``. It works for lengths not divisible by ``n`` and for
   lengths below ``n`` (some chunks are empty; empty messages are skipped on both sides,
-  since both sides know the sizes, which keeps gloo away from zero-byte transfers).
+  since both sides know the sizes: a zero-byte message would still cost a handshake).
 * Bad input raises ``ValueError``/``TypeError`` *before* any message is sent, so one
   rank's mistake cannot leave its peers blocked in a receive.
 
