@@ -285,6 +285,8 @@ def through_root_pattern(name, case, t, root=0):
 PATTERNS = {
     "ring": ring_pattern,
     "ring_reduce_scatter": lambda name, case, t: ring_pattern(name, case, t, factor=1),
+    # all-gather of S bytes per rank: (N-1) pieces of S each way, i.e. N·(N-1)/N·S
+    "ring_all_gather": lambda name, case, t: ring_pattern(name, case, t, factor=case.world_size),
     "halving": halving_pattern,
     "naive": through_root_pattern,
 }

@@ -122,8 +122,11 @@ def test_correct_student_functions_pass_the_lab1_checks():
 
 
 def test_library_passes_when_its_own_api_is_allowed():
-    allow = checks.P2P_ONLY | {"minidist.naive_all_reduce"}
+    allow = checks.P2P_ONLY | {"minidist.naive_all_reduce", "minidist.all_gather"}
     checks.check_all_reduce(A.naive_all_reduce, world_sizes=(1, 3), pattern="naive", allow=allow)
+    checks.check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_all_gather", allow=allow)
+    with pytest.raises(AssertionError, match="rank 0"):          # an all-gather is not a reduce-scatter
+        checks.check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_reduce_scatter", allow=allow)
 
 
 # ----------------------------------------------------------------------------- failing
