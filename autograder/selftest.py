@@ -125,6 +125,12 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
                       wall_s=wall_s, progress=progress)
             by_student = {j.student: j for j in r["jobs"]}
+            from autograder.feedback import collect
+            _, leaks = collect(dest)
+            report.append((lab, "feedback", "FAIL" if leaks else "ok",
+                           "no hidden-test source in any feedback"
+                           + (f" -- {len(leaks)} leaks, e.g. {leaks[0]}" if leaks else "")))
+            ok &= not leaks
             for student, (kind, bug) in plan.items():
                 j = by_student[student]
                 rows = {c: row for cells in j.result["cells"].values() for c, row in cells.items()}

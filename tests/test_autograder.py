@@ -227,7 +227,7 @@ def test_wall_clock_limit_kills_everything(course, tmp_path):
         "sleeper": set_code(course["solution"], "add", spawn + "import time\ntime.sleep(1000)"),
     })
     t0 = time.time()
-    r = grade(subs, tmp_path / "out", jobs=2, labs=[LAB], cell_timeout_s=300, wall_s=25,
+    r = grade(subs, tmp_path / "out", jobs=2, labs=[LAB], cell_timeout_s=300, wall_s=20,
               progress=False)
     assert time.time() - t0 < 90
     res = {(j.student, c): rr for j in r["jobs"] for c, rr in j.result["cells"][LAB].items()}
@@ -326,9 +326,9 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
 def test_bugbank_injection_rules(course):
     from autograder.selftest import BankError, inject
     sol = {LAB: course["solution"]}
-    nbs = inject(dict(name="x", cell="add", replace=[("a + b", "a * b")], catches=[]), sol)
+    nbs = inject(dict(name="x", cell="add", replace=[("return a + b", "return a * b")], catches=[]), sol)
     from autograder_fixtures import cell
-    assert "a * b" in cell(nbs[LAB], "add").source
+    assert "return a * b" in cell(nbs[LAB], "add").source
     assert "a + b" in cell(sol[LAB], "add").source          # the solution is untouched
     with pytest.raises(BankError):
         inject(dict(name="y", cell="add", replace=[("nope", "x")], catches=[]), sol)
