@@ -107,22 +107,42 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
     pending_sends, loss_sum = [], None
     peak, peak_bytes = 0, 0
 
-    def post(group_actions):
-        ops, recvs = [], []
-        for a in group_actions:
-            kind = "act" if a.kind.endswith("_F") else "grad"
-            if a.kind.startswith("SEND"):
-                ops.append((dist.isend, outgoing.pop((kind, a.mb, a.chunk)), peer(a.peer)))
-            else:
-                buf = torch.empty(act_shape, device=device, dtype=dtype)
-                received[(kind, a.mb, a.chunk)] = buf
-                ops.append((dist.irecv, buf, peer(a.peer)))
+    prog = s.actions[rank]
+    groups = []                         # (first, end) of each run of communication actions
+    for i, a in enumerate(prog):
+        if a.is_comm and (i == 0 or not prog[i - 1].is_comm):
+            groups.append([i, i + 1])
+        elif a.is_comm:
+            groups[-1][1] = i + 1
+    # gloo moves a message only once its receive is posted (a handshake), so a receive
+    # posted just before it is needed costs a round trip even if the data was sent long
+    # ago. Off NCCL we therefore post the *next* group's receives early. Not on NCCL: an
+    # early receive would sit on the pair's stream ahead of our own sends there.
+    prefetch = not (nccl or ALWAYS_BATCH)
+    early: dict[tuple, object] = {}     # (kind, mb, chunk) -> Work of a receive already posted
+
+    def key_of(a):                      # which tensor a communication action moves
+        return ("act" if a.kind.endswith("_F") else "grad", a.mb, a.chunk)
+
+    def buffer(a):
+        received[key_of(a)] = torch.empty(act_shape, device=device, dtype=dtype)
+        return received[key_of(a)]
+
+    def post(g):
+        actions = prog[slice(*groups[g])]
+        ops = [(dist.isend, outgoing.pop(key_of(a)), a.peer) if a.kind.startswith("SEND")
+               else (dist.irecv, buffer(a), a.peer) for a in actions if key_of(a) not in early]
         if (nccl or ALWAYS_BATCH) and len(ops) > 1:   # one group: the pair cannot block each other
-            works = dist.batch_isend_irecv([dist.P2POp(op, t, q, group) for op, t, q in ops])
+            works = dist.batch_isend_irecv([dist.P2POp(op, t, peer(q), group) for op, t, q in ops])
         else:
-            works = [op(t, q, group=group) for op, t, q in ops]
+            works = [op(t, peer(q), group=group) for op, t, q in ops]
+        recvs = [early.pop(key_of(a)) for a in actions if key_of(a) in early]
         for (op, t, _), w in zip(ops, works):
             (pending_sends.append((w, t)) if op is dist.isend else recvs.append(w))
+        if prefetch and g + 1 < len(groups):
+            for a in prog[slice(*groups[g + 1])]:
+                if a.kind.startswith("RECV"):
+                    early[key_of(a)] = dist.irecv(buffer(a), peer(a.peer), group=group)
         for w in recvs:                 # the next compute needs these; sends may drain later
             w.wait()
 
@@ -132,14 +152,11 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
             if left > 0:
                 time.sleep(left)
 
-    prog, i = s.actions[rank], 0
+    i, g = 0, 0
     while i < len(prog):
         if prog[i].is_comm:
-            j = i
-            while j < len(prog) and prog[j].is_comm:
-                j += 1
-            post(prog[i:j])
-            i = j
+            post(g)
+            i, g = groups[g][1], g + 1
             continue
         a, i = prog[i], i + 1
         key, stage, module = (a.mb, a.chunk), s.stage(rank, a.chunk), chunks[a.chunk]
@@ -178,9 +195,9 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
                 else:  # BW
                     params = [p for p in module.parameters() if p.requires_grad]
                     grads = torch.autograd.grad(out, params, out_grad.pop(key), allow_unused=True)
-                    for p_, g in zip(params, grads):
-                        if g is not None:
-                            p_.grad = g if p_.grad is None else p_.grad + g
+                    for p_, wg in zip(params, grads):
+                        if wg is not None:
+                            p_.grad = wg if p_.grad is None else p_.grad + wg
                 if frees_activation(a.kind):
                     del stored[key], saved_bytes[key]
             pad(start, a.kind)
