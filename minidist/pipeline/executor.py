@@ -19,7 +19,9 @@ be in flight together (a send and the receive of its neighbour's reply) and the
 executor posts each group at once — ``batch_isend_irecv`` on NCCL, isend/irecv
 otherwise — and waits only for the group's receives; sends finish in the background
 and are waited for at the end. The validator proved that order deadlock-free under
-rendezvous semantics (:mod:`minidist.pipeline.simulate`) before anything runs.
+rendezvous semantics (:mod:`minidist.pipeline.simulate`) before anything runs. On
+gloo, whose ops progress independently, the next group's receives are also posted
+early, which only ever lets messages complete sooner.
 
 Sleep-compute mode (``costs=Costs(F=0.02, B=0.04)``): every compute action is padded
 with sleep to that wall time. Four ranks on two cores cannot compute in parallel, but
