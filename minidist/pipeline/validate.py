@@ -50,7 +50,7 @@ def structural_problems(s: Schedule) -> list[str]:
             if not (0 <= a.mb < s.m) or not (0 <= a.chunk < s.v):
                 out.append(f"{where}: micro-batch or chunk out of range (m={s.m}, v={s.v})")
                 continue
-            st, key, done = s.stage(r, a.chunk), (a.mb, a.chunk), seen[(a.mb, a.chunk)]
+            st, done = s.stage(r, a.chunk), seen[(a.mb, a.chunk)]
             if a.is_comm:
                 want = {"SEND_F": st + 1, "RECV_F": st - 1, "SEND_B": st - 1, "RECV_B": st + 1}[a.kind]
                 if not 0 <= want <= last:
