@@ -17,3 +17,8 @@ from .simulate import Costs, Slot, SimResult, simulate
 from .partition import partition, balanced_boundaries, rank_chunks
 from .executor import StepStats, run_schedule
 from .timeline import slots_from_trace, bubble_of, to_chrome, measure
+
+__all__ = ["Action", "Schedule", "SCHEDULES", "make", "naive", "gpipe", "one_f_one_b", "interleaved_1f1b",
+           "zb_h1", "with_comms", "ScheduleError", "validate", "check", "Costs", "Slot", "SimResult",
+           "simulate", "partition", "balanced_boundaries", "rank_chunks", "StepStats", "run_schedule",
+           "slots_from_trace", "bubble_of", "to_chrome", "measure"]
