@@ -177,3 +177,43 @@ def plot_pipeline_side_by_side(simulated, measured, title: str = "", sim_unit: s
     plot_pipeline_gantt(simulated, top, f"{title} simulated".strip(), p, sim_unit)
     plot_pipeline_gantt(measured, bottom, f"{title} measured".strip(), p, "s")
     return fig
+
+
+# --------------------------------------------------------------------------- data parallel
+def plot_overlap_timeline(trace, ax=None, title: str = "compute and communication per rank",
+                          ops=("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor")):
+    """Per rank, the compute spans (``minidist.trace.span``, green, top lane) above one thin
+    lane per collective, each drawn from its launch to the moment ``wait()`` returned. An
+    async collective that starts left of the end of a span overlapped that computation."""
+    import matplotlib.patches as mpatches
+
+    ranks = trace.ranks()
+    ax = _axes(ax, (9, 0.8 + 1.3 * max(1, len(ranks))))
+    events = [e for e in trace.events if e.op.startswith("span:") or e.op in ops]
+    if not events:
+        ax.set_title(f"{title} (no events)")
+        return ax
+    t0 = min(e.start for e in events)
+    ms = lambda t: (t - t0) * 1e3
+    colors = {"all_reduce": "#8c8c8c", "reduce_scatter_tensor": "#dd8452", "all_gather_into_tensor": "#4c72b0"}
+    for row, r in enumerate(ranks):
+        spans = [e for e in events if e.rank == r and e.op.startswith("span:")]
+        comm = sorted((e for e in events if e.rank == r and e.op in ops), key=lambda e: e.start)
+        for e in spans:
+            ax.barh(row - 0.3, ms(e.end) - ms(e.start), left=ms(e.start), height=0.3, color="#55a868",
+                    edgecolor="black", linewidth=0.4)
+            ax.text(ms(e.start), row - 0.3, " " + e.op[5:], va="center", ha="left", fontsize=7, color="white")
+        lane = 0.55 / max(len(comm), 1)
+        for k, e in enumerate(comm):
+            y = row - 0.1 + (k + 0.5) * lane
+            ax.barh(y, max(ms(e.end) - ms(e.start), 1e-3), left=ms(e.start), height=lane * 0.8,
+                    color=colors.get(e.op, "#8c8c8c"), edgecolor="black", linewidth=0.3)
+            ax.plot(ms(e.start), y, "k|", markersize=4)
+    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    ax.set_ylim(len(ranks) - 0.4, -0.6)
+    ax.set_xlabel("time (ms)")
+    handles = [mpatches.Patch(color="#55a868", label="compute span")]
+    handles += [mpatches.Patch(color=colors[o], label=o) for o in ops if any(e.op == o for e in events)]
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
+    ax.set_title(title)
+    return ax

@@ -1,0 +1,202 @@
+"""Lab 2 (data parallelism): realistic wrong implementations.
+
+Each bug replaces one solution cell of solutions/lab2_data_parallel/lab2_data_parallel.ipynb
+and names the test cells that must lose points (format: autograder/bugbank/README.md).
+
+The equality tests train with SGD + momentum (Adam would hide a wrong gradient scale), on
+models with a frozen parameter and with a layer forward never uses; the traffic tests
+count the traced all-reduces and their bytes; the overlap test compares the first
+all-reduce's launch time with the moment backward produced its last gradient.
+"""
+
+BUGS = [
+    # ------------------------------------------------------------------ split_batch
+    dict(
+        name="split_no_divisibility_check",
+        cell="split_batch",
+        replace=[("    if batch % world_size:\n        raise ValueError(f\"a batch of {batch} rows does not split "
+                  "evenly into {world_size} ranks\")\n", "")],
+        catches=["test_split_batch"],
+        why="a batch of 10 on 4 ranks silently drops 2 rows (the average is then not the full-batch gradient)",
+    ),
+    dict(
+        name="split_strided",
+        cell="split_batch",
+        code='''
+def split_batch(x, y, rank, world_size):
+    """Rank `rank`'s contiguous block of the global batch (x, y)."""
+    if x.shape[0] % world_size:
+        raise ValueError("batch does not divide by world_size")
+    return x[rank::world_size], y[rank::world_size]
+''',
+        catches=["test_split_batch"],
+        why="round-robin rows instead of the contiguous block the contract asks for",
+    ),
+    dict(
+        name="split_whole_batch_everywhere",
+        cell="split_batch",
+        code='''
+def split_batch(x, y, rank, world_size):
+    """Rank `rank`'s contiguous block of the global batch (x, y)."""
+    if x.shape[0] % world_size:
+        raise ValueError("batch does not divide by world_size")
+    return x, y
+''',
+        catches=["test_split_batch"],
+        why="every rank trains on the whole batch: right answer, N times the work",
+    ),
+
+    # ------------------------------------------------------------------ average_gradients
+    dict(
+        name="avg_forgets_to_average",
+        cell="average_gradients",
+        replace=[("\n        p.grad.div_(world)", "")],
+        catches=["test_average_gradients_equal"],
+        why="sum instead of mean: the step is N times too large",
+    ),
+    dict(
+        name="avg_averages_twice",
+        cell="average_gradients",
+        replace=[("        dist.all_reduce(p.grad)\n", "        p.grad.div_(world)\n        dist.all_reduce(p.grad)\n")],
+        catches=["test_average_gradients_equal"],
+        why="divides before and after the all-reduce: the step is N times too small",
+    ),
+    dict(
+        name="avg_all_reduces_a_temporary",
+        cell="average_gradients",
+        replace=[("        dist.all_reduce(p.grad)\n        p.grad.div_(world)",
+                  "        dist.all_reduce(p.grad / world)")],
+        catches=["test_average_gradients_equal"],
+        why="all-reduces the temporary p.grad / world, so p.grad keeps the local gradient (no sync at all)",
+    ),
+    dict(
+        name="avg_includes_frozen_parameters",
+        cell="average_gradients",
+        replace=[("        if not p.requires_grad:\n            continue\n", "")],
+        catches=["test_average_gradients_traffic"],
+        why="all-reduces zeros for frozen parameters: right parameters, wasted traffic",
+    ),
+
+    # ------------------------------------------------------------------ make_buckets
+    dict(
+        name="buckets_forward_order",
+        cell="make_buckets",
+        replace=[("for p in reversed(params):", "for p in params:")],
+        catches=["test_make_buckets"],
+        why="fills buckets from the first layer: the first bucket completes only at the end of backward",
+    ),
+    dict(
+        name="buckets_drop_last",
+        cell="make_buckets",
+        replace=[("    if current:\n        buckets.append(current)\n", "")],
+        catches=["test_make_buckets"],
+        why="the last, partly filled bucket is never added: its parameters are never synchronised",
+    ),
+    dict(
+        name="buckets_cap_off_by_one",
+        cell="make_buckets",
+        replace=[("size + nbytes > cap_bytes", "size + nbytes >= cap_bytes")],
+        catches=["test_make_buckets"],
+        why="a bucket of exactly cap_bytes is split (>= instead of >)",
+    ),
+
+    # ------------------------------------------------------------------ BucketedDDP
+    dict(
+        name="ddp_forgets_to_average",
+        cell="BucketedDDP",
+        replace=[("            bucket.buffer.div_(self.world_size)\n", "")],
+        catches=["test_bucketed_ddp_equal"],
+        why="buckets are summed, never divided by the world size",
+    ),
+    dict(
+        name="ddp_averages_twice",
+        cell="BucketedDDP",
+        replace=[("            bucket.work.wait()\n", "            bucket.work.wait()\n            bucket.buffer.div_(self.world_size)\n")],
+        catches=["test_bucketed_ddp_equal"],
+        why="divides before the all-reduce and again after the wait",
+    ),
+    dict(
+        name="ddp_unused_bucket_never_fires",
+        cell="BucketedDDP",
+        replace=[("        for bucket in self.buckets[self.next_bucket:]:\n"
+                  "            bucket.ready.update(id(p) for p in bucket.params)\n"
+                  "        self.launch_ready_buckets()\n", ""),
+                 ("            bucket.work.wait()\n", "            if bucket.work is not None:\n                bucket.work.wait()\n")],
+        catches=["test_bucketed_ddp_equal", "test_bucketed_ddp_traffic"],
+        why="a bucket holding an unused parameter never fills, so it and every later bucket are never "
+            "all-reduced (local gradients are used)",
+    ),
+    dict(
+        name="ddp_waits_for_unused_bucket_forever",
+        cell="BucketedDDP",
+        replace=[("        for bucket in self.buckets[self.next_bucket:]:\n"
+                  "            bucket.ready.update(id(p) for p in bucket.params)\n"
+                  "        self.launch_ready_buckets()\n",
+                  "        while self.next_bucket < len(self.buckets):   # wait for the hooks to launch the rest\n"
+                  "            time.sleep(0.01)\n")],
+        catches=["test_bucketed_ddp_equal"],
+        why="waits for the hook of an unused parameter, which never fires: a hang, which the test's "
+            "launch timeout turns into a diagnosis",
+    ),
+    dict(
+        name="ddp_no_overlap",
+        cell="BucketedDDP",
+        replace=[("        self.bucket_of[id(p)].ready.add(id(p))\n        self.launch_ready_buckets()\n",
+                  "        self.bucket_of[id(p)].ready.add(id(p))\n")],
+        catches=["test_bucketed_ddp_overlap"],
+        why="hooks only mark gradients ready; every all-reduce starts after backward (right numbers, no overlap)",
+    ),
+    dict(
+        name="ddp_per_parameter_all_reduce",
+        cell="BucketedDDP",
+        code='''
+class BucketedDDP:
+    """Data parallelism with gradient buckets whose all-reduces overlap backward."""
+
+    def __init__(self, model, bucket_cap_bytes=1 << 20):
+        self.model = model
+        self.world_size = dist.get_world_size()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = [Bucket(ps) for ps in make_buckets(params, bucket_cap_bytes)]
+        self.params = params
+        self.works = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def on_grad_ready(self, p):
+        """Autograd calls this when p.grad is final for the current backward."""
+        p.grad.div_(self.world_size)
+        self.works.append((p, dist.all_reduce(p.grad, async_op=True)))
+
+    def launch_ready_buckets(self):
+        pass
+
+    def finish_gradient_sync(self):
+        """After backward: launch the buckets left over, wait for all, unpack the averages."""
+        done = {id(p) for p, _ in self.works}
+        for p in self.params:
+            if id(p) not in done:
+                p.grad = torch.zeros_like(p)
+                self.works.append((p, dist.all_reduce(p.grad, async_op=True)))
+        for _, work in self.works:
+            work.wait()
+        self.works = []
+''',
+        catches=["test_bucketed_ddp_traffic"],
+        why="async all-reduce per parameter from the hooks: right result and overlap, but no buckets "
+            "(one message per tensor)",
+    ),
+    dict(
+        name="ddp_never_resets_between_steps",
+        cell="BucketedDDP",
+        replace=[("            bucket.reset()\n        self.next_bucket = 0", "            bucket.reset()")],
+        catches=["test_bucketed_ddp_equal"],
+        why="next_bucket is not reset after the step: from the second step on nothing is launched",
+    ),
+]
+
+NOT_GRADED = []
+RELEASE_MAY_PASS = []
