@@ -158,7 +158,9 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> 
     proc.start()
     proc.join(timeout=wall)
     timed_out = proc.exitcode is None
-    kill_job(tag, proc.pid)
+    # while the worker lives its pid names its group/session/descendants; once it has
+    # exited (and been reaped) the pid may be reused, so only the tag is trusted
+    kill_job(tag, proc.pid if timed_out else None)
     proc.join()
     res_path = job.job_dir / "result.json"
     if res_path.is_file() and not timed_out:
