@@ -15,10 +15,10 @@ from .schedules import (Action, Schedule, SCHEDULES, make, naive, gpipe, one_f_o
 from .validate import ScheduleError, validate, check
 from .simulate import Costs, Slot, SimResult, simulate
 from .partition import partition, balanced_boundaries, rank_chunks
-from .executor import StepStats, run_schedule
+from .executor import StepStats, run_schedule, timed
 from .timeline import slots_from_trace, bubble_of, to_chrome, measure
 
 __all__ = ["Action", "Schedule", "SCHEDULES", "make", "naive", "gpipe", "one_f_one_b", "interleaved_1f1b",
            "zb_h1", "with_comms", "ScheduleError", "validate", "check", "Costs", "Slot", "SimResult",
-           "simulate", "partition", "balanced_boundaries", "rank_chunks", "StepStats", "run_schedule",
+           "simulate", "partition", "balanced_boundaries", "rank_chunks", "StepStats", "run_schedule", "timed",
            "slots_from_trace", "bubble_of", "to_chrome", "measure"]

@@ -30,10 +30,12 @@ they can sleep in parallel, so measured bubbles then mean what they say.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 import torch.nn.functional as F
 
 from minidist.trace import span
@@ -42,11 +44,28 @@ from .simulate import Costs, frees_activation
 from .validate import check
 
 
+# ``torch.autograd.backward(out, grad)`` imports this module (and sympy) on its first call
+# with an explicit gradient: 0.5-2.5 s of CPU in *every* freshly forked rank. Imported
+# here, in the launching process, the ranks inherit it for free.
+
 # Post multi-message groups with batch_isend_irecv on NCCL (one ncclGroup: needed there)
 # and plain isend/irecv elsewhere (gloo progresses each op independently). Tests set
 # this to True to run the batched path on gloo too.
 ALWAYS_BATCH = False
 _VALID: set = set()                  # schedules already checked in this process
+
+
+@contextmanager
+def timed(action, costs: Costs | None = None):
+    """Wrap one compute action: a trace span (for timelines) and, in sleep-compute mode
+    (``costs`` given), padding with sleep up to ``costs.of(action.kind)`` seconds."""
+    with span(action.kind, mb=action.mb, chunk=action.chunk):
+        start = time.perf_counter()
+        yield
+        if costs is not None:
+            left = start + costs.of(action.kind) - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
 
 
 @dataclass

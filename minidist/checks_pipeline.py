@@ -1,0 +1,335 @@
+"""Reusable checks for the pipeline lab (lab 4): schedules, an executor, bubble and memory.
+
+Same idea as :mod:`minidist.checks`: one call runs a student's function, compares it with
+the library (:mod:`minidist.pipeline`) and with single-process autograd, and raises
+``AssertionError`` saying in words what is wrong. A lab test cell is a one-liner::
+
+    checks_pipeline.check_schedule(gpipe_schedule, "gpipe")
+    checks_pipeline.check_executor(run_pipeline, hidden=True)
+
+* :func:`check_schedule` is pure Python (no ranks): the schedule must pass the validator
+  (:func:`minidist.pipeline.validate`, deadlock included), have the canonical compute
+  order, and its simulated bubble and peak activations must equal the formulas of
+  :mod:`minidist.cost` exactly.
+* :func:`check_executor` runs the student's executor on the *library's* schedules (so a
+  schedule bug cannot fail it) and compares every rank's gradients and the loss with
+  single-process training, within 1e-5.
+* :func:`check_executor_memory` measures what autograd really keeps alive on every rank
+  (saved-tensor hooks around each stage, not the executor's own bookkeeping): GPipe must
+  peak at m micro-batches, 1F1B at min(p - rank, m), each of one micro-batch's size. It
+  also measures the bubble in sleep-compute mode; that timing check is loose on purpose
+  (a loaded 2-core machine adds latency to every message), the exact bubble check is the
+  simulator's in :func:`check_schedule`.
+
+A deadlocking executor fails after ``timeout`` seconds with the launcher's diagnosis
+(which rank is blocked in which operation, on which line).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minidist
+from minidist.cost import pipeline_bubble, pipeline_peak_activations
+from minidist.models import block_stack, regression_batch
+from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, simulate,
+                               slots_from_trace, validate)
+from minidist.trace import merge, trace
+
+DEFAULT_TIMEOUT = 20.0
+TOL = 1e-5
+WIDTH = 8
+SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode
+
+SCHEDULE_CASES = {                     # (p, m)
+    False: [(2, 1), (2, 4), (4, 2), (4, 4), (4, 8)],
+    True: [(1, 1), (1, 3), (2, 7), (3, 1), (3, 2), (3, 5), (4, 3), (5, 3), (5, 8), (6, 12)],
+}
+
+
+# ----------------------------------------------------------------------------- schedules
+def _canonical(kind: str, p: int, m: int, r: int) -> list[tuple[str, int]]:
+    return [(a.kind, a.mb) for a in make(kind, p, m).compute(r)]
+
+
+def _show(order, limit=14):
+    text = " ".join(f"{k}{mb}" for k, mb in order[:limit])
+    return text + (" ..." if len(order) > limit else "")
+
+
+def _check_order(name, kind, s, p, m):
+    for r in range(p):
+        got = [(a.kind, a.mb) for a in s.compute(r)]
+        want = _canonical(kind, p, m, r)
+        if kind == "gpipe":       # any backward order is a GPipe; forwards in order, all first
+            ok = got[:m] == want[:m] and sorted(got[m:]) == sorted(want[m:])
+            hint = "GPipe runs all m forwards (micro-batches 0, 1, ..., m-1), then all m backwards"
+        else:
+            ok = got == want
+            warm = next((i for i, (k, _) in enumerate(got) if k == "B"), len(got))
+            hint = (f"rank {r} runs {warm} forward(s) before its first backward; 1F1B's warmup is "
+                    f"min(p - rank - 1, m) = {min(p - r - 1, m)} forwards, then one forward and one "
+                    f"backward per step, then the remaining backwards")
+        if not ok:
+            raise AssertionError(f"{name}(p={p}, m={m}): rank {r}'s compute order is not {kind}'s.\n"
+                                 f"  expected: {_show(want)}\n  got:      {_show(got)}\n  {hint}")
+
+
+def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None) -> None:
+    """``fn(p, m)`` must return a valid ``kind`` schedule ("gpipe" or "1f1b"): validator
+    clean (deadlock included), canonical compute order, simulated bubble = theory and
+    simulated peak activations per rank = theory."""
+    if kind not in ("gpipe", "1f1b"):
+        raise ValueError(f"check_schedule knows 'gpipe' and '1f1b', not {kind!r}")
+    name = name or getattr(fn, "__name__", kind)
+    for p, m in SCHEDULE_CASES[hidden]:
+        where = f"{name}(p={p}, m={m})"
+        s = fn(p, m)
+        if not isinstance(s, Schedule):
+            raise AssertionError(f"{where} returned {type(s).__name__}; expected a minidist.pipeline.Schedule")
+        if (s.p, s.m, s.v) != (p, m, 1):
+            raise AssertionError(f"{where} returned a schedule for p={s.p}, m={s.m}, v={s.v}; expected "
+                                 f"p={p}, m={m}, v=1 (every micro-batch is its own unit of work)")
+        problems = validate(s)
+        if problems:
+            more = f"\n  ... and {len(problems) - 6} more" if len(problems) > 6 else ""
+            raise AssertionError(f"{where} is not a valid schedule:\n  " + "\n  ".join(problems[:6]) + more)
+        _check_order(name, kind, s, p, m)
+        sim = simulate(s, Costs(F=1, B=2))
+        theory = pipeline_bubble(kind, p, m)
+        if abs(sim.bubble - theory) > 1e-9:
+            raise AssertionError(f"{where}: simulated bubble {sim.bubble:.4f}, theory (p-1)/(m+p-1) = "
+                                 f"{theory:.4f}. Are the sends placed right after the compute that "
+                                 f"produces them, and the receives right before the compute that needs them?")
+        want = [pipeline_peak_activations(kind, p, m, r) for r in range(p)]
+        if sim.peak_activations != want:
+            raise AssertionError(f"{where}: peak micro-batch activations per rank {sim.peak_activations}, "
+                                 f"expected {want}")
+
+
+# ----------------------------------------------------------------------------- executor
+class ActivationMeter:
+    """Counts the bytes autograd holds for the micro-batches a stage has run forward on.
+
+    Wrap every stage in :class:`Metered`; each forward call's saved tensors (parameters
+    excepted, each storage once) stay counted until autograd releases them, i.e. until the
+    backward that consumes them has run (or the graph is dropped)."""
+
+    def __init__(self, params):
+        self.param_ptrs = {q.data_ptr() for q in params}
+        self.live: dict[tuple, int] = {}     # (data pointer, numel) -> holders alive
+        self.sizes: dict[int, int] = {}
+        self.calls: dict[int, int] = {}      # forward call -> holders alive
+        self.bytes = self.peak_bytes = 0
+        self.peak_calls = 0
+        self.call = 0
+
+    def pack(self, t):
+        ptr = t.data_ptr()
+        if ptr in self.param_ptrs or not t.is_floating_point():
+            return t
+        return _Held(self, t, (ptr, t.numel()), self.call)
+
+    @staticmethod
+    def unpack(h):
+        return h.t if isinstance(h, _Held) else h
+
+    def _add(self, ptr, nbytes, call):
+        if self.live.get(ptr, 0) == 0:
+            self.sizes[ptr] = nbytes
+            self.bytes += nbytes
+        self.live[ptr] = self.live.get(ptr, 0) + 1
+        self.calls[call] = self.calls.get(call, 0) + 1
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        self.peak_calls = max(self.peak_calls, len(self.calls))
+
+    def _drop(self, ptr, call):
+        self.live[ptr] -= 1
+        if self.live[ptr] == 0:
+            self.bytes -= self.sizes.pop(ptr)
+            del self.live[ptr]
+        self.calls[call] -= 1
+        if self.calls[call] == 0:
+            del self.calls[call]
+
+
+class _Held:
+    __slots__ = ("meter", "t", "ptr", "call")
+
+    def __init__(self, meter, t, ptr, call):
+        self.meter, self.t, self.ptr, self.call = meter, t, ptr, call
+        meter._add(ptr, t.numel() * t.element_size(), call)
+
+    def __del__(self):
+        self.meter._drop(self.ptr, self.call)
+
+
+class Metered(nn.Module):
+    """A stage whose saved activations are counted by an :class:`ActivationMeter`."""
+
+    def __init__(self, inner: nn.Module, meter: ActivationMeter):
+        super().__init__()
+        self.inner, self.meter = inner, meter
+
+    def forward(self, x):
+        self.meter.call += 1
+        with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, self.meter.unpack):
+            return self.inner(x)
+
+
+def _model(p: int) -> nn.Sequential:
+    return block_stack(p + 1 if p > 1 else 2, WIDTH, seed=p)      # uneven stages when p > 1
+
+
+def _schedule(kind, p, m):
+    return make(kind, p, m)
+
+
+def _rank_grads(fn, cases):
+    rank, p, out = dist.get_rank(), dist.get_world_size(), []
+    for kind, m, batch in cases:
+        chunks = rank_chunks(partition(_model(p), p), p, rank)
+        x, y = regression_batch(batch, WIDTH, step=m)
+        loss = fn(_schedule(kind, p, m), chunks, x, y)
+        loss = float(loss) if isinstance(loss, torch.Tensor) else loss
+        grads = [None if q.grad is None else q.grad.clone() for c in chunks for q in c.parameters()]
+        out.append((loss, grads))
+    return out
+
+
+def _launch(body, p, name, what, timeout, *args):
+    try:
+        return minidist.launch(body, p, *args, timeout=timeout)
+    except minidist.LaunchError as err:
+        raise minidist.LaunchError(f"{name} ({what}, p={p}) failed:\n{err}", err.failures) from None
+
+
+EXECUTOR_CASES = {   # p -> [(schedule, m, batch)]
+    False: {2: [("gpipe", 2, 8), ("1f1b", 2, 8)], 4: [("gpipe", 4, 8), ("1f1b", 4, 8)]},
+    True: {3: [("gpipe", 1, 6), ("1f1b", 3, 6), ("1f1b", 5, 10), ("gpipe", 6, 12)],
+           4: [("1f1b", 2, 8), ("1f1b", 8, 16)]},
+}
+
+
+def check_executor(fn, hidden: bool = False, timeout: float = DEFAULT_TIMEOUT, name: str | None = None) -> None:
+    """``fn(schedule, chunks, x, y)`` runs one step's forwards and backwards of the library's
+    GPipe and 1F1B schedules; gradients on every rank and the loss (returned by the rank
+    holding the last stage, None elsewhere) must equal single-process autograd's."""
+    name = name or getattr(fn, "__name__", "executor")
+    for p, cases in EXECUTOR_CASES[hidden].items():
+        results = _launch(_rank_grads, p, name, "gradients", timeout, fn, cases)
+        for i, (kind, m, batch) in enumerate(cases):
+            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}"
+            model = _model(p)
+            x, y = regression_batch(batch, WIDTH, step=m)
+            ref_loss = F.mse_loss(model(x), y)
+            ref_loss.backward()
+            stages = partition(model, p)
+            for r in range(p):
+                loss, grads = results[r][i]
+                want = [q.grad for q in rank_chunks(stages, p, r)[0].parameters()]
+                if any(g is None for g in grads):
+                    raise AssertionError(f"{where}: rank {r} has parameters without a gradient; every "
+                                         f"stage's backward must reach its weights")
+                errs = [(g - w).abs().max().item() for g, w in zip(grads, want)]
+                if max(errs) > TOL:
+                    ratio = (grads[0].norm() / want[0].norm()).item() if want[0].norm() > 0 else float("nan")
+                    hint = ""
+                    if abs(ratio - m) < 1e-3 * m and m > 1:
+                        hint = (f" The gradients are {m}x too large: the loss of each micro-batch must be "
+                                f"scaled by 1/m, so that m accumulated gradients average, not sum.")
+                    elif ratio < 0.99:
+                        hint = (" Too small: are gradients of some micro-batches lost (overwritten, or "
+                                ".grad zeroed between micro-batches)?")
+                    raise AssertionError(f"{where}: rank {r}'s gradients differ from single-process "
+                                         f"training (max |error| {max(errs):.3g}, |grad| ratio {ratio:.3f}).{hint}")
+                if r == p - 1:
+                    if loss is None or abs(loss - ref_loss.item()) > TOL:
+                        raise AssertionError(f"{where}: the last stage (rank {r}) returned loss {loss}, "
+                                             f"expected the full-batch loss {ref_loss.item():.6f} "
+                                             f"(sum of the m micro-batch losses, each scaled by 1/m)")
+                elif loss is not None:
+                    raise AssertionError(f"{where}: rank {r} returned {loss!r}; only the rank holding the "
+                                         f"last stage has a loss, the others return None")
+
+
+# ----------------------------------------------------------------------------- memory, bubble
+def _rank_memory(fn, cases, costs, repeats):
+    rank, p, out = dist.get_rank(), dist.get_world_size(), []
+    for kind, m, batch in cases:
+        stage = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
+        meter = ActivationMeter(stage.parameters())
+        x, y = regression_batch(batch, WIDTH)
+        fn(_schedule(kind, p, m), [Metered(stage, meter)], x, y)
+        one = ActivationMeter(stage.parameters())        # one micro-batch, alone
+        with torch.autograd.graph.saved_tensors_hooks(one.pack, one.unpack):
+            kept = stage(x.chunk(m)[0].clone().requires_grad_())
+        del kept
+        bubbles = []
+        for _ in range(repeats):
+            dist.barrier()
+            with trace() as t:
+                fn(_schedule(kind, p, m), [stage], x, y, costs=costs)
+            bubbles.append(t)
+        out.append((meter.peak_calls, meter.peak_bytes, one.peak_bytes, bubbles))
+    return out
+
+
+def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                     name: str | None = None) -> list[dict]:
+    """Run ``fn`` on p ranks for each (schedule, m, batch) in ``cases``: measured peak
+    activations (micro-batches and bytes) per rank, and the bubble of a sleep-compute run
+    (the smallest of ``repeats``). One dict per case, with the theory next to it."""
+    name = name or getattr(fn, "__name__", "executor")
+    results = _launch(_rank_memory, p, name, "memory and bubble", timeout, fn, cases, costs, repeats)
+    rows = []
+    for i, (kind, m, batch) in enumerate(cases):
+        measured = []
+        for k in range(repeats):
+            slots = slots_from_trace(merge(results[r][i][3][k] for r in range(p)))
+            measured.append(bubble_of(slots, p) if slots else None)
+        rows.append(dict(schedule=kind, p=p, m=m, batch=batch,
+                         peak_microbatches=[results[r][i][0] for r in range(p)],
+                         peak_bytes=[results[r][i][1] for r in range(p)],
+                         microbatch_bytes=[results[r][i][2] for r in range(p)],
+                         theory_microbatches=[pipeline_peak_activations(kind, p, m, r) for r in range(p)],
+                         measured=None if None in measured else min(measured),
+                         simulated=simulate(make(kind, p, m), costs).bubble,
+                         theory=pipeline_bubble(kind, p, m, t_f=costs.F, t_b=costs.B)))
+    return rows
+
+
+BUBBLE_SLACK = (0.05, 0.12)     # measured may sit this far below / above theory (load adds idle time)
+
+
+def check_executor_memory(fn, timeout: float = DEFAULT_TIMEOUT, name: str | None = None) -> None:
+    """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
+    rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's;
+    and the measured sleep-compute bubble is near (p-1)/(m+p-1)."""
+    name = name or getattr(fn, "__name__", "executor")
+    p, m = 4, 8
+    rows = measure_executor(fn, p, [("gpipe", m, 4 * m), ("1f1b", m, 4 * m)], repeats=2, timeout=timeout, name=name)
+    for row in rows:
+        where = f"{name} with {row['schedule']}(p={p}, m={m})"
+        if row["peak_microbatches"] != row["theory_microbatches"]:
+            raise AssertionError(f"{where}: autograd held the activations of {row['peak_microbatches']} "
+                                 f"micro-batches at the peak (per rank); {row['schedule']} needs "
+                                 f"{row['theory_microbatches']}. Drop every reference to a micro-batch's "
+                                 f"stage input and output once its backward has run.")
+        for r in range(p):
+            want = row["theory_microbatches"][r] * row["microbatch_bytes"][r]
+            if row["peak_bytes"][r] != want:
+                raise AssertionError(f"{where}: rank {r} held {row['peak_bytes'][r]} bytes of activations at "
+                                     f"the peak; {row['theory_microbatches'][r]} micro-batches of "
+                                     f"{row['batch'] // m} rows hold {want}. Is every micro-batch 1/m of the batch?")
+        if row["measured"] is None:
+            raise AssertionError(f"{where}, sleep-compute mode: no compute was recorded on the timeline. "
+                                 f"Run every F and B inside `with timed(action, costs):`.")
+        lo, hi = row["theory"] - BUBBLE_SLACK[0], row["theory"] + BUBBLE_SLACK[1]
+        if not lo <= row["measured"] <= hi:
+            raise AssertionError(f"{where}, sleep-compute mode (F={SLEEP.F}s, B={SLEEP.B}s): measured bubble "
+                                 f"{row['measured']:.3f}, theory {row['theory']:.3f} (accepted: {lo:.3f} to "
+                                 f"{hi:.3f}). Do ranks wait for messages they do not need yet, or do "
+                                 f"compute actions take longer than their sleep?")

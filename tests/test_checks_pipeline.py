@@ -1,0 +1,100 @@
+"""minidist.checks_pipeline: the library's own schedules and executor pass; typical
+student mistakes fail with a message that says what is wrong."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minidist import checks_pipeline as C
+from minidist.pipeline import Action, Schedule, make, run_schedule, with_comms
+
+
+def lib_exec(s, chunks, x, y, costs=None):
+    return run_schedule(s, chunks, x, y, costs=costs).loss
+
+
+def unscaled_exec(s, chunks, x, y, costs=None):
+    """The library's executor with the 1/m loss scaling undone: gradients m times too large."""
+    return run_schedule(s, chunks, x, y, loss_fn=lambda out, t: F.mse_loss(out, t) * s.m, costs=costs).loss
+
+
+def hoarding_exec(s, chunks, x, y, costs=None):
+    """Keeps every micro-batch's graph alive (retain_graph=True, outputs kept) until the step ends."""
+    keep, backward = [], torch.autograd.backward
+
+    def forward(inp, _c=chunks[0]):
+        out = _c(inp)
+        keep.append(out)
+        return out
+    torch.autograd.backward = lambda t, g=None, **kw: backward(t, g, retain_graph=True)
+    try:
+        return run_schedule(s, [_Wrap(forward)], x, y, costs=costs).loss
+    finally:
+        torch.autograd.backward = backward
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_library_schedules_pass(kind):
+    C.check_schedule(lambda p, m: make(kind, p, m), kind, hidden=False)
+    C.check_schedule(lambda p, m: make(kind, p, m), kind, hidden=True)
+
+
+def _one_f_one_b_warmup(extra):
+    def sched(p, m):
+        order = []
+        for r in range(p):
+            w = min(p - r - 1 + extra, m)
+            acts = [Action("F", i) for i in range(w)]
+            for i in range(m - w):
+                acts += [Action("F", i + w), Action("B", i)]
+            acts += [Action("B", i) for i in range(m - w, m)]
+            order.append(acts)
+        return with_comms("1f1b", p, m, 1, order)
+    return sched
+
+
+def test_wrong_warmup_is_named():
+    with pytest.raises(AssertionError, match="warmup"):
+        C.check_schedule(_one_f_one_b_warmup(1), "1f1b")
+
+
+def test_gpipe_one_microbatch_at_a_time_fails_on_order_or_bubble():
+    def seq(p, m):
+        return with_comms("gpipe", p, m, 1, [[a for i in range(m) for a in (Action("F", i), Action("B", i))]
+                                             for _ in range(p)])
+    with pytest.raises(AssertionError, match="compute order"):
+        C.check_schedule(seq, "gpipe")
+
+
+def test_invalid_schedule_reports_the_validator():
+    def no_recv(p, m):
+        s = make("gpipe", p, m)
+        s.actions = [[a for a in prog if a.kind != "RECV_F"] for prog in s.actions]
+        return s
+    with pytest.raises(AssertionError, match="not a valid schedule"):
+        C.check_schedule(no_recv, "gpipe")
+    with pytest.raises(AssertionError, match="expected a minidist.pipeline.Schedule"):
+        C.check_schedule(lambda p, m: make("gpipe", p, m).actions, "gpipe")
+    with pytest.raises(AssertionError, match="m=1"):
+        C.check_schedule(lambda p, m: make("naive", p, 1), "gpipe")
+    assert isinstance(make("gpipe", 2, 2), Schedule)
+
+
+def test_executor_checks():
+    C.check_executor(lib_exec)
+    with pytest.raises(AssertionError, match="scaled by 1/m"):
+        C.check_executor(unscaled_exec)
+
+
+def test_memory_check_measures_what_autograd_keeps():
+    C.check_executor_memory(lib_exec)
+    with pytest.raises(AssertionError, match="micro-batches at the peak"):
+        C.check_executor_memory(hoarding_exec)
