@@ -22,8 +22,9 @@ def sendrecv(send_tensor, dst, recv_tensor, src):
     dist.send(send_tensor, dst=dst)
     dist.recv(recv_tensor, src=src)
 ''',
-        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct",
-                 "test_recursive_halving_all_reduce_correct"],
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern",
+                 "test_ring_all_reduce_correct", "test_ring_all_reduce_pattern",
+                 "test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
         why="everyone-sends-first deadlock: blocking send before recv, on every rank at once",
     ),
     dict(
@@ -35,8 +36,9 @@ def sendrecv(send_tensor, dst, recv_tensor, src):
     dist.recv(recv_tensor, src=src)
     dist.send(send_tensor, dst=dst)
 ''',
-        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct",
-                 "test_recursive_halving_all_reduce_correct"],
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern",
+                 "test_ring_all_reduce_correct", "test_ring_all_reduce_pattern",
+                 "test_recursive_halving_all_reduce_correct", "test_recursive_halving_all_reduce_pattern"],
         why="everyone-receives-first deadlock: nobody ever sends",
     ),
     dict(
@@ -44,7 +46,8 @@ def sendrecv(send_tensor, dst, recv_tensor, src):
         cell="sendrecv",
         replace=[("dist.isend(send_tensor, dst=dst)", "dist.isend(send_tensor, dst=src)"),
                  ("dist.irecv(recv_tensor, src=src)", "dist.irecv(recv_tensor, src=dst)")],
-        catches=["test_ring_reduce_scatter_correct", "test_ring_all_reduce_correct"],
+        catches=["test_ring_reduce_scatter_correct", "test_ring_reduce_scatter_pattern",
+                 "test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
         why="dst and src swapped: the ring turns the other way, so the chunk schedule is wrong "
             "(a pairwise swap, as in halving, does not notice)",
     ),
@@ -97,8 +100,8 @@ def broadcast(tensor, src):
     dist.broadcast(out, src=src)
     return out
 ''',
-        catches=["test_broadcast_correct"],
-        why="shortcut: torch.distributed's own broadcast",
+        catches=["test_broadcast_correct", "test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
+        why="shortcut: torch.distributed's own broadcast (naive_all_reduce, built on it, fails too)",
     ),
     dict(
         name="broadcast_only_to_next_rank",
@@ -116,8 +119,9 @@ def broadcast(tensor, src):
         dist.recv(out, src=src)
     return out
 ''',
-        catches=["test_broadcast_correct"],
-        why="the root sends once, to its neighbour; every other rank waits forever",
+        catches=["test_broadcast_correct", "test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
+        why="the root sends once, to its neighbour; every other rank waits forever "
+            "(naive_all_reduce, built on it, fails too)",
     ),
 
     # ------------------------------------------------------------------ naive all-reduce
