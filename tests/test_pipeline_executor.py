@@ -108,7 +108,7 @@ def test_a_batch_that_does_not_split_into_m_is_a_value_error(trained):
 
 
 # --------------------------------------------------------------------------- sleep-compute mode
-SLEEP = Costs(F=0.02, B=0.04)          # seconds; BI = BW = 0.02
+SLEEP = Costs(F=0.05, B=0.1)           # seconds; BI = BW = 0.05: long enough that per-message latency on a loaded box stays small
 
 
 def _rank_sleep(runs):
@@ -139,7 +139,7 @@ def test_sleep_mode_bubble_near_theory_and_zb_h1_below_1f1b():
         # Loose on purpose: a loaded shared 2-core box adds message latency to every hop.
         # The 3-point target is checked by `minidist bench pipeline`.
         assert abs(measured[(name, m)] - theory) < 0.08, (name, m, measured[(name, m)], theory)
-    assert measured[("zb-h1", 8)] < measured[("1f1b", 8)] - 0.08
+    assert measured[("zb-h1", 8)] < measured[("1f1b", 8)] - 0.05     # theory: 0.111 vs 0.273
 
 
 # --------------------------------------------------------------------------- sub-groups
