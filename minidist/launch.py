@@ -48,7 +48,8 @@ FAILURE_GRACE = 1.0         # after a first failure, time for the others to repo
 WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the op; this catches the rest
 MAX_CPU_WORLD = 64
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
-_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(")
+# C++ log lines of c10d/gloo and the profiler's (kineto's) chatter: not the user's output.
+_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|STAGE):")
 
 
 class LaunchError(RuntimeError):

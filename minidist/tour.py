@@ -71,5 +71,6 @@ def run_tour(only: str | None = None) -> list[dict]:
             except Exception as err:    # one broken technique must not hide the others
                 row = {"technique": entry.name, "world_size": entry.world_size,
                        "note": f"FAILED: {type(err).__name__}: {str(err).splitlines()[0][:120]}"}
-            rows.append({c: row.get(c) for c in COLUMNS} | {k: v for k, v in row.items() if k not in COLUMNS})
+            extra = {k: v for k, v in row.items() if k not in COLUMNS}
+            rows.append({c: row.get(c) for c in COLUMNS if c != "note"} | extra | {"note": row.get("note")})
     return rows
