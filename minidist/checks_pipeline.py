@@ -281,21 +281,25 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
                      name: str | None = None) -> list[dict]:
     """Run ``fn`` on p ranks for each (schedule, m, batch) in ``cases``: measured peak
     activations (micro-batches and bytes) per rank, and the bubble of a sleep-compute run
-    (the smallest of ``repeats``). One dict per case, with the theory next to it."""
+    (the smallest of ``repeats``, whose timeline is ``slots``). One dict per case, with the
+    theory and the simulator's bubble next to it (keys as ``minidist.plots.plot_bubble_vs_m``
+    wants them)."""
     name = name or getattr(fn, "__name__", "executor")
     results = _launch(_rank_memory, p, name, "memory and bubble", timeout, fn, cases, costs, repeats)
     rows = []
     for i, (kind, m, batch) in enumerate(cases):
-        measured = []
+        measured, timelines = [], []
         for k in range(repeats):
             slots = slots_from_trace(merge(results[r][i][3][k] for r in range(p)))
             measured.append(bubble_of(slots, p) if slots else None)
+            timelines.append(slots)
         rows.append(dict(schedule=kind, p=p, m=m, batch=batch,
                          peak_microbatches=[results[r][i][0] for r in range(p)],
                          peak_bytes=[results[r][i][1] for r in range(p)],
                          microbatch_bytes=[results[r][i][2] for r in range(p)],
                          theory_microbatches=[pipeline_peak_activations(kind, p, m, r) for r in range(p)],
                          measured=None if None in measured else min(measured),
+                         slots=timelines[measured.index(min(measured))] if None not in measured else [],
                          simulated=simulate(make(kind, p, m), costs).bubble,
                          theory=pipeline_bubble(kind, p, m, t_f=costs.F, t_b=costs.B)))
     return rows
