@@ -30,12 +30,16 @@ from minidist import trace as _trace
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
 STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
 
-_LAUNCH_FILE = os.path.join(os.path.dirname(__file__), "launch.py")
+
+
+_MINIDIST_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def is_library_frame(filename: str) -> bool:
-    return (filename in (__file__, _LAUNCH_FILE, _trace.__file__) or "/torch/" in filename or "/threading.py" in filename
-            or filename.startswith("<frozen"))
+    """Frames a student does not need to read: torch, the launcher, tracer and lab checks."""
+    if os.path.dirname(filename) == _MINIDIST_DIR and os.path.basename(filename).startswith(("checks", "launch", "rank_process", "trace", "torchrun")):
+        return True
+    return "/torch/" in filename or "/threading.py" in filename or filename.startswith("<frozen")
 
 
 def format_frame(filename, line, func):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import re
 import sys
 import threading
 import time
@@ -197,11 +198,18 @@ def _describe(op: str, peer, nbytes: int) -> str:
     return f"{op}({size})" if nbytes else f"{op}()"
 
 
+def _short(where: str) -> str:
+    """'notebook cell, line 4' for code typed in Jupyter, 'file.py:4' otherwise."""
+    path, _, line = where.rpartition(":")
+    if re.search(r"ipykernel_\d+|<ipython-input", path):
+        return f"notebook cell, line {line}"
+    return where.rsplit("/", 1)[-1]
+
+
 def _check_guard(name: str, where: str) -> None:
     for allow, why in _stack("guards"):
         if name not in allow:
-            loc = where.rsplit("/", 1)[-1]
-            raise ForbiddenOperation(f"{name} is not allowed here ({loc}): {why}")
+            raise ForbiddenOperation(f"{name} is not allowed here ({_short(where)}): {why}")
 
 
 class _TracedWork:
@@ -216,6 +224,11 @@ class _TracedWork:
             listener(f"wait() on {self._description}")
         try:
             return self._work.wait(*args, **kwargs)
+        except RuntimeError as err:
+            clearer = _explain(err, self._description)
+            if clearer is None:
+                raise
+            raise clearer from None
         finally:
             if self._event is not None:
                 self._event.end = time.perf_counter()
@@ -243,6 +256,9 @@ def _wrap(name: str, fn: Callable) -> Callable:
             gpeer = kwargs.get("group_" + PEER_ARG[name])
             if peer is None and gpeer is not None and group is not None:
                 peer = dist.get_global_rank(group, gpeer)
+        if peer is not None and peer == dist.get_rank():
+            raise ValueError(f"rank {peer} called {name}() with itself as the peer ({_short(where)}): "
+                             f"a rank cannot {'send to' if name in P2P_SEND else 'receive from'} itself")
         payload = args[0] if args else kwargs.get("tensor", kwargs.get("input", kwargs.get("tensor_list")))
         if name in INPUT_SECOND:
             payload = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("input_tensor")))

@@ -139,3 +139,26 @@ def test_trace_is_empty_outside_any_launch():
     with trace() as t:
         pass
     assert t.events == [] and t.bytes_sent() == 0
+
+
+def send_to_self():
+    dist.send(torch.ones(1), dst=dist.get_rank())
+
+
+def test_sending_to_yourself_is_a_clear_error():
+    with pytest.raises(minidist.LaunchError, match="a rank cannot send to itself"):
+        minidist.launch(send_to_self, 2)
+
+
+def isend_everyone_first_then_wait(n):
+    rank = dist.get_rank()
+    work = dist.isend(torch.ones(n), (rank + 1) % dist.get_world_size())
+    work.wait()     # nobody posts a receive
+
+
+def test_async_wait_timeout_names_the_op():
+    with pytest.raises(minidist.LaunchError) as info:
+        minidist.launch(isend_everyone_first_then_wait, 2, 1000, timeout=1.5)
+    message = str(info.value)
+    assert "wait() on isend(dst=1, 3.9 KiB)" in message or "isend(dst=1, 3.9 KiB) did not complete" in message, message
+    assert "Timed out waiting" not in message
