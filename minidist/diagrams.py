@@ -1,0 +1,158 @@
+"""Diagrams of collectives, decoded from real runs: who holds what, who sends what to whom.
+
+The buffers are *encoded*: element ``c`` of rank ``r``'s input is ``2**r + 16*c``, so any
+sum of inputs still says which ranks contributed (the low bits) and which chunk it is
+(the high part). A figure drawn from a run's outputs therefore shows exactly what the
+algorithm computed, and one drawn from a trace shows exactly what it sent.
+"""
+from __future__ import annotations
+
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+RANK_COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C"]
+
+
+def _contributors(value, n):
+    """Cell values are sum over contributing ranks r of 2**r + 16*chunk: decode the ranks."""
+    v = int(round(value))
+    ranks = [r for r in range(n) if (v % 16) >> r & 1]
+    chunk = (v // 16) // max(len(ranks), 1)
+    return ranks, chunk
+
+
+def encoded_input(rank, n, length):
+    """Element c of rank r's input: 2**r + 16*c, so any sum of them tells who contributed."""
+    return torch.tensor([2.0 ** rank + 16 * c for c in range(length)])
+
+
+def draw_buffers(ax, rows, n, title, ncells=None):
+    """rows[r]: None or a 1-D tensor of encoded cells, with an optional x-offset: (offset, tensor)."""
+    ncells = ncells or n
+    for r, row in enumerate(rows):
+        y = n - 1 - r
+        ax.text(-0.3, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=10)
+        for c in range(ncells):
+            ax.add_patch(plt.Rectangle((c, y), 0.92, 0.8, fill=False, ec="#dddddd", lw=1))
+        if row is None:
+            continue
+        offset, values = row if isinstance(row, tuple) else (0, row)
+        for i, v in enumerate(values.tolist()):
+            ranks, chunk = _contributors(v, n)
+            x = offset + i
+            if len(ranks) == 1:
+                color, label, tc = RANK_COLORS[ranks[0]], f"{'ABCDEFGH'[chunk]}{ranks[0]}", "white"
+            else:
+                shade = 0.85 - 0.55 * len(ranks) / n
+                color, tc = (shade, shade, shade), ("white" if shade < 0.5 else "black")
+                label = f"{'ABCDEFGH'[chunk]}Σ" if len(ranks) == n else f"{'ABCDEFGH'[chunk]}" + "".join(map(str, ranks))
+            ax.add_patch(plt.Rectangle((x, y), 0.92, 0.8, color=color))
+            ax.text(x + 0.46, y + 0.4, label, ha="center", va="center", color=tc, fontsize=9)
+    ax.set_xlim(-1.4, ncells)
+    ax.set_ylim(-0.2, n)
+    ax.set_title(title, fontsize=11)
+    ax.axis("off")
+
+
+def draw_primitive(name, before, after, n):
+    fig, (a, b) = plt.subplots(1, 2, figsize=(7.5, 2.2))
+    draw_buffers(a, before, n, "before")
+    draw_buffers(b, after, n, "after")
+    fig.suptitle(name, fontsize=13, x=0.08, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def draw_ring_buffers(snapshots, n, titles, ncols=3):
+    """snapshots[r][k]: rank r's (encoded) buffer after step k; one panel per step."""
+    steps = len(snapshots[0])
+    rows = math.ceil(steps / ncols)
+    fig, axes = plt.subplots(rows, ncols, figsize=(3.4 * ncols, 2.1 * rows))
+    for k, ax in enumerate(np.atleast_1d(axes).flat):
+        if k < steps:
+            draw_buffers(ax, [snapshots[r][k] for r in range(n)], n, titles[k])
+        else:
+            ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def ring_positions(n, radius=1.0):
+    return [(radius * math.sin(2 * math.pi * r / n), radius * math.cos(2 * math.pi * r / n)) for r in range(n)]
+
+
+def draw_message_steps(steps, n, titles, labels, ncols=3, curved=True):
+    """One panel per step: ranks on a circle, an arrow per message, labelled."""
+    rows = math.ceil(len(steps) / ncols)
+    fig, axes = plt.subplots(rows, ncols, figsize=(3.2 * ncols, 3.0 * rows))
+    pos = ring_positions(n)
+    for k, ax in enumerate(np.atleast_1d(axes).flat):
+        ax.set_aspect("equal")
+        ax.axis("off")
+        if k >= len(steps):
+            continue
+        for r, (x, y) in enumerate(pos):
+            ax.add_patch(plt.Circle((x, y), 0.22, color=RANK_COLORS[r], zorder=3))
+            ax.text(x, y, str(r), ha="center", va="center", color="white", zorder=4, fontsize=11)
+        pairs = {(s, d) for s, d in steps[k]}
+        for (src, dst), label in zip(steps[k], labels[k]):
+            (x0, y0), (x1, y1) = pos[src], pos[dst]
+            swap = (dst, src) in pairs            # a pairwise exchange: one label, centred
+            ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                        arrowprops=dict(arrowstyle="-|>", color=RANK_COLORS[src], lw=1.8,
+                                        shrinkA=14, shrinkB=14,
+                                        connectionstyle="arc3,rad=0.25" if curved else "arc3"))
+            mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+            if swap:
+                if src < dst:
+                    ax.text(mx, my, label + " each way", ha="center", va="center", fontsize=9,
+                            bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="#cccccc"), zorder=5)
+                continue
+            # push the label outwards, to the side the arc bends to
+            dx, dy = y1 - y0, x0 - x1
+            norm = math.hypot(dx, dy) or 1
+            off = 0.28 if curved else 0.12
+            ax.text(mx - off * dx / norm, my - off * dy / norm, label, ha="center", va="center",
+                    fontsize=9, color=RANK_COLORS[src], fontweight="bold")
+        ax.set_xlim(-1.5, 1.5)
+        ax.set_ylim(-1.5, 1.5)
+        ax.set_title(titles[k], fontsize=10)
+    fig.tight_layout()
+    return fig
+
+def ring_steps_from_trace(t):
+    """[(phase, step)] -> list of (src, dst, chunk, bytes), from isend events inside step spans."""
+    spans = [e for e in t.events if e.op.startswith("span:")]
+    steps = {}
+    for e in t.comm():
+        if not e.is_send:
+            continue
+        sp = next(s for s in spans if s.rank == e.rank and s.start <= e.start <= s.end)
+        key = (0 if sp.op == "span:reduce-scatter" else 1, sp.meta["step"])
+        steps.setdefault(key, []).append((e.rank, e.peer, sp.meta["send_chunk"], e.nbytes))
+    return [steps[k] for k in sorted(steps)], sorted(steps)
+
+
+def draw_ring_steps(t, n):
+    """One panel per ring step: an arrow per traced send, labelled with its chunk and bytes."""
+    steps, keys = ring_steps_from_trace(t)
+    return draw_message_steps(
+        [[(s, d) for s, d, _, _ in step] for step in steps], n,
+        [f"{'reduce-scatter' if p == 0 else 'all-gather'} step {s}" for p, s in keys],
+        [[f"{'ABCDEFGH'[c]} ({b} B)" for _, _, c, b in step] for step in steps])
+
+
+def draw_rounds(t, n):
+    """One panel per round (the k-th send of every rank), for pairwise algorithms."""
+    by_round = {}
+    for r in range(n):
+        for k, e in enumerate(e for e in t.select(rank=r).comm() if e.is_send):
+            by_round.setdefault(k, []).append((e.rank, e.peer, e.nbytes))
+    ks = sorted(by_round)
+    return draw_message_steps(
+        [[(s, d) for s, d, _ in by_round[k]] for k in ks], n,
+        [f"round {k + 1}: partner = rank XOR {by_round[k][0][0] ^ by_round[k][0][1]}" for k in ks],
+        [[f"{b} B" for _, _, b in by_round[k]] for k in ks], ncols=len(ks))
