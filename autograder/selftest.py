@@ -121,6 +121,9 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             for p in problems:
                 report.append((lab, "bug bank", "FAIL", p))
                 ok = False
+            if not problems:
+                report.append((lab, "bug bank", "ok", f"{len(bank['BUGS'])} bugs, every graded "
+                                                     "function has >= 3"))
             dest = (out / lab) if out else tmp / "out" / lab
             r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
                       wall_s=wall_s, progress=progress)
