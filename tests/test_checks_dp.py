@@ -99,3 +99,64 @@ def test_step_time_rows():
                                               model_kwargs={"hidden": 16})
     assert [r["cap"] for r in rows] == [1024, 1 << 20]
     assert rows[0]["buckets"] > rows[1]["buckets"] == 1 and all(r["step_ms"] > 0 for r in rows)
+
+
+def test_nan_parameters_fail_the_equality_check():
+    def nan_grads(model):
+        for p in model.parameters():
+            if p.requires_grad:
+                p.grad = torch.full_like(p, float("nan"))
+    with pytest.raises(AssertionError, match="nan"):
+        checks_dp.check_average_gradients(nan_grads)
+
+
+# ----------------------------------------------------------------------------- lab 3 checks
+class LibZero:
+    """The lab 3 wrapper interface on top of minidist's own ZeRO-1/2 and FSDP."""
+
+    def __init__(self, model, stage, optimizer="adam", lr=1e-2):
+        from minidist.fsdp import FullyShardedDataParallel
+        from minidist.zero import ZeroDataParallel
+        cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
+        kw = {"lr": lr} | ({"momentum": 0.9} if optimizer == "sgd" else {})
+        self.model, self.stage = model, stage
+        self.w = (ZeroDataParallel(model, stage, cls, bucket_cap_bytes=1 << 16, **kw) if stage < 3
+                  else FullyShardedDataParallel(model, optimizer_cls=cls, **kw))
+        self.optimizer = self.w.optimizer
+
+    def __call__(self, x):
+        return self.w(x)
+
+    def finish_backward(self):
+        pass
+
+    def step(self):
+        self.w.step()
+
+    def zero_grad(self):
+        self.w.zero_grad()
+
+    def state_tensors(self):
+        return self.w.state_tensors()
+
+    def full_parameters(self):
+        from minidist.models import flat_parameters
+        if self.stage < 3:
+            return flat_parameters(self.model)
+        with self.w.summon_full_params():
+            return flat_parameters(self.model)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_checks_accept_the_library(stage):
+    checks_dp.check_zero(LibZero, stage)
+    checks_dp.check_zero_traffic(LibZero, stage)
+    checks_dp.check_zero_memory(LibZero, stage)
+
+
+def test_zero_memory_check_rejects_an_unsharded_stage():
+    unsharded = lambda model, stage, **kw: LibZero(model, 1, **kw)     # noqa: E731  (claims 3, is 1)
+    with pytest.raises(AssertionError, match="Full gradients must be dropped"):
+        checks_dp.check_zero_memory(unsharded, 3)
+    with pytest.raises(AssertionError, match="1.5x|2× the parameters|expected 2×"):
+        checks_dp.check_zero_traffic(unsharded, 3)

@@ -1,0 +1,129 @@
+"""Lab 3 (ZeRO-1/2/3, FSDP): realistic wrong implementations.
+
+Each bug replaces one solution cell of solutions/lab3_zero_fsdp/lab3_zero_fsdp.ipynb and
+names the test cells that must lose points (format: autograder/bugbank/README.md).
+
+Three kinds of tests catch them: equality with single-process training (Adam, and SGD with
+momentum for a wrong gradient scale), the traced collectives and their bytes, and the
+measured bytes per rank (live storages, minidist.memory) against the ZeRO formula.
+"""
+
+BUGS = [
+    # ------------------------------------------------------------------ reduce_scatter_gradients
+    dict(
+        name="rs_forgets_to_average",
+        cell="reduce_scatter_gradients",
+        replace=[("    mine.div_(dist.get_world_size())\n", "")],
+        catches=["test_reduce_scatter_gradients", "test_zero1_equal"],
+        why="each rank keeps the SUM of its gradient shard: the SGD step is N times too large",
+    ),
+    dict(
+        name="rs_averages_twice",
+        cell="reduce_scatter_gradients",
+        replace=[("    dist.reduce_scatter_tensor(mine, flat_grad)\n",
+                  "    flat_grad.div_(dist.get_world_size())\n    dist.reduce_scatter_tensor(mine, flat_grad)\n")],
+        catches=["test_reduce_scatter_gradients", "test_zero1_equal"],
+        why="divides by N before the reduce-scatter and again after",
+    ),
+    dict(
+        name="rs_keeps_full_gradients",
+        cell="reduce_scatter_gradients",
+        replace=[("    for p in unit.params:\n        p.grad = None", "")],
+        catches=["test_reduce_scatter_gradients", "test_zero2"],
+        why="the full gradients stay alive after the reduce-scatter: ZeRO-2 saves no gradient memory",
+    ),
+    dict(
+        name="rs_overwrites_shard_grad",
+        cell="reduce_scatter_gradients",
+        replace=[("    if unit.shard.grad is None:\n        unit.shard.grad = mine\n    else:\n        unit.shard.grad += mine\n",
+                  "    unit.shard.grad = mine\n")],
+        catches=["test_reduce_scatter_gradients"],
+        why="replaces the shard's gradient instead of adding to it: gradient accumulation loses micro-batches",
+    ),
+    dict(
+        name="rs_all_reduce_then_slice",
+        cell="reduce_scatter_gradients",
+        code='''
+def reduce_scatter_gradients(unit):
+    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
+    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)
+    dist.all_reduce(flat_grad)
+    mine = unit.layout.my_shard(flat_grad) / dist.get_world_size()
+    if unit.shard.grad is None:
+        unit.shard.grad = mine
+    else:
+        unit.shard.grad += mine
+    for p in unit.params:
+        p.grad = None
+''',
+        catches=["test_reduce_scatter_gradients", "test_zero1_traffic_memory"],
+        why="all-reduces the whole gradient and keeps a slice: right numbers, twice the traffic of a reduce-scatter",
+    ),
+
+    # ------------------------------------------------------------------ sharded_step
+    dict(
+        name="step_missing_all_gather",
+        cell="sharded_step",
+        replace=[("    for unit in units:\n        dist.all_gather_into_tensor(unit.flat, unit.shard.detach().clone())", "")],
+        catches=["test_zero1_equal"],
+        why="no all-gather after the sharded step: each rank only sees its own shard's updates",
+    ),
+    dict(
+        name="step_all_gather_before_step",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    for unit in units:
+        dist.all_gather_into_tensor(unit.flat, unit.shard.detach().clone())
+    optimizer.step()
+''',
+        catches=["test_zero1_equal"],
+        why="all-gathers before the update: the other ranks' shards are always one step behind",
+    ),
+    dict(
+        name="step_all_reduce_parameters",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    for unit in units:
+        mine = unit.shard.detach().clone()
+        unit.flat.zero_()
+        unit.layout.my_shard(unit.flat).copy_(mine)
+        dist.all_reduce(unit.flat)
+''',
+        catches=["test_zero1_traffic_memory"],
+        why="rebuilds the parameters with an all-reduce of zero-padded shards: right values, twice the traffic",
+    ),
+
+    # ------------------------------------------------------------------ gather / free (ZeRO-3)
+    dict(
+        name="zero3_never_frees",
+        cell="gather_free",
+        replace=[("    unit.flat.untyped_storage().resize_(0)", "    pass")],
+        catches=["test_zero3_traffic_memory"],
+        why="ZeRO-3 that never frees the gathered parameters: correct training, full parameter memory",
+    ),
+    dict(
+        name="zero3_free_replaces_the_tensor",
+        cell="gather_free",
+        replace=[("    unit.flat.untyped_storage().resize_(0)", "    unit.flat = torch.empty(0)")],
+        catches=["test_zero3_equal", "test_zero3_traffic_memory"],
+        why="rebinds unit.flat instead of freeing its storage: the parameters still view the old memory, "
+            "and the next gather writes into a tensor of the wrong size",
+    ),
+    dict(
+        name="zero3_gather_copies_own_shard_only",
+        cell="gather_free",
+        replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
+                  "    unit.layout.my_shard(unit.flat).copy_(unit.shard.detach())")],
+        catches=["test_zero3_equal"],
+        why="restores only this rank's shard after the free: the rest of the layer is whatever the "
+            "re-allocated memory held",
+    ),
+]
+
+NOT_GRADED = []
+RELEASE_MAY_PASS = []
