@@ -72,7 +72,7 @@ def cmd_export(a) -> int:
 def cmd_selftest(a) -> int:
     from autograder.selftest import selftest
     ok = selftest(labs=a.lab, jobs=a.jobs, out=Path(a.out) if a.out else None,
-                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet)
+                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick)
     return 0 if ok else 1
 
 
@@ -126,6 +126,9 @@ def main(argv=None) -> int:
     s.add_argument("--lab", action="append")
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--out", help="keep the selftest's grading output here")
+    s.add_argument("--quick", action="store_true",
+                   help="grade solution and release with nbgrader, check the bugs in one kernel per lab "
+                        "(minutes instead of tens of minutes; what `make test` runs)")
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 

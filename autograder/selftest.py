@@ -81,7 +81,9 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
 
 
 def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=None, wall_s=None,
-             progress: bool = True, stream=None) -> bool:
+             progress: bool = True, stream=None, quick: bool = False) -> bool:
+    """Grade solution, release and every bug of each lab. ``quick``: the solution and the release
+    go through nbgrader as usual, the bugs through :mod:`autograder.bugcheck` (one kernel per lab)."""
     from autograder.grade import grade
 
     stream = stream or sys.stdout
@@ -108,7 +110,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             for n in names:
                 write_nb(solution[n], subs / "solution" / lab / f"{n}.ipynb")
                 write_nb(release[n], subs / "release" / lab / f"{n}.ipynb")
-            for b in bank["BUGS"]:
+            for b in ([] if quick else bank["BUGS"]):
                 try:
                     nbs = inject(b, solution)
                 except (BankError, KeyError, TypeError) as e:
@@ -124,6 +126,8 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             if not problems:
                 report.append((lab, "bug bank", "ok", f"{len(bank['BUGS'])} bugs, every graded "
                                                      "function has >= 3"))
+            if quick and not problems:
+                report += _quick_bug_rows(lab, bank, source, solution, course / "source" / lab)
             dest = (out / lab) if out else tmp / "out" / lab
             r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
                       wall_s=wall_s, progress=progress)
@@ -174,6 +178,25 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
     for lab, who, status, detail in report:
         print(f"{lab:<20} {who:<{w}} {status:<4} {detail}", file=stream)
     n_fail = sum(r[2] == "FAIL" for r in report)
+    ok &= n_fail == 0
     print(f"selftest: {'PASSED' if ok else 'FAILED'} ({len(report) - n_fail}/{len(report)} checks ok)",
           file=stream)
     return ok
+
+
+def _quick_bug_rows(lab, bank, source, solution, workdir) -> list[tuple]:
+    from autograder.bugcheck import check_bugs, graded_notebook
+
+    rows = []
+    for name in source:
+        bugs = [b for b in bank["BUGS"] if b.get("notebook") in (None, name)]
+        baseline, results = check_bugs(name, graded_notebook(source[name], solution[name]), bugs, inject, str(workdir))
+        rows += [(lab, "bugs (one kernel)", "FAIL", p) for p in baseline]
+        for b in bugs:
+            if b["name"] not in results:
+                continue
+            missed, seconds = results[b["name"]]
+            what = "loses points on " + ", ".join(b["catches"])
+            rows.append((lab, f"bug-{b['name']}", "FAIL" if missed else "ok",
+                         what + (f" -- still full marks on {', '.join(missed)}" if missed else "") + f" ({seconds:.0f} s)"))
+    return rows

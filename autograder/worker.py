@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
-from autograder.notebooks import classify, load, locate, repair
+from autograder.notebooks import classify, load, locate, repair, skip_demos
 
 
 def autograde_config(course: Path, progress: Path, cell_timeout: int):
@@ -91,7 +91,7 @@ def run(spec: dict) -> dict:
             if gid not in graded_ids:
                 notes += [f"cell {gid!r}: {f}" for f in fl]
         cell_flags[name] = flags
-        write_nb(nb, dest / f"{name}.ipynb")
+        write_nb(skip_demos(nb), dest / f"{name}.ipynb")
 
     result = {"student": student, "lab": lab, "notes": notes, "cells": {}, "graded": False,
               "failure": None}

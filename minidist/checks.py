@@ -32,7 +32,14 @@ import minidist
 from minidist.trace import ForbiddenOperation, Trace, guard, merge, trace
 
 P2P_ONLY = frozenset({"send", "recv", "isend", "irecv"})
-DEFAULT_TIMEOUT = 15.0
+
+
+def default_timeout(seconds: float) -> float:
+    """A check's launch timeout; MINIDIST_CHECK_TIMEOUT overrides it (the grader's quick selftest)."""
+    return float(os.environ.get("MINIDIST_CHECK_TIMEOUT", seconds))
+
+
+DEFAULT_TIMEOUT = default_timeout(15.0)
 _WHY = "graded collectives must be built from dist.send/recv/isend/irecv only"
 
 

@@ -36,9 +36,10 @@ from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, simulate,
                                slots_from_trace, validate)
+from minidist.checks import default_timeout
 from minidist.trace import merge, trace
 
-DEFAULT_TIMEOUT = 20.0
+DEFAULT_TIMEOUT = default_timeout(20.0)
 TOL = 1e-5
 WIDTH = 8
 SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode
