@@ -28,10 +28,11 @@ import torch.nn.functional as F
 
 import minidist
 from minidist.models import TinyMLP, flat_parameters, make_optimizer, mlp_batch, train_reference
+from minidist.checks import default_timeout
 from minidist.trace import trace
 
 TOL = 1e-5
-DEFAULT_TIMEOUT = 20.0
+DEFAULT_TIMEOUT = default_timeout(20.0)
 # Models every data-parallel implementation must survive (minidist.models.TinyMLP switches).
 MODELS = {"plain": {}, "tied": {"tied": True}, "frozen": {"frozen": True}, "unused": {"unused": True}}
 
