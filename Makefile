@@ -9,13 +9,16 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-# Where this machine keeps a CPU build of torch on local disk, take it (--no-index: never
-# fall back to downloading a multi-GB CUDA build). Elsewhere, pip resolves torch>=2.4 from
-# pyproject; see README for the CUDA build on GPU lab machines.
+# A CPU build of torch that this machine keeps on local disk (pip's find-links folders).
+# Installing it first means `torch>=2.4` in pyproject is already met, so pip never pulls a
+# multi-GB CUDA build onto a CPU machine. Without one, pip resolves torch itself: on a GPU
+# lab machine that is the CUDA build you want (README: CPU-only machines elsewhere).
+WHEEL_DIRS := $(subst file://,,$(PIP_FIND_LINKS)) $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null) /opt/wheels
+TORCH_CPU_WHEEL := $(firstword $(wildcard $(addsuffix /torch-*+cpu-*.whl,$(WHEEL_DIRS))))
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --no-index "torch==2.13.0" 2>/dev/null \
-	  || echo "no local CPU torch wheel: pip will resolve torch>=2.4 from pyproject"
+	$(if $(TORCH_CPU_WHEEL),$(BIN)/python -m pip install --quiet "$(TORCH_CPU_WHEEL)",@echo "no local CPU torch wheel: pip resolves torch>=2.4 from pyproject")
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name minidist --display-name "Python (minidist)" >/dev/null
 	touch $(STAMP)

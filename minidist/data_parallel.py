@@ -64,6 +64,25 @@ def at_end_of_backward(callback) -> None:
 
 
 # ----------------------------------------------------------------------------- naive
+class GradSyncWrapper(nn.Module):
+    """What every data-parallel wrapper here shares: it runs the wrapped module, and
+    ``no_sync()`` turns its gradient communication off for the backward passes inside
+    (gradient accumulation: the last micro-step, outside the block, syncs the sum)."""
+
+    _sync = True
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+
 class NaiveDDP(nn.Module):
     """Replicate, and after backward all-reduce every gradient, one tensor at a time.
 
@@ -139,7 +158,7 @@ def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[list[nn.Par
     return buckets
 
 
-class BucketedDDP(nn.Module):
+class BucketedDDP(GradSyncWrapper):
     """DDP with gradient buckets whose all-reduces overlap backward.
 
     Each parameter's ``post_accumulate_grad`` hook marks it ready; when a bucket's last
@@ -169,18 +188,6 @@ class BucketedDDP(nn.Module):
         if broadcast_from is not None:
             broadcast_module(module, broadcast_from, group)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Accumulate gradients locally (no communication) for the backward passes inside."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     def _on_grad_ready(self, p: nn.Parameter) -> None:
         bucket, i = self._where[id(p)]

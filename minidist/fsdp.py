@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.data_parallel import at_end_of_backward, broadcast_module, group_rank_size, trainable_parameters
+from minidist.data_parallel import GradSyncWrapper, at_end_of_backward, broadcast_module, group_rank_size, trainable_parameters
 from minidist.zero import FlatShard
 
 
@@ -76,7 +76,7 @@ class _Unit:
             self.gathered = False
 
 
-class FullyShardedDataParallel(nn.Module):
+class FullyShardedDataParallel(GradSyncWrapper):
     """ZeRO-3 / FSDP around a module, owning the sharded optimizer.
 
     Usage: ``loss = fsdp(x); loss.backward(); fsdp.step(); fsdp.zero_grad()``.
@@ -134,18 +134,6 @@ class FullyShardedDataParallel(nn.Module):
             by_unit.setdefault(unit_id, []).append(p)
         order = [m for m in root.modules() if id(m) in by_unit]
         return [_Unit(modules[id(m)], by_unit[id(m)], self.world_size, self.rank, self.group) for m in order]
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside keep full local gradients (more memory, no reduce-scatter)."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     # -- forward ---------------------------------------------------------------------
     def _pre_forward(self, u: _Unit) -> None:

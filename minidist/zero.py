@@ -22,7 +22,6 @@ parameters sharded too) is in :mod:`minidist.fsdp`.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
 
@@ -33,7 +32,7 @@ import torch.nn as nn
 # torch 2.13 renames these two to *_single; minidist.trace records the old names, so keep them.
 warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
 
-from minidist.data_parallel import (at_end_of_backward, broadcast_module, group_rank_size,
+from minidist.data_parallel import (GradSyncWrapper, at_end_of_backward, broadcast_module, group_rank_size,
                                     make_buckets, trainable_parameters)
 
 
@@ -95,7 +94,7 @@ class _ShardedBucket:
         self.work = None
 
 
-class ZeroDataParallel(nn.Module):
+class ZeroDataParallel(GradSyncWrapper):
     """ZeRO stage 1 or 2 around a module, owning its (sharded) optimizer.
 
     Usage: ``loss = zero(x); loss.backward(); zero.step(); zero.zero_grad()``.
@@ -132,18 +131,6 @@ class ZeroDataParallel(nn.Module):
         if stage == 2:
             self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
             self._handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in params]
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def no_sync(self):
-        """Backward passes inside accumulate full local gradients and communicate nothing."""
-        previous, self._sync = self._sync, False
-        try:
-            yield
-        finally:
-            self._sync = previous
 
     # -- stage 2: reduce-scatter from the hooks ---------------------------------------
     def _on_grad_ready(self, p: nn.Parameter) -> None:
