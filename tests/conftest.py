@@ -1,5 +1,4 @@
 import os
-import sys
 
 import pytest
 
@@ -15,16 +14,16 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def load_slides_builder():
+    """slides/build.py as a module (slides/ is not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("slides_build", os.path.join(ROOT, "slides", "build.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def kernel_name():
     """The pinned Jupyter kernel (this venv's python), installed if `make install` did not."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-    try:
-        spec = KernelSpecManager().get_kernel_spec("minidist")
-        if os.path.realpath(spec.argv[0]) == os.path.realpath(sys.executable):
-            return "minidist"
-    except NoSuchKernel:
-        pass
-    from ipykernel.kernelspec import install
-    install(prefix=sys.prefix, kernel_name="minidist", display_name="Python (minidist)")
-    return "minidist"
+    return load_slides_builder().ensure_kernel()
