@@ -70,7 +70,9 @@ class Job:
 class Progress:
     """A dependency-free progress bar on stderr."""
 
-    def __init__(self, total: int, enabled: bool = True, stream=sys.stderr):
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        # sys.stderr at call time, not at import time (pytest swaps and closes it per test)
+        stream = sys.stderr if stream is None else stream
         self.total, self.done, self.enabled, self.stream = total, 0, enabled, stream
         self.t0 = time.time()
         self.lock = threading.Lock()

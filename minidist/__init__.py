@@ -1,11 +1,16 @@
 """minidist: distributed training rebuilt from send/recv, for teaching.
 
 Start here: ``minidist.launch(fn, world_size)`` runs ``fn`` on N ranks;
-``minidist.trace`` records who sent what to whom.
-"""
-from minidist.launch import DEFAULT_TIMEOUT, LaunchError, launch
-from minidist.torchrun import init_from_env
-from minidist import trace
+``minidist.trace`` records who sent what to whom. Layout (each layer imports only
+the ones above it in this list):
 
-__all__ = ["launch", "LaunchError", "init_from_env", "trace", "DEFAULT_TIMEOUT"]
+* ``runtime``, ``trace``, ``models``, ``memory``, ``cost``: the shared bottom layer;
+* ``collectives``, ``data_parallel``, ``pipeline``: one package per technique;
+* ``harness``: one training/measurement loop per technique;
+* ``checks``, ``tour``, ``benchmarks``, ``plots``, ``diagrams``, ``cli``: the top layer.
+"""
+from minidist import trace
+from minidist.runtime import LAUNCH_TIMEOUT, LaunchError, init_from_env, launch
+
+__all__ = ["launch", "LaunchError", "init_from_env", "trace", "LAUNCH_TIMEOUT"]
 __version__ = "0.1.0"

@@ -10,10 +10,14 @@ Two measurements, to set next to the ZeRO formulas in :mod:`minidist.cost`:
 * :func:`peak_bytes` — the peak of live memory while a function runs. On GPU,
   ``torch.cuda.max_memory_allocated``; on CPU, the profiler's allocation timeline
   (every allocation and free, in order), whose running total is the live-memory curve.
+* :class:`ActivationMeter` — the bytes autograd keeps for backward (saved-tensor hooks),
+  per forward call, exactly: what the activation-memory formulas of pipeline and tensor
+  parallelism predict.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
 
 def _storage_key(t: torch.Tensor):
@@ -92,3 +96,73 @@ def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple
         live += delta
         peak = max(peak, live)
     return result, peak, live
+
+
+# ----------------------------------------------------------------------------- activations
+class ActivationMeter:
+    """Counts the bytes autograd holds for the micro-batches a stage has run forward on.
+
+    Wrap every stage in :class:`Metered`; each forward call's saved tensors (parameters
+    excepted, each storage once) stay counted until autograd releases them, i.e. until the
+    backward that consumes them has run (or the graph is dropped)."""
+
+    def __init__(self, params):
+        self.param_ptrs = {q.data_ptr() for q in params}
+        self.live: dict[tuple, int] = {}     # (data pointer, numel) -> holders alive
+        self.sizes: dict[int, int] = {}
+        self.calls: dict[int, int] = {}      # forward call -> holders alive
+        self.bytes = self.peak_bytes = 0
+        self.peak_calls = 0
+        self.call = 0
+
+    def pack(self, t):
+        ptr = t.data_ptr()
+        if ptr in self.param_ptrs or not t.is_floating_point():
+            return t
+        return _Held(self, t, (ptr, t.numel()), self.call)
+
+    @staticmethod
+    def unpack(h):
+        return h.t if isinstance(h, _Held) else h
+
+    def _add(self, ptr, nbytes, call):
+        if self.live.get(ptr, 0) == 0:
+            self.sizes[ptr] = nbytes
+            self.bytes += nbytes
+        self.live[ptr] = self.live.get(ptr, 0) + 1
+        self.calls[call] = self.calls.get(call, 0) + 1
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        self.peak_calls = max(self.peak_calls, len(self.calls))
+
+    def _drop(self, ptr, call):
+        self.live[ptr] -= 1
+        if self.live[ptr] == 0:
+            self.bytes -= self.sizes.pop(ptr)
+            del self.live[ptr]
+        self.calls[call] -= 1
+        if self.calls[call] == 0:
+            del self.calls[call]
+
+
+class _Held:
+    __slots__ = ("meter", "t", "ptr", "call")
+
+    def __init__(self, meter, t, ptr, call):
+        self.meter, self.t, self.ptr, self.call = meter, t, ptr, call
+        meter._add(ptr, t.numel() * t.element_size(), call)
+
+    def __del__(self):
+        self.meter._drop(self.ptr, self.call)
+
+
+class Metered(nn.Module):
+    """A stage whose saved activations are counted by an :class:`ActivationMeter`."""
+
+    def __init__(self, inner: nn.Module, meter: ActivationMeter):
+        super().__init__()
+        self.inner, self.meter = inner, meter
+
+    def forward(self, x):
+        self.meter.call += 1
+        with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, self.meter.unpack):
+            return self.inner(x)

@@ -45,6 +45,16 @@ class TinyMLP(nn.Module):
         return self.out(h)
 
 
+# The awkward cases every data-parallel implementation must survive, by name: the tests,
+# the lab checks and the harness all train these.
+TINY_MLP_VARIANTS = {"plain": {}, "tied": {"tied": True}, "frozen": {"frozen": True}, "unused": {"unused": True}}
+
+
+def describe_mlp(kwargs: dict) -> str:
+    """``TinyMLP(tied=True)``: how checks and reports name a model."""
+    return "TinyMLP(" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
+
+
 def mlp_batch(step: int, batch: int, d_in: int = 6, d_out: int = 5, seed: int = 1234):
     """The global batch of training step ``step``: (inputs, regression targets)."""
     g = torch.Generator().manual_seed(seed * 100_003 + step)
@@ -56,13 +66,25 @@ def flat_parameters(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float().cpu() for p in module.parameters()])
 
 
+def local_slice(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous block of a global batch (how data parallelism splits it)."""
+    local = x.shape[0] // world_size
+    return x[rank * local:(rank + 1) * local]
+
+
 def train_reference(model: nn.Module, steps: int, batch: int, lr: float = 1e-2,
-                    optimizer: str = "adam") -> nn.Module:
-    """Single-process training on the full batch: the ground truth for every DP variant."""
+                    optimizer: str = "adam", loss_scale: float = 1.0,
+                    only_slice: tuple[int, int] | None = None) -> nn.Module:
+    """Single-process training on the full batch: the ground truth for every DP variant.
+
+    ``loss_scale`` and ``only_slice=(rank, world_size)`` (train on that rank's slice alone)
+    give the usual wrong answers, so a check can say which mistake it is looking at."""
     opt = make_optimizer(model.parameters(), optimizer, lr)
     for step in range(steps):
         x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
-        F.mse_loss(model(x), y).backward()
+        if only_slice is not None:
+            x, y = local_slice(x, *only_slice), local_slice(y, *only_slice)
+        (loss_scale * F.mse_loss(model(x), y)).backward()
         opt.step()
         opt.zero_grad()
     return model

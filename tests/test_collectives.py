@@ -10,14 +10,14 @@ import torch
 import torch.distributed as dist
 
 import minidist
-from minidist import allreduce as A
+
 from minidist import collectives as C
 from minidist import cost
 from minidist.trace import Trace, trace
 
-ALL_REDUCES = dict(A.ALL_REDUCES)
-ALL_REDUCES["fast_ring_tiny_segments"] = functools.partial(A.fast_ring_all_reduce, segment_bytes=8)
-ALL_REDUCES["fast_ring_into_out"] = lambda t, **kw: A.fast_ring_all_reduce(t, out=torch.empty_like(t), segment_bytes=12, **kw)
+ALL_REDUCES = dict(C.ALL_REDUCES)
+ALL_REDUCES["fast_ring_tiny_segments"] = functools.partial(C.fast_ring_all_reduce, segment_bytes=8)
+ALL_REDUCES["fast_ring_into_out"] = lambda t, **kw: C.fast_ring_all_reduce(t, out=torch.empty_like(t), segment_bytes=12, **kw)
 OTHERS = {   # name -> (call on rank r of n, reference from all inputs for rank r)
     "broadcast": (lambda x, n: C.broadcast(x, n - 1), lambda xs, r, n: xs[n - 1]),
     "reduce": (lambda x, n: C.reduce(x, n // 2), lambda xs, r, n: sum(xs) if r == n // 2 else None),
@@ -151,7 +151,7 @@ def in_subgroups():
         if r in members:
             x = inputs(len(members), 7, torch.float32, members.index(r))
             with trace() as t:
-                res = {name: fn(x, group=g) for name, fn in A.ALL_REDUCES.items()}
+                res = {name: fn(x, group=g) for name, fn in C.ALL_REDUCES.items()}
                 res["broadcast"] = C.broadcast(x, src=len(members) - 1, group=g)
                 res["reduce_scatter"] = C.reduce_scatter(x, group=g)
                 res["all_gather"] = C.all_gather(x, group=g)
@@ -170,7 +170,7 @@ def test_group_argument_works_in_sub_groups():
         for i, r in enumerate(members):
             got, peers = res[r][tuple(members)]
             assert peers <= set(members) - {r}, f"rank {r} talked outside its group {members}: {peers}"
-            for name in A.ALL_REDUCES:
+            for name in C.ALL_REDUCES:
                 torch.testing.assert_close(got[name], total, msg=f"{name} in group {members}, rank {r}")
             torch.testing.assert_close(got["broadcast"], xs[-1])
             torch.testing.assert_close(got["reduce_scatter"], total.tensor_split(m)[i])
@@ -187,17 +187,17 @@ def bad_calls():
     x = torch.ones(4)
     outsiders = dist.new_group([1])
     calls = [
-        lambda: A.ring_all_reduce([1.0, 2.0]),
-        lambda: A.recursive_halving_all_reduce(torch.ones(3, dtype=torch.complex64)),
-        lambda: A.naive_all_reduce(torch.ones(3, dtype=torch.bool)),
+        lambda: C.ring_all_reduce([1.0, 2.0]),
+        lambda: C.recursive_halving_all_reduce(torch.ones(3, dtype=torch.complex64)),
+        lambda: C.naive_all_reduce(torch.ones(3, dtype=torch.bool)),
         lambda: C.broadcast(x, src=2),
         lambda: C.reduce(x, dst=-1),
         lambda: C.scatter(x, src=5),
-        lambda: A.parameter_server_all_reduce(x, server=7),
-        lambda: A.fast_ring_all_reduce(x, segment_bytes=0),
-        lambda: A.fast_ring_all_reduce(x, out=x),
-        lambda: A.fast_ring_all_reduce(x, out=torch.empty(4, dtype=torch.float64)),
-        lambda: A.ring_all_reduce(x, group=outsiders) if dist.get_rank() == 0 else (_ for _ in ()).throw(ValueError("skip")),
+        lambda: C.parameter_server_all_reduce(x, server=7),
+        lambda: C.fast_ring_all_reduce(x, segment_bytes=0),
+        lambda: C.fast_ring_all_reduce(x, out=x),
+        lambda: C.fast_ring_all_reduce(x, out=torch.empty(4, dtype=torch.float64)),
+        lambda: C.ring_all_reduce(x, group=outsiders) if dist.get_rank() == 0 else (_ for _ in ()).throw(ValueError("skip")),
     ]
     with trace() as t:
         for call in calls:
@@ -206,7 +206,7 @@ def bad_calls():
                 errors.append(None)
             except (TypeError, ValueError) as err:
                 errors.append(f"{type(err).__name__}: {err}")
-    return errors, len(t.comm()), A.ring_all_reduce(x)
+    return errors, len(t.comm()), C.ring_all_reduce(x)
 
 
 def test_bad_input_fails_before_any_communication():
@@ -228,7 +228,7 @@ def test_bench_rows_are_consistent_and_the_plot_is_drawn(tmp_path):
     with pytest.raises(ValueError, match="cannot read size"):
         bench.parse_size("12Q")
     rows = bench.measure(2, [1024, 8192], ["native", "ring", "fast_ring"], iters=2, warmup=1,
-                         functions={"mine": A.ring_all_reduce.__wrapped__}, models={"mine": "ring"})
+                         functions={"mine": C.ring_all_reduce.__wrapped__}, models={"mine": "ring"})
     assert [(r["algorithm"], r["bytes"]) for r in rows] == [
         (a, s) for s in (1024, 8192) for a in ("native", "ring", "fast_ring", "mine")]
     for r in rows:
@@ -258,12 +258,12 @@ def under_blocking_semantics(names, lengths_):
     dist.isend = lambda t, dst=None, group=None, tag=0, **kw: (send(t, dst=dst, group=group, tag=tag), _Done())[1]
     dist.irecv = lambda t, src=None, group=None, tag=0, **kw: (recv(t, src=src, group=group, tag=tag), _Done())[1]
     n, r = dist.get_world_size(), dist.get_rank()
-    fns = {**A.ALL_REDUCES, **{k: call for k, (call, _) in OTHERS.items()}}
+    fns = {**C.ALL_REDUCES, **{k: call for k, (call, _) in OTHERS.items()}}
     out = {}
     for length in lengths_:
         x = inputs(n, length, torch.float32, r)
         for name in names:
-            out[name, length] = fns[name](x) if name in A.ALL_REDUCES else fns[name](x, n)
+            out[name, length] = fns[name](x) if name in C.ALL_REDUCES else fns[name](x, n)
     return out
 
 
@@ -278,10 +278,10 @@ def naive_sendrecv_ring(names, lengths_):
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_op_order_is_deadlock_free_when_every_op_blocks_until_matched(n):
-    names = [a for a in A.ALL_REDUCES if a != "fast_ring"] + list(OTHERS)   # fast_ring: gloo only (documented)
+    names = [a for a in C.ALL_REDUCES if a != "fast_ring"] + list(OTHERS)   # fast_ring: gloo only (documented)
     res = minidist.launch(under_blocking_semantics, n, names, [n + 2], timeout=20)
     xs = [inputs(n, n + 2, torch.float32, r) for r in range(n)]
-    for name in A.ALL_REDUCES:
+    for name in C.ALL_REDUCES:
         if name != "fast_ring":
             torch.testing.assert_close(res[n - 1][name, n + 2], torch.stack(xs).sum(0))
     for name, (_, reference) in OTHERS.items():

@@ -13,19 +13,18 @@ import torch.nn.functional as F
 
 import minidist
 from minidist.data_parallel import BucketedDDP, NaiveDDP, ParameterServer, make_buckets
-from minidist.dp_harness import reference_parameters, run_cases, train_on_rank
-from minidist.models import TinyMLP, mlp_batch
+from minidist.harness.data_parallel import reference_parameters, train_cases, train_variant
+from minidist.models import TINY_MLP_VARIANTS, TinyMLP, mlp_batch
 from minidist.trace import trace
 
 TOL = 1e-5
 DDP_VARIANTS = ("naive_ddp", "bucketed_ddp", "parameter_server")
-MODELS = {"plain": {}, "tied": {"tied": True}, "frozen": {"frozen": True}, "unused": {"unused": True}}
 
 
 def _cases():
     cases = []
     for v in DDP_VARIANTS:
-        for name, kw in MODELS.items():
+        for name, kw in TINY_MLP_VARIANTS.items():
             cases.append(dict(variant=v, model_kwargs=kw, optimizer="sgd"))
         cases.append(dict(variant=v, accum=2, optimizer="sgd"))                       # no_sync
         cases.append(dict(variant=v, accum=2, use_no_sync=False, optimizer="sgd"))    # sync every micro-step
@@ -40,7 +39,7 @@ CASES = _cases()
 @pytest.fixture(scope="module", params=[2, 3, 4])
 def results(request):
     n = request.param
-    return n, minidist.launch(run_cases, n, CASES, timeout=120)
+    return n, minidist.launch(train_cases, n, CASES, timeout=120)
 
 
 def _reference(case):
@@ -126,7 +125,7 @@ def test_bucket_all_reduces_start_before_backward_ends_and_finish_before_it_retu
 def _in_subgroups(cases):
     a, b = dist.new_group([0, 1]), dist.new_group([2, 3])
     group = a if dist.get_rank() < 2 else b
-    return run_cases(cases, group=group)
+    return train_cases(cases, group=group)
 
 
 def test_variants_work_inside_a_sub_group():
@@ -163,7 +162,7 @@ def _bad_inputs():
                        ("not_a_module", lambda: BucketedDDP(lambda x: x)),
                        ("bucket_cap", lambda: BucketedDDP(TinyMLP(), bucket_cap_bytes=-1)),
                        ("server", lambda: ParameterServer(TinyMLP(), lambda ps: None, server=7)),
-                       ("batch", lambda: train_on_rank("bucketed_ddp", batch=25))]:
+                       ("batch", lambda: train_variant("bucketed_ddp", batch=25))]:
         with trace() as t:
             try:
                 make()

@@ -12,22 +12,20 @@ import torch.distributed as dist
 
 import minidist
 from minidist.cost import largest_model, zero_memory_bytes, zero_memory_bytes_fp32
-from minidist.dp_harness import ZERO_STAGE, reference_parameters, run_cases
-from minidist.fsdp import FullyShardedDataParallel
-from minidist.models import TinyMLP
+from minidist.harness.data_parallel import ZERO_STAGE, reference_parameters, train_cases
+from minidist.models import TINY_MLP_VARIANTS, TinyMLP
 from minidist.trace import trace
-from minidist.zero import FlatShard, ZeroDataParallel
+from minidist.data_parallel import FlatShard, FullyShardedDataParallel, ZeroDataParallel
 
 TOL = 1e-5
 ZERO_VARIANTS = ("zero1", "zero2", "zero3")
-MODELS = {"plain": {}, "tied": {"tied": True}, "frozen": {"frozen": True}, "unused": {"unused": True}}
 BIG = {"hidden": 64, "n_hidden": 3}          # 13k parameters: padding and Adam's step counters are < 0.1%
 
 
 def _cases():
     cases = []
     for v in ZERO_VARIANTS:
-        for kw in MODELS.values():
+        for kw in TINY_MLP_VARIANTS.values():
             cases.append(dict(variant=v, model_kwargs=kw))                       # adam: sharded states
         cases.append(dict(variant=v, optimizer="sgd"))                           # catches a lost average
         cases.append(dict(variant=v, accum=3, batch=36, optimizer="sgd"))        # no_sync
@@ -39,7 +37,7 @@ def _cases():
 
 
 CASES = _cases()
-MEMORY_CASES = [dict(variant=v, model_kwargs=BIG, bucket_cap_bytes=1 << 16, steps=2, measure=True)
+MEMORY_CASES = [dict(variant=v, model_kwargs=BIG, bucket_cap_bytes=1 << 16, steps=2, measure=True, peak=True)
                 for v in ("bucketed_ddp", "zero1", "zero2", "zero3")]
 
 
@@ -47,7 +45,7 @@ MEMORY_CASES = [dict(variant=v, model_kwargs=BIG, bucket_cap_bytes=1 << 16, step
 def _launch(n):
     """One launch per N for every test below; memory is measured for N = 2 and 4."""
     memory = MEMORY_CASES if n in (2, 4) else []
-    out = minidist.launch(run_cases, n, CASES + memory, timeout=150)
+    out = minidist.launch(train_cases, n, CASES + memory, timeout=150)
     return n, [o[:len(CASES)] for o in out], [o[len(CASES):] for o in out]
 
 
@@ -173,7 +171,7 @@ def test_bad_input_raises_before_any_collective():
 
 def _zero_in_subgroups(cases):
     a, b = dist.new_group([0, 1]), dist.new_group([2, 3])
-    return run_cases(cases, group=a if dist.get_rank() < 2 else b)
+    return train_cases(cases, group=a if dist.get_rank() < 2 else b)
 
 
 def test_stages_work_inside_a_sub_group():

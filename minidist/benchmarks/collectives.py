@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 import minidist
 from minidist import cost
-from minidist.allreduce import ALL_REDUCES
+from minidist.collectives import ALL_REDUCES
 
 NATIVE = "native"
 DEFAULT_ALGORITHMS = [NATIVE, "ring", "fast_ring", "recursive_halving", "tree", "naive", "parameter_server", "parallel"]

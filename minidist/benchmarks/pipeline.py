@@ -24,7 +24,7 @@ import minidist
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import Costs, make, partition, rank_chunks, run_schedule, simulate
-from minidist.pipeline.timeline import bubble_of, slots_from_trace
+from minidist.pipeline import bubble_of, slots_from_trace
 from minidist.trace import merge, trace
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import minidist
 from minidist.cost import zero_memory_bytes_fp32
-from minidist.dp_harness import ZERO_STAGE, run_cases
+from minidist.harness.data_parallel import ZERO_STAGE, train_cases
 from minidist.memory import peak_bytes, storage_bytes
 from minidist.models import TinyMLP, mlp_batch
 
@@ -68,9 +68,9 @@ def _fsdp2(model_kwargs, batch):
 
 
 def _bench(model_kwargs, with_fsdp2, bucket_bytes):
-    cases = [dict(variant=v, model_kwargs=model_kwargs, bucket_cap_bytes=bucket_bytes, steps=2, measure=True, batch=48)
+    cases = [dict(variant=v, model_kwargs=model_kwargs, bucket_cap_bytes=bucket_bytes, steps=2, measure=True, peak=True, batch=48)
              for v in LABEL]
-    out = {"ours": run_cases(cases)}
+    out = {"ours": train_cases(cases)}
     if with_fsdp2:
         try:
             out["fsdp2"] = _fsdp2(model_kwargs, 48)

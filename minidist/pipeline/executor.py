@@ -19,7 +19,7 @@ be in flight together (a send and the receive of its neighbour's reply) and the
 executor posts each group at once — ``batch_isend_irecv`` on NCCL, isend/irecv
 otherwise — and waits only for the group's receives; sends finish in the background
 and are waited for at the end. The validator proved that order deadlock-free under
-rendezvous semantics (:mod:`minidist.pipeline.simulate`) before anything runs. On
+rendezvous semantics (:mod:`minidist.pipeline.simulator`) before anything runs. On
 gloo, whose ops progress independently, the next group's receives are also posted
 early, which only ever lets messages complete sooner.
 
@@ -39,9 +39,9 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 import torch.nn.functional as F
 
 from minidist.trace import span
-from .schedules import Schedule
-from .simulate import Costs, frees_activation
-from .validate import check
+from minidist.pipeline.schedules import Schedule
+from minidist.pipeline.simulator import Costs, frees_activation
+from minidist.pipeline.validator import check
 
 
 # ``torch.autograd.backward(out, grad)`` imports this module (and sympy) on its first call
@@ -80,7 +80,7 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
     """Run one training step's forward and backward of ``schedule`` on this rank.
 
     ``chunks``: this rank's model chunks (chunk c is stage ``c * p + rank``, see
-    :func:`minidist.pipeline.partition.rank_chunks`). ``x``: the full batch, needed on
+    :func:`minidist.pipeline.stages.rank_chunks`). ``x``: the full batch, needed on
     the rank holding stage 0; ``y``: targets, needed on the rank holding the last
     stage. ``act_shape``: shape of one micro-batch activation between stages; by
     default that of one input micro-batch (stages that keep the hidden size), which

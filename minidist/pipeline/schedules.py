@@ -2,8 +2,8 @@
 
 A schedule says *what* each rank does and in which order; it does not run anything.
 One executor (:mod:`minidist.pipeline.executor`) runs any valid schedule, one
-simulator (:mod:`minidist.pipeline.simulate`) times it, one validator
-(:mod:`minidist.pipeline.validate`) checks it. This is the design of
+simulator (:mod:`minidist.pipeline.simulator`) times it, one validator
+(:mod:`minidist.pipeline.validator`) checks it. This is the design of
 ``torch.distributed.pipelining`` (schedules lowered to per-rank action lists), in
 miniature.
 

@@ -2,7 +2,7 @@
 
 The executor wraps every compute action in ``minidist.trace.span(kind, mb=, chunk=)``,
 so a ``trace()`` around a step records when each rank computed what. Both sources
-become a list of :class:`~minidist.pipeline.simulate.Slot`, so one plot function
+become a list of :class:`~minidist.pipeline.simulator.Slot`, so one plot function
 (:func:`minidist.plots.plot_pipeline_gantt`) draws either, and one bubble formula
 measures either:
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-from .schedules import COMPUTE
-from .simulate import Slot, bubble_fraction
+from minidist.pipeline.schedules import COMPUTE
+from minidist.pipeline.simulator import Slot, bubble_fraction
 
 
 def slots_from_trace(trace, ranks: list[int] | None = None) -> list[Slot]:
@@ -60,37 +60,3 @@ def to_chrome(slots: list[Slot], path: str | None = None, unit: float = 1e6) -> 
         with open(path, "w") as f:
             json.dump(doc, f)
     return doc
-
-
-def _traced_rank(schedule, costs, width, batch):
-    import torch.distributed as dist
-
-    from minidist.models import block_stack, regression_batch
-    from minidist.trace import trace
-    from .executor import run_schedule
-    from .partition import partition, rank_chunks
-
-    s, rank = schedule, dist.get_rank()
-    chunks = rank_chunks(partition(block_stack(s.num_stages, width), s.num_stages), s.p, rank)
-    x, y = regression_batch(batch, width)
-    run_schedule(s, chunks, x, y)                # warm-up step: first calls are slow
-    dist.barrier()
-    with trace() as t:
-        run_schedule(s, chunks, x, y, costs=costs)
-    return t
-
-
-def measure(schedule, costs=None, width: int = 8, batch: int | None = None, timeout: float = 120):
-    """Run one step of ``schedule`` on p fresh ranks, traced; returns (slots, merged trace).
-
-    The model is a residual-MLP stack with one block per stage. With ``costs`` (e.g.
-    ``Costs(F=0.05, B=0.1)``) every action sleeps to that wall time (sleep-compute
-    mode). ``trace.to_chrome(path)`` then writes the run, messages included, for Perfetto.
-    """
-    import minidist
-    from minidist.trace import merge
-
-    batch = batch or 4 * schedule.m
-    traces = minidist.launch(_traced_rank, schedule.p, schedule, costs, width, batch, timeout=timeout)
-    merged = merge(traces)
-    return slots_from_trace(merged), merged

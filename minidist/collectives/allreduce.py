@@ -20,14 +20,14 @@ The ring is the Patarasuk & Yuan (2009) bandwidth-optimal all-reduce; recursive 
 and doubling is Rabenseifner's algorithm as analysed in Thakur, Rabenseifner & Gropp
 (2005). :func:`fast_ring_all_reduce` is the same ring, pipelined the way NCCL runs it.
 Conventions (group, chunking, errors-before-communication, deadlock freedom) are those
-of :mod:`minidist.collectives`.
+of :mod:`minidist.collectives.p2p`.
 """
 from __future__ import annotations
 
 import torch
 
-from minidist.collectives import (_recv, _send, broadcast, check_tensor, exchange, group_info,
-                                  reduce, ring_all_gather_into, ring_reduce_scatter_into, wait_all)
+from minidist.collectives.p2p import check_tensor, exchange, group_info, recv_from, send_to, wait_all
+from minidist.collectives.primitives import broadcast, reduce, ring_all_gather_into, ring_reduce_scatter_into
 from minidist.trace import api
 
 __all__ = ["parameter_server_all_reduce", "naive_all_reduce", "parallel_all_reduce",
@@ -55,15 +55,15 @@ def parameter_server_all_reduce(tensor: torch.Tensor, server: int = 0, group=Non
     if not isinstance(server, int) or not 0 <= server < n:
         raise ValueError(f"server={server!r} is not a rank of a group of size {n}")
     if me != server:
-        wait_all([_send(acc, server, group)])
-        wait_all([_recv(acc, server, group)])
+        wait_all([send_to(acc, server, group)])
+        wait_all([recv_from(acc, server, group)])
         return acc.view(tensor.shape)
     inbox = {r: torch.empty_like(acc) for r in range(n) if r != me}
-    wait_all([_recv(buf, r, group) for r, buf in inbox.items()])      # all pushes in flight at once
+    wait_all([recv_from(buf, r, group) for r, buf in inbox.items()])      # all pushes in flight at once
     total = torch.zeros_like(acc)
     for r in range(n):
         total += acc if r == me else inbox[r]
-    wait_all([_send(total, r, group) for r in range(n) if r != me])   # all pulls at once
+    wait_all([send_to(total, r, group) for r in range(n) if r != me])   # all pulls at once
     return total.view(tensor.shape)
 
 
@@ -78,15 +78,15 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     me, n, acc = _prepare(tensor, group)
     if me != 0:
-        wait_all([_send(acc, 0, group)])
-        wait_all([_recv(acc, 0, group)])
+        wait_all([send_to(acc, 0, group)])
+        wait_all([recv_from(acc, 0, group)])
         return acc.view(tensor.shape)
     buf = torch.empty_like(acc)
     for r in range(1, n):
-        wait_all([_recv(buf, r, group)])
+        wait_all([recv_from(buf, r, group)])
         acc += buf
     for r in range(1, n):
-        wait_all([_send(acc, r, group)])
+        wait_all([send_to(acc, r, group)])
     return acc.view(tensor.shape)
 
 
@@ -105,8 +105,8 @@ def parallel_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     for r in range(n):       # one pass in rank order; for each pair the lower rank sends first
         if r == me:
             continue
-        first, second = (_send(acc, r, group), _recv(inbox[r], r, group)) if me < r else \
-                        (_recv(inbox[r], r, group), _send(acc, r, group))
+        first, second = (send_to(acc, r, group), recv_from(inbox[r], r, group)) if me < r else \
+                        (recv_from(inbox[r], r, group), send_to(acc, r, group))
         works += [first, second]
     wait_all(works)
     total = torch.zeros_like(acc)
@@ -165,12 +165,12 @@ def recursive_halving_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tens
     p = 1 << (n.bit_length() - 1)
     rem = n - p
     if me < 2 * rem and me % 2 == 0:           # folded out: contribute, then wait for the result
-        wait_all([_send(acc, me + 1, group)])
-        wait_all([_recv(acc, me + 1, group)])
+        wait_all([send_to(acc, me + 1, group)])
+        wait_all([recv_from(acc, me + 1, group)])
         return acc.view(tensor.shape)
     if me < 2 * rem:                            # absorb the even partner's contribution
         buf = torch.empty_like(acc)
-        wait_all([_recv(buf, me - 1, group)])
+        wait_all([recv_from(buf, me - 1, group)])
         acc += buf
     v = me // 2 if me < 2 * rem else me - rem   # rank among the p active ones
     real = lambda u: 2 * u + 1 if u < rem else u + rem   # noqa: E731  (active rank -> group rank)
@@ -197,7 +197,7 @@ def recursive_halving_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tens
                  acc[bounds[other[0]]:bounds[other[1]]], real(v ^ d), group)
         lo, hi = plo, phi
     if me < 2 * rem:                            # unfold: hand the result back
-        wait_all([_send(acc, me - 1, group)])
+        wait_all([send_to(acc, me - 1, group)])
     return acc.view(tensor.shape)
 
 
@@ -260,9 +260,9 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
     rs_in = [(me - s - 2) % n for s in range(n - 1)]         # chunk arriving at RS step s (last: me)
     ag_in = [(me - s - 1) % n for s in range(n - 1)]         # chunk arriving at AG step s
     # 1. post every receive, in exactly the order the left neighbour will send
-    rs_recv = [[(p, _recv(p, left, group)) for p in segments(oc[c])] for c in rs_in]
-    ag_recv = [[(p, _recv(p, left, group)) for p in segments(oc[c])] for c in ag_in]
-    sends = [_send(p, right, group) for p in segments(xc[(me - 1) % n])]   # RS step 0
+    rs_recv = [[(p, recv_from(p, left, group)) for p in segments(oc[c])] for c in rs_in]
+    ag_recv = [[(p, recv_from(p, left, group)) for p in segments(oc[c])] for c in ag_in]
+    sends = [send_to(p, right, group) for p in segments(xc[(me - 1) % n])]   # RS step 0
     # 2. reduce-scatter: add my part to each arriving segment and forward it at once
     #    (after the last step, chunk me is final and the same send is all-gather step 0)
     for s, c in enumerate(rs_in):
@@ -270,13 +270,13 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
             if work is not None:
                 work.wait()
             partial += own
-            sends.append(_send(partial, right, group))
+            sends.append(send_to(partial, right, group))
     # 3. all-gather: every finished segment that arrives is forwarded unchanged
     for s in range(n - 2):
         for done, work in ag_recv[s]:
             if work is not None:
                 work.wait()
-            sends.append(_send(done, right, group))
+            sends.append(send_to(done, right, group))
     wait_all([w for _, w in ag_recv[-1]] + sends)
     return res.view(tensor.shape)
 
@@ -290,44 +290,3 @@ ALL_REDUCES = {
     "recursive_halving": recursive_halving_all_reduce,
     "fast_ring": fast_ring_all_reduce,
 }
-
-
-# ----------------------------------------------------------------------------- tour
-_THEORY = {"parameter_server": "rank 0: (N-1)·S", "naive": "rank 0: (N-1)·S", "parallel": "(N-1)·S",
-           "tree": "root: ⌈lg N⌉·S", "ring": "2(N-1)/N·S", "fast_ring": "2(N-1)/N·S",
-           "recursive_halving": "2(N-1)/N·S"}
-
-
-def _tour_rank(name, numel):
-    import time
-    import torch.distributed as dist
-    from minidist.trace import trace
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
-    ALL_REDUCES[name](x)                                     # warm-up: connections, allocator
-    dist.barrier()
-    with trace() as t:
-        start = time.perf_counter()
-        y = ALL_REDUCES[name](x)
-        elapsed = time.perf_counter() - start
-    return x, y, t.bytes_sent(), elapsed
-
-
-def tour_entries():
-    """One tour row per all-reduce variant: 4 ranks, 64 Ki float32 elements (256 KiB)."""
-    import minidist
-    from minidist import cost
-    from minidist.tour import TourEntry
-
-    def entry(name, n=4, numel=1 << 16):
-        def run():
-            out = minidist.launch(_tour_rank, n, name, numel)
-            reference = torch.stack([x for x, *_ in out]).sum(0)
-            theory = max(s for s, _ in cost.allreduce_bytes_per_rank(name, n, numel, 4))
-            return {"technique": f"all-reduce: {name}", "world_size": n,
-                    "max_err": max((y - reference).abs().max().item() for _, y, *_ in out),
-                    "bytes_per_rank": max(b for *_, b, _ in out), "bytes_theory": theory,
-                    "time_s": max(t for *_, t in out),
-                    "note": f"max over ranks of bytes sent; theory {_THEORY[name]}; time of one call"}
-        return TourEntry(f"all-reduce: {name}", n, run)
-
-    return [entry(name) for name in ALL_REDUCES]

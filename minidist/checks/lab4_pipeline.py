@@ -1,6 +1,6 @@
 """Reusable checks for the pipeline lab (lab 4): schedules, an executor, bubble and memory.
 
-Same idea as :mod:`minidist.checks`: one call runs a student's function, compares it with
+One call runs a student's function, compares it with
 the library (:mod:`minidist.pipeline`) and with single-process autograd, and raises
 ``AssertionError`` saying in words what is wrong. A lab test cell is a one-liner::
 
@@ -31,16 +31,14 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-import minidist
+from minidist.checks.common import TOL, TRAINING_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
+from minidist.memory import ActivationMeter, Metered
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, simulate,
                                slots_from_trace, validate)
-from minidist.checks import default_timeout
 from minidist.trace import merge, trace
 
-DEFAULT_TIMEOUT = default_timeout(20.0)
-TOL = 1e-5
 WIDTH = 8
 SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode
 
@@ -111,75 +109,6 @@ def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None)
 
 
 # ----------------------------------------------------------------------------- executor
-class ActivationMeter:
-    """Counts the bytes autograd holds for the micro-batches a stage has run forward on.
-
-    Wrap every stage in :class:`Metered`; each forward call's saved tensors (parameters
-    excepted, each storage once) stay counted until autograd releases them, i.e. until the
-    backward that consumes them has run (or the graph is dropped)."""
-
-    def __init__(self, params):
-        self.param_ptrs = {q.data_ptr() for q in params}
-        self.live: dict[tuple, int] = {}     # (data pointer, numel) -> holders alive
-        self.sizes: dict[int, int] = {}
-        self.calls: dict[int, int] = {}      # forward call -> holders alive
-        self.bytes = self.peak_bytes = 0
-        self.peak_calls = 0
-        self.call = 0
-
-    def pack(self, t):
-        ptr = t.data_ptr()
-        if ptr in self.param_ptrs or not t.is_floating_point():
-            return t
-        return _Held(self, t, (ptr, t.numel()), self.call)
-
-    @staticmethod
-    def unpack(h):
-        return h.t if isinstance(h, _Held) else h
-
-    def _add(self, ptr, nbytes, call):
-        if self.live.get(ptr, 0) == 0:
-            self.sizes[ptr] = nbytes
-            self.bytes += nbytes
-        self.live[ptr] = self.live.get(ptr, 0) + 1
-        self.calls[call] = self.calls.get(call, 0) + 1
-        self.peak_bytes = max(self.peak_bytes, self.bytes)
-        self.peak_calls = max(self.peak_calls, len(self.calls))
-
-    def _drop(self, ptr, call):
-        self.live[ptr] -= 1
-        if self.live[ptr] == 0:
-            self.bytes -= self.sizes.pop(ptr)
-            del self.live[ptr]
-        self.calls[call] -= 1
-        if self.calls[call] == 0:
-            del self.calls[call]
-
-
-class _Held:
-    __slots__ = ("meter", "t", "ptr", "call")
-
-    def __init__(self, meter, t, ptr, call):
-        self.meter, self.t, self.ptr, self.call = meter, t, ptr, call
-        meter._add(ptr, t.numel() * t.element_size(), call)
-
-    def __del__(self):
-        self.meter._drop(self.ptr, self.call)
-
-
-class Metered(nn.Module):
-    """A stage whose saved activations are counted by an :class:`ActivationMeter`."""
-
-    def __init__(self, inner: nn.Module, meter: ActivationMeter):
-        super().__init__()
-        self.inner, self.meter = inner, meter
-
-    def forward(self, x):
-        self.meter.call += 1
-        with torch.autograd.graph.saved_tensors_hooks(self.meter.pack, self.meter.unpack):
-            return self.inner(x)
-
-
 def _model(p: int) -> nn.Sequential:
     return block_stack(p + 1 if p > 1 else 2, WIDTH, seed=p)      # uneven stages when p > 1
 
@@ -188,9 +117,14 @@ def _schedule(kind, p, m):
     return make(kind, p, m)
 
 
-def _rank_grads(fn, cases):
+def _case(kind, m, batch):
+    return f"{kind}, m={m}, batch={batch}"
+
+
+def _rank_grads(progress, fn, cases):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
+        mark_case(progress, _case(kind, m, batch))
         chunks = rank_chunks(partition(_model(p), p), p, rank)
         x, y = regression_batch(batch, WIDTH, step=m)
         loss = fn(_schedule(kind, p, m), chunks, x, y)
@@ -200,13 +134,6 @@ def _rank_grads(fn, cases):
     return out
 
 
-def _launch(body, p, name, what, timeout, *args):
-    try:
-        return minidist.launch(body, p, *args, timeout=timeout)
-    except minidist.LaunchError as err:
-        raise minidist.LaunchError(f"{name} ({what}, p={p}) failed:\n{err}", err.failures) from None
-
-
 EXECUTOR_CASES = {   # p -> [(schedule, m, batch)]
     False: {2: [("gpipe", 2, 8), ("1f1b", 2, 8)], 4: [("gpipe", 4, 8), ("1f1b", 4, 8)]},
     True: {3: [("gpipe", 1, 6), ("1f1b", 3, 6), ("1f1b", 5, 10), ("gpipe", 6, 12)],
@@ -214,13 +141,13 @@ EXECUTOR_CASES = {   # p -> [(schedule, m, batch)]
 }
 
 
-def check_executor(fn, hidden: bool = False, timeout: float = DEFAULT_TIMEOUT, name: str | None = None) -> None:
+def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """``fn(schedule, chunks, x, y)`` runs one step's forwards and backwards of the library's
     GPipe and 1F1B schedules; gradients on every rank and the loss (returned by the rank
     holding the last stage, None elsewhere) must equal single-process autograd's."""
     name = name or getattr(fn, "__name__", "executor")
     for p, cases in EXECUTOR_CASES[hidden].items():
-        results = _launch(_rank_grads, p, name, "gradients", timeout, fn, cases)
+        results = launch_named(_rank_grads, p, fn, cases, name=name, timeout=timeout)
         for i, (kind, m, batch) in enumerate(cases):
             where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}"
             model = _model(p)
@@ -257,9 +184,10 @@ def check_executor(fn, hidden: bool = False, timeout: float = DEFAULT_TIMEOUT, n
 
 
 # ----------------------------------------------------------------------------- memory, bubble
-def _rank_memory(fn, cases, costs, repeats):
+def _rank_memory(progress, fn, cases, costs, repeats):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
+        mark_case(progress, _case(kind, m, batch))
         stage = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
         meter = ActivationMeter(stage.parameters())
         x, y = regression_batch(batch, WIDTH)
@@ -278,7 +206,7 @@ def _rank_memory(fn, cases, costs, repeats):
     return out
 
 
-def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, timeout: float = DEFAULT_TIMEOUT,
+def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, timeout: float = TRAINING_CHECK_TIMEOUT,
                      name: str | None = None) -> list[dict]:
     """Run ``fn`` on p ranks for each (schedule, m, batch) in ``cases``: measured peak
     activations (micro-batches and bytes) per rank, and the bubble of a sleep-compute run
@@ -286,7 +214,7 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
     theory and the simulator's bubble next to it (keys as ``minidist.plots.plot_bubble_vs_m``
     wants them)."""
     name = name or getattr(fn, "__name__", "executor")
-    results = _launch(_rank_memory, p, name, "memory and bubble", timeout, fn, cases, costs, repeats)
+    results = launch_named(_rank_memory, p, fn, cases, costs, repeats, name=name, timeout=timeout)
     rows = []
     for i, (kind, m, batch) in enumerate(cases):
         measured, timelines = [], []
@@ -309,7 +237,7 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
 BUBBLE_SLACK = (0.05, 0.12)     # measured may sit this far below / above theory (load adds idle time)
 
 
-def check_executor_memory(fn, timeout: float = DEFAULT_TIMEOUT, name: str | None = None) -> None:
+def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
     rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's;
     and the measured sleep-compute bubble is near (p-1)/(m+p-1)."""

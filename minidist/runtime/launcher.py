@@ -38,12 +38,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from minidist import rank_process
-from minidist.rank_process import (STARTUP_TIMEOUT, STATUS_BYTES, format_frame, indent, is_library_frame,
-                                   rank_main)
-from minidist.torchrun import launch_under_torchrun
+from minidist.runtime import rank_process
+from minidist.runtime.rank_process import (STARTUP_TIMEOUT, STATUS_BYTES, format_frame, indent, is_library_frame,
+                                           rank_main, spawn_entry)
+from minidist.runtime.torchrun import launch_under_torchrun
 
-DEFAULT_TIMEOUT = 60.0      # seconds of user code, counted once every rank has joined
+LAUNCH_TIMEOUT = 60.0       # seconds of user code, counted once every rank has joined
 FAILURE_GRACE = 1.0         # after a first failure, time for the others to report theirs
 WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the op; this catches the rest
 MAX_CPU_WORLD = 64
@@ -61,7 +61,7 @@ class LaunchError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- parent
-def launch(fn, world_size: int, *args, backend: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+def launch(fn, world_size: int, *args, backend: str | None = None, timeout: float = LAUNCH_TIMEOUT,
            start_method: str | None = None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results by rank."""
     if not callable(fn):
@@ -163,7 +163,9 @@ class _Rank:
     def start_spawn(self, job):
         rank, world_size, backend, run_dir, timeout = job
         out = open(self.path("out"), "wb")
-        cmd = [sys.executable, "-c", "from minidist.rank_process import spawn_entry; spawn_entry()",
+        # Named from the function itself, so the entry point follows the code if it moves.
+        entry = f"from {spawn_entry.__module__} import {spawn_entry.__name__}; {spawn_entry.__name__}()"
+        cmd = [sys.executable, "-c", entry,
                run_dir, str(rank), str(world_size), backend, str(timeout)]
         self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)

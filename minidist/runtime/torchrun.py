@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from minidist import trace as _trace
-from minidist.rank_process import to_cpu
+from minidist.runtime.rank_process import to_cpu
 
 
 def init_from_env(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:

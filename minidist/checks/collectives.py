@@ -1,11 +1,9 @@
-"""Reusable checks for collectives: one call runs a function on N ranks and tells you,
-in words, what is wrong with it.
+"""Checks for any collective: one call runs a function on N ranks and tells you, in
+words, what is wrong with it.
 
-Used by ``tests/``, the lab notebooks and the autograder alike, so a lab test cell is a
-one-liner::
+Used by ``tests/`` and by lab 1's checks (:mod:`minidist.checks.lab1_collectives`)::
 
-    checks.check_all_reduce(ring_all_reduce, world_sizes=(2, 3, 4), pattern="ring")
-    checks.lab1_check("ring_all_reduce", ring_all_reduce)            # lab 1's graded cases
+    check_all_reduce(ring_all_reduce, world_sizes=(2, 3, 4), pattern="ring")
 
 What one check does, for each world size: launch the ranks once (``minidist.launch``),
 run every case (length x dtype [x root]) on deterministic random inputs inside
@@ -20,27 +18,18 @@ which operation, on which line), prefixed with the case that was running.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-import minidist
-from minidist.trace import ForbiddenOperation, Trace, guard, merge, trace
+from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
+from minidist.trace import Trace, guard, merge, trace
 
 P2P_ONLY = frozenset({"send", "recv", "isend", "irecv"})
-
-
-def default_timeout(seconds: float) -> float:
-    """A check's launch timeout; MINIDIST_CHECK_TIMEOUT overrides it (the grader's quick selftest)."""
-    return float(os.environ.get("MINIDIST_CHECK_TIMEOUT", seconds))
-
-
-DEFAULT_TIMEOUT = default_timeout(15.0)
 _WHY = "graded collectives must be built from dist.send/recv/isend/irecv only"
+_FORBIDDEN_HINT = ("Use only dist.send/recv/isend/irecv (and your own helpers); torch.distributed "
+                   "collectives and minidist's implementations are off limits here.")
 
 
 @dataclass(frozen=True)
@@ -80,13 +69,12 @@ ROOTED = {"broadcast", "reduce", "scatter", "gather"}
 
 
 # ----------------------------------------------------------------------------- running
-def _rank_body(fn, kind, cases, seed, allow, progress_dir):
+def _rank_body(progress, fn, kind, cases, seed, allow):
     rank = dist.get_rank()
     call = KINDS[kind][0]
     out = []
     for case in cases:
-        with open(os.path.join(progress_dir, f"rank{rank}"), "w") as f:
-            f.write(str(case))
+        mark_case(progress, str(case))
         x = make_input(case, rank, seed)
         before = x.clone()
         with trace() as t, guard(allow, _WHY):
@@ -95,41 +83,18 @@ def _rank_body(fn, kind, cases, seed, allow, progress_dir):
     return out
 
 
-def run_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
-              allow=P2P_ONLY, timeout: float = DEFAULT_TIMEOUT) -> list:
+def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
+                         allow=P2P_ONLY, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> list:
     """Run ``fn`` on ``cases`` (all of one world size) in a single launch.
 
     Returns, per rank, a list of (result, trace, input_unchanged) per case.
     """
     n = cases[0].world_size
     if any(c.world_size != n for c in cases):
-        raise ValueError("run_cases: all cases of one launch must have the same world size")
-    name = name or getattr(fn, "__name__", "function")
-    progress = tempfile.mkdtemp(prefix="minidist-check-")
-    try:
-        return minidist.launch(_rank_body, n, fn, kind, cases, seed, frozenset(allow), progress, timeout=timeout)
-    except minidist.LaunchError as err:
-        running = []
-        for p in sorted(os.listdir(progress)):
-            with open(os.path.join(progress, p)) as f:
-                running.append(f.read())
-        running = sorted(set(running) - {""})
-        where = f"{name} ({' / '.join(running) or f'world_size={n}'})"
-        forbidden = [text for text in err.failures.values() if ForbiddenOperation.__name__ in text]
-        if forbidden:
-            line = forbidden[0].split("ForbiddenOperation: ", 1)[-1].splitlines()[0]
-            raise AssertionError(f"{where}: a forbidden operation was called: {line}.\n"
-                                 f"Use only dist.send/recv/isend/irecv (and your own helpers); "
-                                 f"torch.distributed collectives and minidist's implementations "
-                                 f"are off limits here.") from None
-        hint = ""
-        if any("SIGABRT" in text for text in err.failures.values()):     # gloo aborts on a size mismatch
-            hint = ("\nHint: a rank crashed inside gloo. The usual cause is a send and its receive of "
-                    "different sizes (e.g. a wrong chunk index when chunks differ in length); gloo's own "
-                    "message ('Received data size doesn't match expected size') is in the output above.")
-        raise minidist.LaunchError(f"{where} failed:\n{err}{hint}", err.failures) from None
-    finally:
-        shutil.rmtree(progress, ignore_errors=True)
+        raise ValueError("run_collective_cases: all cases of one launch must have the same world size")
+    return launch_named(_rank_body, n, fn, kind, cases, seed, frozenset(allow),
+                        name=name or getattr(fn, "__name__", "function"), timeout=timeout,
+                        forbidden_hint=_FORBIDDEN_HINT)
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -184,7 +149,7 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
 
 def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
                      roots=None, pattern: str | None = None, name: str | None = None, seed: int = 0,
-                     timeout: float = DEFAULT_TIMEOUT, allow=P2P_ONLY) -> None:
+                     timeout: float = COLLECTIVE_CHECK_TIMEOUT, allow=P2P_ONLY) -> None:
     """Run ``fn`` as a ``kind`` collective (see ``KINDS``) on every world size x length x
     dtype (x root), compare with torch, and, if ``pattern`` is given, check the trace
     with ``PATTERNS[pattern]`` (on the cases with length >= world size). Lengths may be callables of the world size (``lambda n: n - 1``).
@@ -198,7 +163,7 @@ def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 
         ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
         rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
         cases = [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]
-        results = run_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout)
+        results = run_collective_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout)
         check_results(name, kind, cases, results, seed)
         if pattern is not None:
             for i, case in enumerate(cases):      # with empty chunks, message counts legitimately vary
@@ -301,35 +266,3 @@ PATTERNS = {
     "halving": halving_pattern,
     "naive": through_root_pattern,
 }
-
-
-# ----------------------------------------------------------------------------- lab 1
-LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
-    "broadcast": ("broadcast", None, False),
-    "naive_all_reduce": ("all_reduce", "naive", False),
-    "ring_reduce_scatter": ("reduce_scatter", "ring_reduce_scatter", False),
-    "ring_all_reduce": ("all_reduce", "ring", False),
-    "recursive_halving_all_reduce": ("all_reduce", "halving", True),
-}
-
-
-def lab1_check(name: str, fn, hidden: bool = False, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
-    world sizes 2-5 (powers of two for halving), lengths divisible by N, not, and below
-    N, float32 and float64."""
-    kind, _, pow2 = LAB1[name]
-    if hidden:
-        sizes = (2, 4) if pow2 else (2, 3, 4, 5)
-        lengths, dtypes = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37), (torch.float32, torch.float64)
-    else:
-        sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
-    check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout)
-
-
-def lab1_check_pattern(name: str, fn, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """The traced communication pattern of lab 1's graded function ``name``."""
-    kind, pattern, pow2 = LAB1[name]
-    if pattern is None:
-        raise ValueError(f"lab 1 has no pattern test for {name}")
-    sizes = (2, 4) if pow2 else (2, 3, 4)
-    check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name, timeout=timeout)

@@ -1,4 +1,4 @@
-"""Cost models for the whole project, one section per topic.
+"""Cost of collectives: the α-β-γ model of lecture 1.
 
 Sections:
   1. α-β-γ time of every all-reduce algorithm       (Hockney 1994; Thakur, Rabenseifner
@@ -7,7 +7,6 @@ Sections:
   3. bytes per rank, exact (chunk rounding included), for tests, the tour and labs
   4. nccl-tests bandwidth conventions: algbw, busbw
   5. fitting α and β to measured timings
-  (later sections: ZeRO memory, pipeline bubbles, ... -- add them below, same style)
 
 Notation: n ranks, S bytes per rank (the tensor being reduced), α seconds of latency
 per message, β seconds per byte on a link (1/bandwidth), γ seconds per byte of
@@ -265,100 +264,3 @@ def fit_alpha_beta(sizes, times, algorithm=None, n: int = 2) -> Fit:
     pred = a * alpha + b * S * beta
     rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
     return Fit(float(alpha), float(beta), algorithm if not isinstance(algorithm, (list, tuple)) else None, n, rel_rms)
-
-
-# =========================================================================== 6. ZeRO memory
-# Rajbhandari et al. 2019 (ZeRO), Fig. 1 / Sec. 5: bytes of *model states* per rank for
-# Ψ trainable parameters on N data-parallel ranks. Mixed-precision Adam (the lecture's
-# form) keeps fp16 parameters (2Ψ), fp16 gradients (2Ψ) and K = 12 bytes per parameter of
-# optimizer state (fp32 master copy, momentum, variance):
-#     DDP  (2+2+K)Ψ      ZeRO-1  (2+2+K/N)Ψ      ZeRO-2  (2+(2+K)/N)Ψ      ZeRO-3  (2+2+K)Ψ/N
-# The CPU labs train in plain fp32 with no master copy: 4 + 4 + K=8 (momentum, variance),
-# i.e. 16Ψ for DDP. ``minidist.memory`` measures the same three categories from live
-# tensors, and the tests hold the measurement to within 2% of these numbers.
-MIXED_PRECISION_ADAM = {"param_bytes": 2, "grad_bytes": 2, "k": 12}
-FP32_ADAM = {"param_bytes": 4, "grad_bytes": 4, "k": 8}
-
-
-def zero_memory_bytes(stage: int, numel: float, n: int, param_bytes: float = 2, grad_bytes: float = 2,
-                      k: float = 12) -> dict[str, float]:
-    """{"params", "grads", "optimizer", "total"} bytes per rank for ZeRO ``stage`` (0 = DDP)."""
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 0 (plain DDP), 1, 2 or 3, got {stage!r}")
-    if n < 1 or numel < 0:
-        raise ValueError(f"need n >= 1 and numel >= 0, got n={n}, numel={numel}")
-    shard = lambda s: 1 / n if stage >= s else 1.0     # stage s shards the s-th state
-    out = {"optimizer": k * numel * shard(1), "grads": grad_bytes * numel * shard(2),
-           "params": param_bytes * numel * shard(3)}
-    out["total"] = out["params"] + out["grads"] + out["optimizer"]
-    return out
-
-
-def zero_memory_bytes_fp32(stage: int, numel: float, n: int) -> dict[str, float]:
-    """The form measured on CPU: fp32 parameters and gradients, Adam's two fp32 moments."""
-    return zero_memory_bytes(stage, numel, n, **FP32_ADAM)
-
-
-def zero_bytes_per_param(stage: int, n: int, param_bytes: float = 2, grad_bytes: float = 2,
-                         k: float = 12) -> float:
-    """Model-state bytes per parameter per rank: 16 for DDP with mixed-precision Adam."""
-    return zero_memory_bytes(stage, 1, n, param_bytes, grad_bytes, k)["total"]
-
-
-def largest_model(budget_bytes: float, stage: int, n: int, **precision) -> float:
-    """Parameters whose model states fit a per-rank budget: 80 GB / 16 B = 5e9 for DDP."""
-    return budget_bytes / zero_bytes_per_param(stage, n, **precision)
-
-
-# =========================================================================== 7. pipeline bubble
-# Share of wall time a pipeline rank sits idle ("bubble fraction") for p stages, m
-# micro-batches, per-micro-batch stage times t_F, t_B. GPipe (Huang et al. 2019) and
-# 1F1B (Narayanan et al. 2021) idle (p-1)(t_F + t_B) per rank out of (m+p-1)(t_F + t_B):
-#     bubble = (p-1) / (m + p - 1)                       (any t_F, t_B)
-# Interleaved 1F1B with v chunks per rank (Narayanan et al. 2021, sec. 2.2) fills and
-# drains v times faster, chunks costing t/v:  bubble = (p-1) / (v·m + p - 1).
-# ZB-H1 (Qi et al. 2023, sec. 3.1) splits t_B = t_BI + t_BW and fills the drain with
-# weight gradients: idle (p-1)(t_F + t_BI - t_BW) out of m(t_F + t_B) + that, for m >= p.
-# Papers often quote the bubble relative to compute instead, (p-1)/m: see
-# ``pipeline_bubble_ratio``. minidist.pipeline's simulator reproduces these exactly.
-PIPELINE_SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved", "zb-h1")
-
-
-def pipeline_bubble(schedule: str, p: int, m: int, v: int = 1, t_f: float = 1.0, t_b: float = 2.0,
-                    t_bw: float | None = None) -> float:
-    """Theoretical bubble fraction (idle share of wall time) of a pipeline schedule."""
-    if p < 1 or m < 1:
-        raise ValueError(f"need p >= 1 and m >= 1, got p={p}, m={m}")
-    if schedule == "naive":
-        m = 1
-    if schedule in ("naive", "gpipe", "1f1b"):
-        return (p - 1) / (m + p - 1)
-    if schedule == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    if schedule == "zb-h1":
-        if m < p:
-            raise ValueError(f"the ZB-H1 formula assumes m >= p (enough weight gradients to fill the "
-                             f"drain); got m={m}, p={p}")
-        t_bw = t_b / 2 if t_bw is None else t_bw
-        idle = (p - 1) * (t_f + (t_b - t_bw) - t_bw)
-        return idle / (m * (t_f + t_b) + idle)
-    raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(PIPELINE_SCHEDULES)}")
-
-
-def pipeline_bubble_ratio(p: int, m: int, v: int = 1) -> float:
-    """Bubble time over ideal compute time, (p-1)/(v·m): the form in the Megatron paper."""
-    return (p - 1) / (v * m)
-
-
-def pipeline_peak_activations(schedule: str, p: int, m: int, rank: int = 0, v: int = 1) -> int:
-    """Micro-batch activations (per chunk) a rank holds at its peak: GPipe m, 1F1B
-    min(p - rank, m), ZB-H1 min(p, m) on every rank, interleaved its warmup + 1."""
-    if schedule in ("naive", "gpipe"):
-        return 1 if schedule == "naive" else m
-    if schedule == "1f1b":
-        return min(p - rank, m)
-    if schedule == "zb-h1":
-        return min(p, m)
-    if schedule == "interleaved":
-        return min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
-    raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(PIPELINE_SCHEDULES)}")

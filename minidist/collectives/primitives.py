@@ -2,112 +2,22 @@
 
 Every collective in ``torch.distributed`` can be written with nothing but
 ``isend``/``irecv``; this module does so, one readable function per primitive
-(the all-reduce variants live in :mod:`minidist.allreduce`). Costs of each pattern
-are in :mod:`minidist.cost`; the reference for the algorithms is Thakur, Rabenseifner
-& Gropp, "Optimization of Collective Communication Operations in MPICH" (IJHPCA 2005).
-
-Conventions shared by every function here and in :mod:`minidist.allreduce`:
-
-* ``group=None`` means the whole world; any other process group works the same way,
-  ranks being *group* ranks (``dist.get_rank(group)``), so the functions run inside a
-  sub-group of a device mesh.
-* Inputs are never modified; a new tensor is returned.
-* Data is chunked with ``tensor.tensor_split(n)`` along dim 0: chunk ``i`` goes to /
-  is owned by group rank ``i``. It works for lengths not divisible by ``n`` and for
-  lengths below ``n`` (some chunks are empty; empty messages are skipped on both sides,
-  since both sides know the sizes: a zero-byte message would still cost a handshake).
-* Bad input raises ``ValueError``/``TypeError`` *before* any message is sent, so one
-  rank's mistake cannot leave its peers blocked in a receive.
-
-Deadlock freedom. Under gloo ``isend``/``irecv`` progress in background threads, so any
-order works. Under NCCL a point-to-point op is a kernel that waits for its partner,
-and ops between the same two ranks run in order: if both ranks of a pair first post
-``recv`` they wait forever. We therefore assume the strictest model -- every op
-blocks until its partner posts the matching op -- and order each exchange so it
-completes under it: in a pairwise exchange the lower rank sends first (see
-:func:`exchange`); trees only ever send "down" or "up" the tree.
+(the all-reduce variants live in :mod:`minidist.collectives.allreduce`). Costs of each
+pattern are in :mod:`minidist.cost.collectives`; the reference for the algorithms is
+Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations in
+MPICH" (IJHPCA 2005). Conventions (groups, chunking, errors before communication,
+deadlock freedom under NCCL semantics) are those of :mod:`minidist.collectives.p2p`.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from minidist.collectives.p2p import (check_root, check_tensor, chunks, exchange, group_info, recv_from,
+                                      send_to, wait_all)
 from minidist.trace import api
 
-__all__ = ["broadcast", "reduce", "scatter", "gather", "all_gather", "reduce_scatter",
-           "all_to_all", "exchange", "group_info"]
-
-
-# ----------------------------------------------------------------------------- helpers
-def group_info(group=None) -> tuple[int, int]:
-    """(group rank, group size), with a clear error if this rank is not in ``group``."""
-    if not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialised: run inside minidist.launch(...) "
-                           "or call minidist.init_from_env() first")
-    rank = dist.get_rank(group)
-    if rank < 0:
-        raise ValueError(f"global rank {dist.get_rank()} is not a member of the given process group")
-    return rank, dist.get_world_size(group)
-
-
-def global_rank(group, rank: int) -> int:
-    """Group rank -> global rank (what ``dst=``/``src=`` expect)."""
-    return rank if group is None else dist.get_global_rank(group, rank)
-
-
-def check_tensor(tensor, name: str = "tensor") -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_complex() or tensor.dtype == torch.bool:
-        raise TypeError(f"{name} has dtype {tensor.dtype}; sum reduction needs a real numeric dtype")
-
-
-def check_root(root: int, n: int, name: str = "src") -> None:
-    if not isinstance(root, int) or not 0 <= root < n:
-        raise ValueError(f"{name}={root!r} is not a rank of a group of size {n}")
-
-
-def _send(t, peer, group):
-    return dist.isend(t, dst=global_rank(group, peer), group=group) if t.numel() else None
-
-
-def _recv(t, peer, group):
-    return dist.irecv(t, src=global_rank(group, peer), group=group) if t.numel() else None
-
-
-def wait_all(works) -> None:
-    for w in works:
-        if w is not None:
-            w.wait()
-
-
-def exchange(send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None,
-             src: int | None, group=None) -> None:
-    """Send ``send`` to group rank ``dst`` while receiving ``recv`` from ``src``.
-
-    Both directions are posted before either is waited on (that is what lets a
-    ring step send and receive at once). Order: when the partner in both directions
-    is the same rank (a pairwise swap, or a 2-rank ring) the lower rank sends first
-    and the higher one receives first, so the exchange completes even if ops block
-    until matched (NCCL). With distinct partners (a ring with n > 2) even ranks send
-    first and odd ranks receive first: then in every ring step some rank's first op
-    meets its partner's first op (an even rank sending to an odd one), and the chain
-    unwinds from there, for odd n too. tests/test_collectives.py runs every algorithm
-    with isend/irecv made blocking to check exactly this.
-    """
-    me, _ = group_info(group)
-    send_first = me < dst if (dst is not None and dst == src) else me % 2 == 0
-    ops = []
-    for step in ("send", "recv") if send_first else ("recv", "send"):
-        if step == "send" and send is not None:
-            ops.append(_send(send, dst, group))
-        elif step == "recv" and recv is not None:
-            ops.append(_recv(recv, src, group))
-    wait_all(ops)
-
-
-def _chunks(t: torch.Tensor, n: int):
-    return t.tensor_split(n)
+__all__ = ["broadcast", "reduce", "scatter", "gather", "all_gather", "reduce_scatter", "all_to_all",
+           "ring_reduce_scatter_into", "ring_all_gather_into"]
 
 
 # ----------------------------------------------------------------------------- one-to-many
@@ -127,14 +37,14 @@ def broadcast(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     mask = 1
     while mask < n:                          # receive once, from the parent v - highest bit
         if v & mask:
-            wait_all([_recv(out, (v - mask + src) % n, group)])
+            wait_all([recv_from(out, (v - mask + src) % n, group)])
             break
         mask <<= 1
     mask >>= 1                               # then send to children v + mask/2, v + mask/4, ...
     sends = []
     while mask > 0:
         if v + mask < n:
-            sends.append(_send(out, (v + mask + src) % n, group))
+            sends.append(send_to(out, (v + mask + src) % n, group))
         mask >>= 1
     wait_all(sends)
     return out
@@ -155,10 +65,10 @@ def reduce(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor | Non
     mask = 1
     while mask < n:
         if v & mask:                         # my subtree is summed: hand it to the parent
-            wait_all([_send(acc, (v - mask + dst) % n, group)])
+            wait_all([send_to(acc, (v - mask + dst) % n, group)])
             return None
         if v + mask < n:                     # add the child's subtree
-            wait_all([_recv(buf, (v + mask + dst) % n, group)])
+            wait_all([recv_from(buf, (v + mask + dst) % n, group)])
             acc += buf
         mask <<= 1
     return acc
@@ -176,11 +86,11 @@ def scatter(tensor: torch.Tensor, src: int = 0, group=None) -> torch.Tensor:
     me, n = group_info(group)
     check_root(src, n)
     if me == src:
-        chunks = _chunks(tensor.detach().contiguous(), n)
-        wait_all([_send(c.contiguous(), i, group) for i, c in enumerate(chunks) if i != src])
-        return chunks[me].clone()
-    out = torch.empty_like(_chunks(tensor, n)[me], memory_format=torch.contiguous_format)
-    wait_all([_recv(out, src, group)])
+        pieces = chunks(tensor.detach().contiguous(), n)
+        wait_all([send_to(c.contiguous(), i, group) for i, c in enumerate(pieces) if i != src])
+        return pieces[me].clone()
+    out = torch.empty_like(chunks(tensor, n)[me], memory_format=torch.contiguous_format)
+    wait_all([recv_from(out, src, group)])
     return out
 
 
@@ -193,12 +103,12 @@ def gather(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor | Non
     check_root(dst, n, "dst")
     mine = tensor.detach().contiguous()
     if me != dst:
-        wait_all([_send(mine, dst, group)])
+        wait_all([send_to(mine, dst, group)])
         return None
     out = torch.empty((n * mine.shape[0],) + tuple(mine.shape[1:]) if mine.dim() else (n,),
                       dtype=mine.dtype)
-    parts = _chunks(out, n)
-    works = [_recv(p, i, group) for i, p in enumerate(parts) if i != me]
+    parts = chunks(out, n)
+    works = [recv_from(p, i, group) for i, p in enumerate(parts) if i != me]
     parts[me].copy_(mine.reshape(parts[me].shape))
     wait_all(works)
     return out
@@ -218,7 +128,7 @@ def all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     mine = tensor.detach().contiguous()
     out = torch.empty((n * mine.shape[0],) + tuple(mine.shape[1:]) if mine.dim() else (n,),
                       dtype=mine.dtype)
-    parts = _chunks(out, n)
+    parts = chunks(out, n)
     parts[me].copy_(mine.reshape(parts[me].shape))
     right, left = (me + 1) % n, (me - 1) % n
     for s in range(n - 1):
@@ -233,11 +143,11 @@ def ring_reduce_scatter_into(acc: torch.Tensor, me: int, n: int, group) -> None:
     add it to mine. After n-1 steps the chunk that arrives is chunk ``me``, which has
     then passed through every rank. Shared by :func:`reduce_scatter` and the ring all-reduce.
     """
-    chunks = _chunks(acc, n)
+    parts = chunks(acc, n)
     right, left = (me + 1) % n, (me - 1) % n
-    buf = torch.empty_like(chunks[0])
+    buf = torch.empty_like(parts[0])
     for s in range(n - 1):
-        out_c, in_c = chunks[(me - s - 1) % n], chunks[(me - s - 2) % n]
+        out_c, in_c = parts[(me - s - 1) % n], parts[(me - s - 2) % n]
         incoming = buf[: in_c.shape[0]]
         exchange(out_c, right, incoming, left, group)
         in_c += incoming
@@ -245,10 +155,10 @@ def ring_reduce_scatter_into(acc: torch.Tensor, me: int, n: int, group) -> None:
 
 def ring_all_gather_into(acc: torch.Tensor, me: int, n: int, group) -> None:
     """In place on ``acc``: rank r owns chunk r; afterwards every rank holds every chunk."""
-    chunks = _chunks(acc, n)
+    parts = chunks(acc, n)
     right, left = (me + 1) % n, (me - 1) % n
     for s in range(n - 1):
-        exchange(chunks[(me - s) % n], right, chunks[(me - s - 1) % n], left, group)
+        exchange(parts[(me - s) % n], right, parts[(me - s - 1) % n], left, group)
 
 
 @api("reduce_scatter")
@@ -261,7 +171,7 @@ def reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     me, n = group_info(group)
     acc = tensor.detach().clone().contiguous()
     ring_reduce_scatter_into(acc, me, n, group)
-    return _chunks(acc, n)[me].clone()
+    return chunks(acc, n)[me].clone()
 
 
 @api("all_to_all")
@@ -275,7 +185,7 @@ def all_to_all(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     check_tensor(tensor)
     me, n = group_info(group)
-    mine = _chunks(tensor.detach().contiguous(), n)
+    mine = chunks(tensor.detach().contiguous(), n)
     pieces = [torch.empty_like(mine[me], memory_format=torch.contiguous_format) for _ in range(n)]
     for k in range(n):
         p = (k - me) % n

@@ -16,13 +16,12 @@ so rank r only needs the states of the 1/N of the elements it updates:
 Communication equals DDP's: reduce-scatter + all-gather = 2·(N−1)/N·Ψ per rank, the
 same as one all-reduce (which *is* a reduce-scatter followed by an all-gather).
 
-Shards are flat and padded (:class:`FlatShard`), so any parameter count works. Frozen
+Shards are flat and padded (:class:`~minidist.data_parallel.common.FlatShard`), so any parameter count works. Frozen
 parameters are left alone (replicated, no gradient, no optimizer state). Stage 3 (the
-parameters sharded too) is in :mod:`minidist.fsdp`.
+parameters sharded too) is in :mod:`minidist.data_parallel.fsdp`.
 """
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
@@ -32,44 +31,9 @@ import torch.nn as nn
 # torch 2.13 renames these two to *_single; minidist.trace records the old names, so keep them.
 warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated")
 
-from minidist.data_parallel import (GradSyncWrapper, at_end_of_backward, broadcast_module, group_rank_size,
-                                    make_buckets, trainable_parameters)
-
-
-class FlatShard:
-    """Tensors laid end to end in one flat vector, padded to a multiple of N.
-
-    With Ψ elements the padded length is N·S with S = ⌈Ψ/N⌉; rank r owns the slice
-    [r·S, (r+1)·S). Padding (< N elements) is what makes reduce_scatter_tensor and
-    all_gather_into_tensor, which need equal chunks, work for any Ψ.
-    """
-
-    def __init__(self, shapes: list[torch.Size], world_size: int, rank: int):
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        self.shapes = [torch.Size(s) for s in shapes]
-        self.numels = [math.prod(s) for s in self.shapes]
-        self.offsets = [sum(self.numels[:i]) for i in range(len(self.numels))]
-        self.numel = sum(self.numels)
-        self.world_size, self.rank = world_size, rank
-        self.shard_numel = -(-self.numel // world_size)
-        self.padded_numel = self.shard_numel * world_size
-
-    def flatten(self, tensors, like: torch.Tensor | None = None) -> torch.Tensor:
-        """One padded flat vector; ``None`` entries (no gradient) become zeros."""
-        like = like if like is not None else next(t for t in tensors if t is not None)
-        flat = torch.zeros(self.padded_numel, dtype=like.dtype, device=like.device)
-        for t, view in zip(tensors, self.views(flat)):
-            if t is not None:
-                view.copy_(t)
-        return flat
-
-    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Views of ``flat`` shaped like the original tensors (writes go through)."""
-        return [flat[o:o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
-
-    def my_shard(self, flat: torch.Tensor) -> torch.Tensor:
-        return flat[self.rank * self.shard_numel:(self.rank + 1) * self.shard_numel]
+from minidist.collectives.p2p import group_info
+from minidist.data_parallel.common import (FlatShard, GradSyncWrapper, at_end_of_backward, broadcast_module,
+                                           make_buckets, trainable_parameters)
 
 
 class _ShardedBucket:
@@ -110,9 +74,9 @@ class ZeroDataParallel(GradSyncWrapper):
         super().__init__()
         if stage not in (1, 2):
             raise ValueError(f"ZeroDataParallel implements stages 1 and 2, got stage={stage!r} "
-                             "(stage 3 is minidist.fsdp.FullyShardedDataParallel)")
+                             "(stage 3 is minidist.data_parallel.fsdp.FullyShardedDataParallel)")
         self.module, self.group, self.stage = module, group, stage
-        self.rank, self.world_size = group_rank_size(group)
+        self.rank, self.world_size = group_info(group)
         params = trainable_parameters(module)
         groups = make_buckets(params, bucket_cap_bytes)   # validates before any collective
         if broadcast_from is not None:
@@ -219,10 +183,3 @@ class ZeroDataParallel(GradSyncWrapper):
     def state_tensors(self) -> list[torch.Tensor]:
         """Every parameter-like tensor this wrapper holds (for memory accounting)."""
         return list(self.module.parameters()) + [b.shard for b in self.buckets]
-
-
-def tour_entries():
-    """``minidist tour`` rows for ZeRO-1, ZeRO-2 and ZeRO-3/FSDP (run on 4 CPU ranks)."""
-    from minidist.dp_harness import tour_row
-    from minidist.tour import TourEntry
-    return [TourEntry(v, 4, lambda v=v: tour_row(v)) for v in ("zero1", "zero2", "zero3")]

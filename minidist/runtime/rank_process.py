@@ -30,14 +30,16 @@ from minidist import trace as _trace
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
 STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
 
-
-
-_MINIDIST_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Parts of minidist whose frames a student never needs to read: how ranks start and report
+# (runtime/), the tracer's wrappers, and the checks and harness that call the student's code.
+_HIDDEN = tuple(os.path.join(_PACKAGE_DIR, p) for p in ("runtime" + os.sep, "trace.py", "checks" + os.sep,
+                                                         "harness" + os.sep))
 
 
 def is_library_frame(filename: str) -> bool:
-    """Frames a student does not need to read: torch, the launcher, tracer and lab checks."""
-    if os.path.dirname(filename) == _MINIDIST_DIR and os.path.basename(filename).startswith(("checks", "launch", "rank_process", "trace", "torchrun")):
+    """Frames a student does not need to read: torch, and minidist's runtime, tracer, checks, harness."""
+    if os.path.abspath(filename).startswith(_HIDDEN):
         return True
     return "/torch/" in filename or "/threading.py" in filename or filename.startswith("<frozen")
 
@@ -145,7 +147,7 @@ def _report_exception(rank, run_dir, verb) -> int:
     frames = [f for f in traceback.extract_tb(tb) if not is_library_frame(f.filename)]
     lines = [format_frame(f.filename, f.lineno, f.name) for f in frames[-6:]]
     message = "".join(traceback.format_exception_only(etype, err)).strip()
-    message = re.sub(r"^(minidist\.\w+\.|torch\.distributed\.\w*\.?)(?=\w+(Error|Timeout|Gone|Operation)\b)", "", message)
+    message = re.sub(r"^(minidist\.(?:\w+\.)+|torch\.distributed\.\w*\.?)(?=\w+(Error|Timeout|Gone|Operation)\b)", "", message)
     message = message.split("\nException raised from")[0]      # C++ stack frames follow that line
     _write_error(rank, run_dir, f"rank {rank} {verb}: {message}\n" + indent(lines))
     return 1

@@ -12,15 +12,12 @@ import time
 import torch.distributed as dist
 import torch.nn.functional as F
 
-import minidist
 from minidist.cost import pipeline_bubble
 from minidist.models import block_stack, regression_batch
+from minidist.pipeline import Costs, bubble_of, make, partition, rank_chunks, run_schedule, slots_from_trace
+from minidist.runtime import launch
+from minidist.tour import TourEntry
 from minidist.trace import merge, trace
-from .executor import run_schedule
-from .partition import partition, rank_chunks
-from .schedules import make
-from .simulate import Costs
-from .timeline import bubble_of, slots_from_trace
 
 P, M, WIDTH, BATCH = 4, 8, 16, 32
 SLEEP = Costs(F=0.03, B=0.06)
@@ -49,7 +46,7 @@ def _rank(name, m, v):
 def _entry(name, m, v):
     def run():
         start = time.perf_counter()
-        out = minidist.launch(_rank, P, name, m, v, timeout=120)
+        out = launch(_rank, P, name, m, v, timeout=120)
         elapsed = time.perf_counter() - start
         model = block_stack(2 * P * v, WIDTH)
         x, y = regression_batch(BATCH, WIDTH)
@@ -72,7 +69,5 @@ def _entry(name, m, v):
 
 
 def tour_entries():
-    from minidist.tour import TourEntry
-
     return [TourEntry(f"pipeline {n}" + (f" (v={v})" if v > 1 else ""), P, _entry(n, m, v))
             for n, m, v in ENTRIES]

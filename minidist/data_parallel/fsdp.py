@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.data_parallel import GradSyncWrapper, at_end_of_backward, broadcast_module, group_rank_size, trainable_parameters
-from minidist.zero import FlatShard
+from minidist.collectives.p2p import group_info
+from minidist.data_parallel.common import (FlatShard, GradSyncWrapper, at_end_of_backward, broadcast_module,
+                                           trainable_parameters)
 
 
 class _Unit:
@@ -89,7 +90,7 @@ class FullyShardedDataParallel(GradSyncWrapper):
                  group=None, prefetch: bool = False, broadcast_from: int | None = 0, **optimizer_kwargs):
         super().__init__()
         self.module, self.group, self.prefetch = module, group, prefetch
-        self.rank, self.world_size = group_rank_size(group)
+        self.rank, self.world_size = group_info(group)
         trainable = {id(p) for p in trainable_parameters(module)}
         if isinstance(wrap, type) or (isinstance(wrap, tuple) and all(isinstance(t, type) for t in wrap)):
             is_unit = lambda m: isinstance(m, wrap)

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .schedules import Schedule
-from .validate import ScheduleError, structural_problems
+from minidist.pipeline.schedules import Schedule
+from minidist.pipeline.structure import ScheduleError, structural_problems
 
 
 @dataclass

@@ -1,11 +1,13 @@
-"""minidist.checks_dp: the library's own implementations pass, typical mistakes fail with
+"""minidist.checks.lab2_data_parallel and lab3_zero_fsdp: the library's own implementations pass, typical mistakes fail with
 a message that says what is wrong."""
 import pytest
 import torch
 import torch.distributed as dist
 
-from minidist import checks_dp
+from minidist.checks import lab2_data_parallel as lab2
+from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
+from minidist.harness.data_parallel import step_time_vs_bucket_size
 
 
 def good_split(x, y, rank, world_size):
@@ -16,18 +18,18 @@ def good_split(x, y, rank, world_size):
 
 
 def test_split_check_accepts_contiguous_blocks_and_rejects_the_rest():
-    checks_dp.check_split_batch(good_split, hidden=True)
+    lab2.check_split_batch(good_split, hidden=True)
     with pytest.raises(AssertionError, match="contiguous"):
-        checks_dp.check_split_batch(lambda x, y, r, n: (x[r::n], y[r::n]))
+        lab2.check_split_batch(lambda x, y, r, n: (x[r::n], y[r::n]))
     with pytest.raises(AssertionError, match="ValueError"):
-        checks_dp.check_split_batch(lambda x, y, r, n: (x[r * (len(x) // n):(r + 1) * (len(x) // n)],
+        lab2.check_split_batch(lambda x, y, r, n: (x[r * (len(x) // n):(r + 1) * (len(x) // n)],
                                                         y[r * (len(x) // n):(r + 1) * (len(x) // n)]))
 
 
 def test_bucket_check_accepts_the_library_and_rejects_forward_order():
-    checks_dp.check_make_buckets(make_buckets, hidden=True)
+    lab2.check_make_buckets(make_buckets, hidden=True)
     with pytest.raises(AssertionError, match="REVERSE"):
-        checks_dp.check_make_buckets(lambda ps, cap: [list(b)[::-1] for b in make_buckets(ps, cap)][::-1])
+        lab2.check_make_buckets(lambda ps, cap: [list(b)[::-1] for b in make_buckets(ps, cap)][::-1])
 
 
 def library_average(model):
@@ -43,24 +45,24 @@ def summed(model):
 
 
 def test_average_checks_accept_the_library():
-    checks_dp.check_average_gradients(library_average, hidden=True)
-    checks_dp.check_average_gradients_traffic(library_average)
+    lab2.check_average_gradients(library_average, hidden=True)
+    lab2.check_average_gradients_traffic(library_average)
 
 
 def test_average_checks_diagnose_a_missing_sync_and_a_missing_division():
     with pytest.raises(AssertionError, match="never synchronised"):
-        checks_dp.check_average_gradients(lambda model: None)
+        lab2.check_average_gradients(lambda model: None)
     with pytest.raises(AssertionError, match="summed instead of averaged"):
-        checks_dp.check_average_gradients(summed)
+        lab2.check_average_gradients(summed)
     with pytest.raises(AssertionError, match="only all_reduce"):
-        checks_dp.check_average_gradients_traffic(lambda model: None)
+        lab2.check_average_gradients_traffic(lambda model: None)
 
 
 def test_bucketed_checks_accept_the_library_ddp():
     # the library's BucketedDDP syncs at the end of backward; its finish_gradient_sync() is then a no-op
-    checks_dp.check_bucketed_ddp(BucketedDDP, hidden=True)
-    checks_dp.check_bucketed_ddp_traffic(BucketedDDP)
-    checks_dp.check_overlap(BucketedDDP)
+    lab2.check_bucketed_ddp(BucketedDDP, hidden=True)
+    lab2.check_bucketed_ddp_traffic(BucketedDDP)
+    lab2.check_overlap(BucketedDDP)
 
 
 class SyncAfterBackward:
@@ -88,14 +90,14 @@ class SyncAfterBackward:
 
 
 def test_overlap_check_rejects_sync_after_backward_but_equality_accepts_it():
-    checks_dp.check_bucketed_ddp(SyncAfterBackward)
-    checks_dp.check_bucketed_ddp_traffic(SyncAfterBackward)
+    lab2.check_bucketed_ddp(SyncAfterBackward)
+    lab2.check_bucketed_ddp_traffic(SyncAfterBackward)
     with pytest.raises(AssertionError, match="before backward produced its last gradient"):
-        checks_dp.check_overlap(SyncAfterBackward)
+        lab2.check_overlap(SyncAfterBackward)
 
 
 def test_step_time_rows():
-    rows = checks_dp.step_time_vs_bucket_size(BucketedDDP, [1024, 1 << 20], steps=2,
+    rows = step_time_vs_bucket_size(BucketedDDP, [1024, 1 << 20], steps=2,
                                               model_kwargs={"hidden": 16})
     assert [r["cap"] for r in rows] == [1024, 1 << 20]
     assert rows[0]["buckets"] > rows[1]["buckets"] == 1 and all(r["step_ms"] > 0 for r in rows)
@@ -107,7 +109,7 @@ def test_nan_parameters_fail_the_equality_check():
             if p.requires_grad:
                 p.grad = torch.full_like(p, float("nan"))
     with pytest.raises(AssertionError, match="nan"):
-        checks_dp.check_average_gradients(nan_grads)
+        lab2.check_average_gradients(nan_grads)
 
 
 # ----------------------------------------------------------------------------- lab 3 checks
@@ -115,8 +117,7 @@ class LibZero:
     """The lab 3 wrapper interface on top of minidist's own ZeRO-1/2 and FSDP."""
 
     def __init__(self, model, stage, optimizer="adam", lr=1e-2):
-        from minidist.fsdp import FullyShardedDataParallel
-        from minidist.zero import ZeroDataParallel
+        from minidist.data_parallel import FullyShardedDataParallel, ZeroDataParallel
         cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
         kw = {"lr": lr} | ({"momentum": 0.9} if optimizer == "sgd" else {})
         self.model, self.stage = model, stage
@@ -149,14 +150,14 @@ class LibZero:
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_checks_accept_the_library(stage):
-    checks_dp.check_zero(LibZero, stage)
-    checks_dp.check_zero_traffic(LibZero, stage)
-    checks_dp.check_zero_memory(LibZero, stage)
+    lab3.check_zero(LibZero, stage)
+    lab3.check_zero_traffic(LibZero, stage)
+    lab3.check_zero_memory(LibZero, stage)
 
 
 def test_zero_memory_check_rejects_an_unsharded_stage():
     unsharded = lambda model, stage, **kw: LibZero(model, 1, **kw)     # noqa: E731  (claims 3, is 1)
     with pytest.raises(AssertionError, match="Full gradients must be dropped"):
-        checks_dp.check_zero_memory(unsharded, 3)
+        lab3.check_zero_memory(unsharded, 3)
     with pytest.raises(AssertionError, match="1.5x|2× the parameters|expected 2×"):
-        checks_dp.check_zero_traffic(unsharded, 3)
+        lab3.check_zero_traffic(unsharded, 3)

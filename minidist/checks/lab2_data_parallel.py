@@ -1,0 +1,217 @@
+"""Lab 2's checks (data parallelism): split_batch, average_gradients, make_buckets, BucketedDDP.
+
+One call runs a student's function or class on N ranks, trains with it through the one
+data-parallel loop (:mod:`minidist.checks.training`), compares with single-process training
+and with the traced communication, and raises ``AssertionError`` saying in words what is
+wrong. A lab test cell is a one-liner::
+
+    checks.check_average_gradients(average_gradients)
+    checks.check_bucketed_ddp(BucketedDDP, hidden=True)
+
+Equality runs use SGD with momentum: Adam divides by the gradient's own scale, so it
+would not notice a gradient that was summed instead of averaged. Every rank trains on its
+contiguous slice of the same global batch (:func:`minidist.models.mlp_batch`). A deadlock
+fails after ``timeout`` seconds with the launcher's diagnosis, prefixed with the case that
+was running.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from minidist.checks.common import TRAINING_CHECK_TIMEOUT
+from minidist.checks.training import check_equal, describe_case, train_student
+from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp, mlp_batch
+from minidist.runtime import launch
+from minidist.trace import trace
+
+
+def _cases(models, cap=None, steps=3, batch=24):
+    return [dict(model_kwargs=MODELS[m], steps=steps, batch=batch, cap=cap) for m in models]
+
+
+# ----------------------------------------------------------------------------- lab 2: split
+def check_split_batch(split_batch, hidden: bool = False) -> None:
+    """``split_batch(x, y, rank, world_size)`` -> rank's contiguous block of x and of y;
+    a batch that does not divide by world_size raises ValueError. Pure: no launch."""
+    sizes = [(12, 2), (12, 3), (12, 4)] + ([(24, 4), (5, 5), (7, 1), (30, 6)] if hidden else [])
+    for batch, n in sizes:
+        x, y = torch.arange(batch * 3.0).view(batch, 3), torch.arange(batch * 2.0).view(batch, 2) + 1000
+        xs, ys = [], []
+        for r in range(n):
+            got = split_batch(x, y, r, n)
+            if not (isinstance(got, tuple) and len(got) == 2):
+                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) must return a "
+                                     f"tuple (x_local, y_local), got {type(got).__name__}")
+            xr, yr = got
+            for what, t, full in (("x", xr, x), ("y", yr, y)):
+                if not isinstance(t, torch.Tensor) or t.shape != (batch // n, full.shape[1]):
+                    shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                    raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}): {what}_local has "
+                                         f"shape {shape}; expected {(batch // n, full.shape[1])} (batch / world_size rows)")
+            want = slice(r * (batch // n), (r + 1) * (batch // n))
+            if not (torch.equal(xr, x[want]) and torch.equal(yr, y[want])):
+                rows = [int(v) for v in (xr[:, 0] / 3).tolist()]
+                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}): rank {r} got rows "
+                                     f"{rows} of x; expected the contiguous block {list(range(want.start, want.stop))} "
+                                     f"(and the same rows of y)")
+            xs.append(xr)
+            ys.append(yr)
+        if not torch.equal(torch.cat(xs), x):
+            raise AssertionError(f"split_batch(batch={batch}, world_size={n}): the ranks' slices together are not the batch")
+    for batch, n in [(10, 4)] + ([(7, 2), (3, 4)] if hidden else []):
+        x, y = torch.zeros(batch, 3), torch.zeros(batch, 2)
+        try:
+            split_batch(x, y, 0, n)
+        except ValueError:
+            continue
+        raise AssertionError(f"split_batch(batch={batch}, world_size={n}) must raise ValueError: {batch} rows do not "
+                             f"split evenly into {n} ranks (silently dropping rows changes the loss)")
+
+
+# ----------------------------------------------------------------------------- lab 2: naive DDP
+def check_average_gradients(average_gradients, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Training with ``average_gradients(model)`` after every backward equals single-process
+    training on the whole batch (SGD with momentum, 3 steps)."""
+    sizes = (3, 4) if hidden else (2,)
+    models = list(MODELS) if hidden else ["plain", "frozen"]
+    for n in sizes:
+        cases = _cases(models)
+        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout)
+        check_equal("average_gradients", n, cases, out)
+
+
+def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """One all-reduce per trainable parameter, Ψ·4 bytes of payload in all, nothing else."""
+    for n in (2, 3):
+        cases = _cases(["frozen", "tied"])
+        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout)
+        for i, case in enumerate(cases):
+            for r in range(n):
+                res = out[r][i]
+                what = f"average_gradients (world_size={n}, {describe_mlp(case['model_kwargs'])}), rank {r}"
+                ops = sorted({op for op, _ in res["events"]})
+                if ops != ["all_reduce"]:
+                    raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
+                n_params = len([p for p in TinyMLP(**case["model_kwargs"]).parameters() if p.requires_grad])
+                total = sum(b for _, b in res["events"])
+                if total != 4 * res["numel"]:
+                    raise AssertionError(f"{what}: all-reduced {total} bytes of gradients per step; expected "
+                                         f"Ψ·4 = {4 * res['numel']} (every trainable parameter's gradient once; "
+                                         f"frozen parameters have none, a tied weight counts once)")
+                if len(res["events"]) != n_params:
+                    raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step; expected one per "
+                                         f"trainable parameter ({n_params})")
+
+
+# ----------------------------------------------------------------------------- lab 2: buckets
+def _expected_buckets(sizes, cap):
+    out, cur, size = [], [], 0
+    for i in reversed(range(len(sizes))):
+        if cur and size + sizes[i] > cap:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(i)
+        size += sizes[i]
+    return out + ([cur] if cur else [])
+
+
+def check_make_buckets(make_buckets, hidden: bool = False) -> None:
+    """Greedy buckets of at most ``cap_bytes``, in reverse parameter order; a tensor bigger
+    than the cap gets a bucket of its own. Pure: no launch."""
+    shapes = [(13, 6), (13,), (13, 13), (13,), (13, 13), (13,), (5, 13), (5,)]
+    configs = [(shapes, 700), (shapes, 2000)]
+    if hidden:
+        configs += [(shapes, 4), (shapes, 10 ** 6), (shapes, 676), (shapes, 728), ([(3,)], 12), ([(100,), (1,), (1,)], 8)]
+    for shp, cap in configs:
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
+        sizes = [p.numel() * 4 for p in params]
+        got = make_buckets(params, cap)
+        idx = {id(p): i for i, p in enumerate(params)}
+        try:
+            got_idx = [[idx[id(p)] for p in b] for b in got]
+        except (KeyError, TypeError):
+            raise AssertionError(f"make_buckets(cap_bytes={cap}) must return a list of lists of the given "
+                                 f"parameters, got {got!r:.200}") from None
+        want = _expected_buckets(sizes, cap)
+        if got_idx != want:
+            raise AssertionError(
+                f"make_buckets(params of {sizes} bytes, cap_bytes={cap}): got buckets (as parameter indices) "
+                f"{got_idx}; expected {want}. Buckets are filled greedily in REVERSE order (the order backward "
+                f"produces gradients), a bucket holds at most cap_bytes unless one tensor alone is bigger, and "
+                f"every parameter appears exactly once.")
+
+
+def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Training with ``BucketedDDP(model, bucket_cap_bytes)`` (``finish_gradient_sync()``
+    after every backward) equals single-process training on the whole batch."""
+    sizes = (3, 4) if hidden else (2,)
+    for n in sizes:
+        cases = [dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=700),
+                 dict(model_kwargs=MODELS["unused"], steps=3, batch=24, cap=700)]
+        if hidden:
+            cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
+                      dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
+                      dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
+        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout)
+        check_equal("BucketedDDP", n, cases, out)
+
+
+def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Per step: one all-reduce per bucket (not per parameter), Ψ·4 bytes of payload in all."""
+    for n in (2, 3):
+        cases = [dict(model_kwargs=MODELS["plain"], steps=2, batch=24, cap=700),
+                 dict(model_kwargs={"unused": True, "frozen": True}, steps=2, batch=24, cap=2000)]
+        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout)
+        for i, case in enumerate(cases):
+            for r in range(n):
+                res = out[r][i]
+                what = f"BucketedDDP (world_size={n}, {describe_case(case)}), rank {r}"
+                ops = sorted({op for op, _ in res["events"]})
+                if ops != ["all_reduce"]:
+                    raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
+                total = sum(b for _, b in res["events"])
+                if total != 4 * res["numel"]:
+                    raise AssertionError(f"{what}: all-reduced {total} bytes per step; expected Ψ·4 = "
+                                         f"{4 * res['numel']} (each gradient exactly once)")
+                if len(res["events"]) != res["buckets"]:
+                    raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step for "
+                                         f"{res['buckets']} buckets; expected one all-reduce per bucket "
+                                         f"(that is the point of bucketing: fewer, bigger messages)")
+
+
+def _overlap_body(BucketedDDP, cap):
+    model = TinyMLP(hidden=48, n_hidden=4)
+    ddp = BucketedDDP(model, bucket_cap_bytes=cap)
+    marks = {}
+    # the input layer's weight is the last gradient backward produces
+
+    def last_gradient(p):
+        marks.setdefault("last", time.perf_counter())
+
+    model.inp.weight.register_post_accumulate_grad_hook(last_gradient)
+    x, y = mlp_batch(0, 16, 6, 5)
+    with trace() as t:
+        F.mse_loss(ddp(x), y).backward()
+        backward_done = time.perf_counter()
+        ddp.finish_gradient_sync()
+    starts = sorted(e.start for e in t.comm() if e.op == "all_reduce")
+    return {"starts": starts, "last": marks.get("last"), "backward_done": backward_done,
+            "buckets": len(ddp.buckets)}
+
+
+def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """The first bucket's all-reduce starts from a gradient hook, before backward has
+    produced its last gradient (communication overlaps the rest of backward)."""
+    out = launch(_overlap_body, 2, BucketedDDP, 2048, timeout=timeout)
+    for r, res in enumerate(out):
+        if len(res["starts"]) < 2:
+            raise AssertionError(f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: "
+                                 f"{len(res['starts'])} all-reduce(s) for {res['buckets']} buckets")
+        if res["last"] is None or not res["starts"][0] < res["last"]:
+            raise AssertionError(
+                f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: no all-reduce started "
+                f"before backward produced its last gradient. Launch a bucket's all-reduce with async_op=True "
+                f"from the gradient hook as soon as the bucket is full, not after backward.")

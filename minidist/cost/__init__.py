@@ -1,0 +1,25 @@
+"""Cost models, one module per technique: every formula the course uses, written once.
+
+* ``collectives``: α-β-γ time of every all-reduce, the lecture's table, exact bytes per
+  rank, nccl-tests bandwidths, fitting α and β;
+* ``data_parallel``: wire bytes of DDP / ZeRO / parameter server, ZeRO model-state memory;
+* ``pipeline``: bubble fractions and peak activations of the pipeline schedules.
+
+The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
+"""
+from minidist.cost.collectives import (ALLREDUCE_ALGORITHMS, BUSBW_FACTOR, Fit, TableRow, algbw,
+                                       allreduce_bytes_per_rank, allreduce_table, allreduce_terms,
+                                       allreduce_time, busbw, chunk_sizes, fit_alpha_beta, p2p_time,
+                                       peak_node_bytes, ring_bytes_nominal, total_bytes)
+from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, largest_model, ring_wire_bytes,
+                                         theory_wire_bytes, zero_bytes_per_param, zero_memory_bytes,
+                                         zero_memory_bytes_fp32)
+from minidist.cost.pipeline import (PIPELINE_SCHEDULES, pipeline_bubble, pipeline_bubble_ratio,
+                                    pipeline_peak_activations)
+
+__all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "allreduce_bytes_per_rank",
+           "allreduce_table", "allreduce_terms", "allreduce_time", "busbw", "chunk_sizes", "fit_alpha_beta",
+           "p2p_time", "peak_node_bytes", "ring_bytes_nominal", "total_bytes",
+           "FP32_ADAM", "MIXED_PRECISION_ADAM", "largest_model", "ring_wire_bytes", "theory_wire_bytes",
+           "zero_bytes_per_param", "zero_memory_bytes", "zero_memory_bytes_fp32",
+           "PIPELINE_SCHEDULES", "pipeline_bubble", "pipeline_bubble_ratio", "pipeline_peak_activations"]

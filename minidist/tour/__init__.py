@@ -1,0 +1,45 @@
+"""``minidist tour``: every technique, run on 4 CPU ranks and checked against a reference.
+
+One module per technique in this package offers ``tour_entries()``; listing it in
+``TOUR_MODULES`` adds its rows.
+A row says how far the distributed result is from the single-process reference, how
+many bytes each rank sent next to what theory predicts, and how long it took.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+TOUR_MODULES = [
+    "minidist.tour.collectives",     # torch's own all-reduce (baseline), then every variant of lecture 1
+    "minidist.tour.data_parallel",   # naive DDP, bucketed DDP, parameter server, ZeRO-1/2/3
+    "minidist.tour.pipeline",        # naive, GPipe, 1F1B, interleaved, ZB-H1: error, bytes, bubble
+]
+
+COLUMNS = ["technique", "world_size", "max_err", "bytes_per_rank", "bytes_theory", "time_s", "note"]
+
+
+@dataclass
+class TourEntry:
+    name: str
+    world_size: int
+    run: Callable[[], dict]     # returns a row (see COLUMNS); raises if the technique is broken
+
+
+def run_tour(only: str | None = None) -> list[dict]:
+    rows = []
+    for name in TOUR_MODULES:
+        module = importlib.import_module(name)
+        for entry in module.tour_entries():
+            if only and only.lower() not in entry.name.lower():
+                continue
+            try:
+                row = entry.run()
+            except Exception as err:    # one broken technique must not hide the others
+                row = {"technique": entry.name, "world_size": entry.world_size,
+                       "note": f"FAILED: {type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+            extra = {k: v for k, v in row.items() if k not in COLUMNS}
+            rows.append({c: row.get(c) for c in COLUMNS if c != "note"} | extra | {"note": row.get("note")})
+    return rows
