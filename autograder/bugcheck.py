@@ -7,7 +7,7 @@ it re-runs the broken solution cell and the test cells the bug must fail, scores
 nbgrader's own ``determine_grade``, and restores the correct cell.
 
 That is faithful as long as test cells call the graded functions (the labs' convention:
-each test cell is a one-liner handing the function to ``minidist.checks``), because a
+each test cell is a one-liner handing the function to a ``minidist.checks`` module), because a
 re-defined function is what the test then calls.
 """
 from __future__ import annotations

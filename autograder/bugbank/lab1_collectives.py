@@ -373,7 +373,7 @@ def ring_all_reduce(tensor):
         code='''
 def ring_all_reduce(tensor):
     """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
-    from minidist.allreduce import ring_all_reduce as library_ring
+    from minidist.collectives import ring_all_reduce as library_ring
     return library_ring(tensor)
 ''',
         catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
