@@ -127,3 +127,171 @@ def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321):
     """(inputs, targets), both (batch, width): deterministic, identical on every rank."""
     g = torch.Generator().manual_seed(seed * 100_003 + step)
     return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+
+
+# ----------------------------------------------------------------------------- transformer (labs 5-7)
+# A nanoGPT-sized GPT: the single-process reference for tensor, sequence, context and 3D
+# parallelism. Attention is written out (no fused kernel) so that what autograd saves is
+# the textbook list that Korthikanti et al. 2022 count, and the head count is read from
+# the tensors (``view(b, s, -1, head_dim)``) so torch's own tensor parallelism can shard
+# the projections of this very module without patching attributes.
+from dataclasses import dataclass  # noqa: E402  (kept with the section that needs it)
+import math  # noqa: E402
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Sizes of a :class:`TinyGPT`. ``n_kv_heads`` < ``n_heads`` gives grouped-query
+    attention (1 = multi-query); ``None`` means ``n_heads``. ``d_ff=None`` means 4·d_model."""
+    vocab: int = 64
+    d_model: int = 32
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    d_ff: int | None = None
+    n_layers: int = 2
+    seq_len: int = 16
+    dropout: float = 0.0
+    bias: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.d_ff is None:
+            object.__setattr__(self, "d_ff", 4 * self.d_model)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(b, kv_heads, s, d) -> (b, kv_heads·n_rep, s, d): query head i reads kv head i // n_rep."""
+    if n_rep == 1:
+        return x
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def causal_attention(q, k, v, future: torch.Tensor, dropout=None) -> torch.Tensor:
+    """softmax(q kᵀ / √d, future positions masked) v on (batch, heads, seq, head_dim).
+
+    ``k``/``v`` may have fewer heads than ``q`` (GQA). ``future`` is a bool (≥seq, ≥seq)
+    upper-triangular buffer; ``dropout`` a callable applied to the probabilities. Shared
+    by :class:`TinyGPT` and the tensor-parallel attention, so both run the same arithmetic.
+    """
+    s = q.size(-2)
+    k, v = repeat_kv(k, q.size(1) // k.size(1)), repeat_kv(v, q.size(1) // v.size(1))
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))
+    att = att.masked_fill(future[:s, :s], float("-inf")).softmax(dim=-1)
+    if dropout is not None:
+        att = dropout(att)
+    return att @ v
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
+        self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+        self.attn_drop, self.resid_drop = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
+        self.register_buffer("future", torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1),
+                             persistent=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        heads = lambda t: t.view(b, s, -1, self.head_dim).transpose(1, 2)     # noqa: E731
+        y = causal_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), self.future, self.attn_drop)
+        return self.resid_drop(self.o(y.transpose(1, 2).reshape(b, s, -1)))
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class GPTBlock(nn.Module):
+    """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
+        self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model), GPTMLP(cfg)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TinyGPT(nn.Module):
+    """Token + position embedding, ``n_layers`` pre-LN blocks, final LayerNorm, LM head
+    (untied, so pipeline stages can own the two ends separately). ``forward(ids)`` returns
+    logits (batch, seq, vocab); :func:`gpt_loss` turns them into the mean cross entropy.
+
+    Deterministic from ``cfg.seed``, and the caller's random stream is left alone. Every
+    parameter is random (biases and LayerNorm affine too, at unit-ish scale): at this
+    width a zero bias or a unit LayerNorm weight would hide a bias added twice or a
+    LayerNorm gradient left unreduced.
+    """
+
+    def __init__(self, cfg: GPTConfig | None = None, **overrides):
+        super().__init__()
+        cfg = GPTConfig(**overrides) if cfg is None else cfg
+        self.cfg = cfg
+        state = torch.random.get_rng_state()
+        self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(GPTBlock(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        torch.random.set_rng_state(state)
+        g = torch.Generator().manual_seed(cfg.seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():     # fixed order: same weights everywhere
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.1, generator=g)
+                elif "ln" in name:
+                    p.normal_(1.0, 0.1, generator=g)
+                elif "emb" in name:
+                    p.normal_(0.0, 1.0, generator=g)
+                else:
+                    p.normal_(0.0, p.shape[1] ** -0.5, generator=g)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        s = ids.shape[1]
+        if s > self.cfg.seq_len:
+            raise ValueError(f"sequence of {s} tokens is longer than seq_len={self.cfg.seq_len}")
+        x = self.drop(self.tok_emb(ids) + self.pos_emb(torch.arange(s, device=ids.device)))
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean next-token cross entropy over every (batch, position) not equal to ``ignore_index``."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
+
+
+def gpt_batch(step: int, batch: int, seq: int, vocab: int, seed: int = 1234):
+    """The global batch of step ``step``: (ids, targets), both (batch, seq) int64, where
+    ``targets`` is ``ids`` shifted by one token. Identical on every rank."""
+    g = torch.Generator().manual_seed(seed * 100_003 + step)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
