@@ -135,7 +135,7 @@ def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321):
 # the textbook list that Korthikanti et al. 2022 count, and the head count is read from
 # the tensors (``view(b, s, -1, head_dim)``) so torch's own tensor parallelism can shard
 # the projections of this very module without patching attributes.
-from dataclasses import dataclass  # noqa: E402  (kept with the section that needs it)
+from dataclasses import dataclass, replace  # noqa: E402  (kept with the section that needs it)
 import math  # noqa: E402
 
 
@@ -243,6 +243,8 @@ class TinyGPT(nn.Module):
     """Token + position embedding, ``n_layers`` pre-LN blocks, final LayerNorm, LM head
     (untied, so pipeline stages can own the two ends separately). ``forward(ids)`` returns
     logits (batch, seq, vocab); :func:`gpt_loss` turns them into the mean cross entropy.
+    ``TinyGPT(cfg, n_kv_heads=2)`` overrides fields of ``cfg``; ``TinyGPT(n_layers=4)``
+    overrides the defaults.
 
     Deterministic from ``cfg.seed``, and the caller's random stream is left alone. Every
     parameter is random (biases and LayerNorm affine too, at unit-ish scale): at this
@@ -252,7 +254,7 @@ class TinyGPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig | None = None, **overrides):
         super().__init__()
-        cfg = GPTConfig(**overrides) if cfg is None else cfg
+        cfg = GPTConfig(**overrides) if cfg is None else replace(cfg, **overrides)
         self.cfg = cfg
         state = torch.random.get_rng_state()
         self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)

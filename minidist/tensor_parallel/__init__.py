@@ -30,8 +30,8 @@ from minidist.tensor_parallel.sequence_parallel import (SEQ_DIM, gather_from_seq
                                                         saved_activation_bytes, scatter_to_sequence,
                                                         sequence_parallel_linear, sequence_parallel_params,
                                                         sync_sequence_parallel_grads)
-from minidist.tensor_parallel.transformer import (ParallelBlock, ParallelGPT, tensor_parallel_block,
-                                                  tensor_parallel_gpt, torch_parallelize)
+from minidist.tensor_parallel.transformer import (ParallelBlock, ParallelGPT, grads_as_params, max_grad_error,
+                                                  tensor_parallel_block, tensor_parallel_gpt, torch_parallelize)
 
 __all__ = [
     # comm
@@ -49,4 +49,5 @@ __all__ = [
     "sequence_parallel_params", "sync_sequence_parallel_grads", "saved_activation_bytes",
     # model
     "ParallelBlock", "ParallelGPT", "tensor_parallel_block", "tensor_parallel_gpt", "torch_parallelize",
+    "grads_as_params", "max_grad_error",
 ]

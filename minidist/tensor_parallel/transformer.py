@@ -35,7 +35,8 @@ from minidist.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minidist.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from minidist.tensor_parallel.sequence_parallel import mark_sequence_parallel, sync_sequence_parallel_grads
 
-__all__ = ["ParallelBlock", "ParallelGPT", "tensor_parallel_block", "tensor_parallel_gpt", "torch_parallelize"]
+__all__ = ["ParallelBlock", "ParallelGPT", "tensor_parallel_block", "tensor_parallel_gpt", "torch_parallelize",
+           "grads_as_params", "max_grad_error"]
 
 
 def _replica(module: nn.Module, sequence_parallel: bool) -> nn.Module:
@@ -117,6 +118,29 @@ class ParallelGPT(nn.Module):
 def tensor_parallel_gpt(model: nn.Module, group=None, *, sequence_parallel: bool = False, seed: int = 0) -> ParallelGPT:
     """This rank's :class:`ParallelGPT` cut from a full :class:`minidist.models.TinyGPT`."""
     return ParallelGPT(model, group, sequence_parallel=sequence_parallel, seed=seed)
+
+
+# ----------------------------------------------------------------------------- checking against one process
+def grads_as_params(module: nn.Module) -> nn.Module:
+    """A copy of a single-process ``module`` (after backward) whose parameters hold its
+    gradients. Cut it exactly as the TP model was cut (``tensor_parallel_gpt(grads_as_params(
+    ref), group)``) and its parameters are the gradients this rank must have."""
+    g = copy.deepcopy(module)
+    for p, q in zip(g.parameters(), module.parameters()):
+        if q.grad is None:
+            raise ValueError("the reference has a parameter without gradient: run backward first")
+        p.data = q.grad.detach().clone()
+    return g
+
+
+def max_grad_error(ours: nn.Module, expected: nn.Module) -> float:
+    """max |grad − expected| over parameters matched by name (e.g. from :func:`grads_as_params`)."""
+    worst = 0.0
+    for (n, p), (m, q) in zip(ours.named_parameters(), expected.named_parameters(), strict=True):
+        if n != m or p.grad is None:
+            raise ValueError(f"parameter {n!r} has no gradient or no counterpart ({m!r})")
+        worst = max(worst, (p.grad.detach().double() - q.detach().double()).abs().max().item())
+    return worst
 
 
 # ----------------------------------------------------------------------------- torch's own TP
