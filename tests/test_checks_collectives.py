@@ -91,6 +91,29 @@ def naive_all_reduce_via_ring(tensor):       # right answer, wrong pattern for "
 
 
 def halving_all_reduce(tensor):
+    """Rabenseifner: recursive-halving reduce-scatter, then recursive-doubling all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.flatten().clone()
+    bounds = [0]
+    for chunk in out.tensor_split(world):
+        bounds.append(bounds[-1] + chunk.numel())
+    part = lambda a, b: out[bounds[a]:bounds[b]]       # noqa: E731
+    lo, hi, rounds, d = 0, world, [], 1
+    while d < world:
+        partner, mid = rank ^ d, (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
+        incoming = torch.empty_like(part(*keep))
+        sendrecv(part(*give), partner, incoming, partner)
+        part(*keep).add_(incoming)
+        rounds.append((partner, keep, give))
+        lo, hi = keep
+        d *= 2
+    for partner, keep, give in reversed(rounds):
+        sendrecv(part(*keep), partner, part(*give), partner)
+    return out.view(tensor.shape)
+
+
+def halving_via_wrapped(tensor):
     return C.recursive_halving_all_reduce.__wrapped__(tensor)   # the implementation, without its api marker
 
 
@@ -99,11 +122,24 @@ def halving_as_ring(tensor):                 # right answer and bytes, but 2(N-1
 
 
 def ring_reduce_scatter(tensor):
-    return C.reduce_scatter.__wrapped__(tensor)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    chunks = tensor.clone().tensor_split(n)
+    for s in range(n - 1):
+        incoming = torch.empty_like(chunks[(rank - s - 2) % n])
+        sendrecv(chunks[(rank - s - 1) % n], (rank + 1) % n, incoming, (rank - 1) % n)
+        chunks[(rank - s - 2) % n].add_(incoming)
+    return chunks[rank].clone()
 
 
 def broadcast(tensor, src):
-    return C.broadcast.__wrapped__(tensor, src)
+    out = tensor.clone()
+    if dist.get_rank() == src:
+        for peer in range(dist.get_world_size()):
+            if peer != src:
+                dist.send(out, dst=peer)
+    else:
+        dist.recv(out, src=src)
+    return out
 
 
 def broadcast_from_zero(tensor, src):
@@ -119,6 +155,32 @@ def test_correct_student_functions_pass_the_lab1_checks():
     lab1.check_function("ring_reduce_scatter", ring_reduce_scatter)
     lab1.check_pattern("ring_reduce_scatter", ring_reduce_scatter)
     lab1.check_function("broadcast", broadcast)
+
+
+def test_lab1_refuses_the_library_however_it_is_reached():
+    """``__wrapped__`` (no api marker), an inner helper, and a swallowed first refusal: all fail lab 1."""
+    for fn, what in ((halving_via_wrapped, "minidist.collectives.allreduce.recursive_halving_all_reduce"),
+                     (ring_via_inner_helper, "minidist.collectives.primitives.ring_reduce_scatter_into"),
+                     (ring_swallowing_the_refusal, "minidist.collectives.allreduce.ring_all_reduce")):
+        name = "recursive_halving_all_reduce" if fn is halving_via_wrapped else "ring_all_reduce"
+        with pytest.raises(AssertionError, match="called minidist's own implementation") as info:
+            lab1.check_function(name, fn)
+        assert what in str(info.value) and "minidist.checks.lab1_collectives" in str(info.value)
+
+
+def ring_via_inner_helper(tensor):
+    from minidist.collectives.primitives import ring_all_gather_into, ring_reduce_scatter_into
+    out = tensor.flatten().clone()
+    ring_reduce_scatter_into(out, dist.get_rank(), dist.get_world_size(), None)
+    ring_all_gather_into(out, dist.get_rank(), dist.get_world_size(), None)
+    return out.view(tensor.shape)
+
+
+def ring_swallowing_the_refusal(tensor):
+    try:
+        return C.ring_all_reduce.__wrapped__(tensor)
+    except Exception:
+        return C.ring_all_reduce.__wrapped__(tensor)
 
 
 def test_library_passes_when_its_own_api_is_allowed():
@@ -177,7 +239,7 @@ def test_modifying_the_input_is_reported():
 
 
 def test_pattern_checks_catch_right_answers_computed_the_wrong_way():
-    _fails(naive_all_reduce_via_ring, ["every message to or from rank 0", "rank 1"], pattern="naive")
+    _fails(naive_all_reduce_via_ring, ["rank 1", "sent to rank 0 (its whole tensor, once"], pattern="naive")
     _fails(halving_as_ring, ["2·lg N = 4 messages sent", "seen 6"], world_sizes=(4,), pattern="halving")
 
 
@@ -191,3 +253,43 @@ def test_bad_arguments_to_the_checks():
         checks.check_collective(ring_all_reduce, "allreduce")
     with pytest.raises(ValueError, match="unknown pattern"):
         checks.check_all_reduce(ring_all_reduce, pattern="tree")
+
+
+def _binomial_broadcast(tensor, src):
+    """The lab's "going further": a binomial tree, ⌈lg N⌉ rounds, relative to the root."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    rel = (rank - src) % world
+    mask = 1
+    while mask < world:                      # receive from the parent once
+        if rel & mask:
+            dist.recv(out, src=(rank - mask) % world)
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:                          # then send to the children
+        if rel + mask < world:
+            dist.send(out, dst=(rank + mask) % world)
+        mask >>= 1
+    return out
+
+
+def naive_all_reduce_with_tree_broadcast(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    if rank == 0:
+        incoming = torch.empty_like(total)
+        for peer in range(1, world):
+            dist.recv(incoming, src=peer)
+            total += incoming
+    else:
+        dist.send(total, dst=0)
+    return _binomial_broadcast(total, 0)
+
+
+def test_naive_pattern_accepts_any_broadcast():
+    """A naive all-reduce that reuses a binomial-tree broadcast (lab 1's "going further") is
+    still a reduce through rank 0 followed by a broadcast: full marks on the pattern."""
+    checks.check_broadcast(_binomial_broadcast, world_sizes=(2, 3, 4, 5), lengths=(1, 7))
+    checks.check_all_reduce(naive_all_reduce_with_tree_broadcast, world_sizes=(2, 3, 4, 5), lengths=(7, 19),
+                            dtypes=(torch.float32,), pattern="naive")

@@ -10,6 +10,14 @@ from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
 from minidist.harness.data_parallel import step_time_vs_bucket_size
 
 
+@pytest.fixture(autouse=True)
+def _library_answers_allowed(monkeypatch):
+    """These tests hand minidist's own implementations to the lab checks, which must accept them:
+    the refusal of library answers (tests/test_library_answers.py) is off here."""
+    monkeypatch.setattr(lab2, "REFUSED", None)
+    monkeypatch.setattr(lab3, "REFUSED", None)
+
+
 def good_split(x, y, rank, world_size):
     if x.shape[0] % world_size:
         raise ValueError("uneven")

@@ -84,8 +84,9 @@ def _rank_body(progress, fn, kind, cases, seed, allow):
 
 
 def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
-                         allow=P2P_ONLY, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> list:
-    """Run ``fn`` on ``cases`` (all of one world size) in a single launch.
+                         allow=P2P_ONLY, timeout: float = COLLECTIVE_CHECK_TIMEOUT, refuse=None) -> list:
+    """Run ``fn`` on ``cases`` (all of one world size) in a single launch (``refuse``: a lab's
+    :class:`~minidist.checks.common.Refusal`, see :func:`~minidist.checks.common.launch_named`).
 
     Returns, per rank, a list of (result, trace, input_unchanged) per case.
     """
@@ -94,7 +95,7 @@ def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None =
         raise ValueError("run_collective_cases: all cases of one launch must have the same world size")
     return launch_named(_rank_body, n, fn, kind, cases, seed, frozenset(allow),
                         name=name or getattr(fn, "__name__", "function"), timeout=timeout,
-                        forbidden_hint=_FORBIDDEN_HINT)
+                        forbidden_hint=_FORBIDDEN_HINT, refuse=refuse)
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -149,11 +150,12 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
 
 def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
                      roots=None, pattern: str | None = None, name: str | None = None, seed: int = 0,
-                     timeout: float = COLLECTIVE_CHECK_TIMEOUT, allow=P2P_ONLY) -> None:
+                     timeout: float = COLLECTIVE_CHECK_TIMEOUT, allow=P2P_ONLY, refuse=None) -> None:
     """Run ``fn`` as a ``kind`` collective (see ``KINDS``) on every world size x length x
     dtype (x root), compare with torch, and, if ``pattern`` is given, check the trace
     with ``PATTERNS[pattern]`` (on the cases with length >= world size). Lengths may be callables of the world size (``lambda n: n - 1``).
-    Roots default to 0, n//2 and n-1 for rooted collectives."""
+    Roots default to 0, n//2 and n-1 for rooted collectives. ``refuse``: a lab's
+    :class:`~minidist.checks.common.Refusal` (library answers fail the check)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     if pattern is not None and pattern not in PATTERNS:
@@ -163,7 +165,8 @@ def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 
         ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
         rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
         cases = [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]
-        results = run_collective_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout)
+        results = run_collective_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout,
+                                       refuse=refuse)
         check_results(name, kind, cases, results, seed)
         if pattern is not None:
             for i, case in enumerate(cases):      # with empty chunks, message counts legitimately vary
@@ -245,17 +248,32 @@ def halving_pattern(name, case, t):
 
 
 def through_root_pattern(name, case, t, root=0):
-    """Naive all-reduce: every message has rank 0 at one end; rank 0 moves (N-1)·S each way."""
+    """Naive all-reduce: a reduce through rank 0, then a broadcast of the sum from it.
+
+    The reduce: every other rank sends its tensor (S bytes) to rank 0, which receives
+    (N-1)·S. The broadcast may be any broadcast (the root sending to everyone, or a binomial
+    tree): every rank other than the root receives the sum exactly once (S bytes), so all
+    ranks together send 2(N-1)·S bytes."""
     n, S = case.world_size, case.length * torch.empty((), dtype=case.dtype).element_size()
     for r in range(n):
-        for e in _messages(t, r):
-            if root not in (e.rank, e.peer):
-                _fail(name, case, r, f"every message to or from rank {root}", f"{e.op} with rank {e.peer} at {e.where}")
-    for r in range(n):
-        want = (n - 1) * S if r == root else S
-        for direction, seen in (("sent", t.bytes_sent(r)), ("received", t.bytes_received(r))):
-            if seen != want:
-                _fail(name, case, r, f"{want} bytes {direction} ({'(N-1)·S' if r == root else 'S'})", f"{seen}")
+        if r == root:
+            continue
+        to_root = sum(e.nbytes for e in _messages(t, r) if e.is_send and e.peer == root)
+        if to_root != S:
+            _fail(name, case, r, f"{S} bytes sent to rank {root} (its whole tensor, once: the reduce goes "
+                                 f"through rank {root})", f"{to_root} bytes sent to rank {root}")
+        if t.bytes_received(r) != S:
+            _fail(name, case, r, f"{S} bytes received (the sum, once, from the broadcast)",
+                  f"{t.bytes_received(r)} bytes received")
+    from_peers = {r: sum(e.nbytes for e in _messages(t, root) if e.is_recv and e.peer == r)
+                  for r in range(n) if r != root}
+    if any(v != S for v in from_peers.values()) or t.bytes_received(root) != (n - 1) * S:
+        _fail(name, case, root, f"(N-1)·S = {(n - 1) * S} bytes received, S = {S} from every other rank",
+              f"{t.bytes_received(root)} bytes received ({from_peers})")
+    total = sum(t.bytes_sent(r) for r in range(n))
+    if total != 2 * (n - 1) * S:
+        _fail(name, case, root, f"2(N-1)·S = {2 * (n - 1) * S} bytes sent by all ranks together "
+                                f"((N-1)·S for the reduce, (N-1)·S for the broadcast)", f"{total}")
 
 
 PATTERNS = {

@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.collectives import check_collective
-from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT
+from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal
+
+#: minidist's own collectives (wrappers, ``__wrapped__``, inner helpers) are refused in graded code.
+REFUSED = Refusal("collectives from send/recv", ("minidist.collectives",), checks=__name__)
 
 LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
     "broadcast": ("broadcast", None, False),
@@ -31,7 +34,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECT
         lengths, dtypes = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37), (torch.float32, torch.float64)
     else:
         sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
-    check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout)
+    check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout, refuse=REFUSED)
 
 
 def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
@@ -40,4 +43,5 @@ def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> N
     if pattern is None:
         raise ValueError(f"lab 1 has no pattern test for {name}")
     sizes = (2, 4) if pow2 else (2, 3, 4)
-    check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name, timeout=timeout)
+    check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name,
+                     timeout=timeout, refuse=REFUSED)

@@ -21,11 +21,13 @@ import time
 import torch
 import torch.nn.functional as F
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT
+from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named
 from minidist.checks.training import check_equal, describe_case, train_student
 from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp, mlp_batch
-from minidist.runtime import launch
 from minidist.trace import trace
+
+#: minidist's data parallelism (NaiveDDP, BucketedDDP, make_buckets, ...) is refused in graded code.
+REFUSED = Refusal("data parallelism", ("minidist.data_parallel",), checks=__name__)
 
 
 def _cases(models, cap=None, steps=3, batch=24):
@@ -41,7 +43,7 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
         x, y = torch.arange(batch * 3.0).view(batch, 3), torch.arange(batch * 2.0).view(batch, 2) + 1000
         xs, ys = [], []
         for r in range(n):
-            got = split_batch(x, y, r, n)
+            got = graded_call(REFUSED, "split_batch", split_batch, x, y, r, n)
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) must return a "
                                      f"tuple (x_local, y_local), got {type(got).__name__}")
@@ -64,7 +66,7 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
     for batch, n in [(10, 4)] + ([(7, 2), (3, 4)] if hidden else []):
         x, y = torch.zeros(batch, 3), torch.zeros(batch, 2)
         try:
-            split_batch(x, y, 0, n)
+            graded_call(REFUSED, "split_batch", split_batch, x, y, 0, n)
         except ValueError:
             continue
         raise AssertionError(f"split_batch(batch={batch}, world_size={n}) must raise ValueError: {batch} rows do not "
@@ -79,7 +81,7 @@ def check_average_gradients(average_gradients, hidden: bool = False, timeout: fl
     models = list(MODELS) if hidden else ["plain", "frozen"]
     for n in sizes:
         cases = _cases(models)
-        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout)
+        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout, REFUSED)
         check_equal("average_gradients", n, cases, out)
 
 
@@ -87,7 +89,7 @@ def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING
     """One all-reduce per trainable parameter, Ψ·4 bytes of payload in all, nothing else."""
     for n in (2, 3):
         cases = _cases(["frozen", "tied"])
-        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout)
+        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout, REFUSED)
         for i, case in enumerate(cases):
             for r in range(n):
                 res = out[r][i]
@@ -128,7 +130,7 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
     for shp, cap in configs:
         params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
         sizes = [p.numel() * 4 for p in params]
-        got = make_buckets(params, cap)
+        got = graded_call(REFUSED, "make_buckets", make_buckets, params, cap)
         idx = {id(p): i for i, p in enumerate(params)}
         try:
             got_idx = [[idx[id(p)] for p in b] for b in got]
@@ -155,7 +157,7 @@ def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAIN
             cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
                       dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
                       dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
-        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout)
+        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout, REFUSED)
         check_equal("BucketedDDP", n, cases, out)
 
 
@@ -164,7 +166,7 @@ def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIME
     for n in (2, 3):
         cases = [dict(model_kwargs=MODELS["plain"], steps=2, batch=24, cap=700),
                  dict(model_kwargs={"unused": True, "frozen": True}, steps=2, batch=24, cap=2000)]
-        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout)
+        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout, REFUSED)
         for i, case in enumerate(cases):
             for r in range(n):
                 res = out[r][i]
@@ -182,7 +184,7 @@ def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIME
                                          f"(that is the point of bucketing: fewer, bigger messages)")
 
 
-def _overlap_body(BucketedDDP, cap):
+def _overlap_body(progress, BucketedDDP, cap):
     model = TinyMLP(hidden=48, n_hidden=4)
     ddp = BucketedDDP(model, bucket_cap_bytes=cap)
     marks = {}
@@ -205,7 +207,8 @@ def _overlap_body(BucketedDDP, cap):
 def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """The first bucket's all-reduce starts from a gradient hook, before backward has
     produced its last gradient (communication overlaps the rest of backward)."""
-    out = launch(_overlap_body, 2, BucketedDDP, 2048, timeout=timeout)
+    out = launch_named(_overlap_body, 2, BucketedDDP, 2048, name="BucketedDDP overlap", timeout=timeout,
+                       refuse=REFUSED)
     for r, res in enumerate(out):
         if len(res["starts"]) < 2:
             raise AssertionError(f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: "

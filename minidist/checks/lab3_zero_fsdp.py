@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case
+from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, launch_named, mark_case
 from minidist.checks.training import check_equal, train_student
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
 from minidist.models import TINY_MLP_VARIANTS
@@ -23,6 +23,10 @@ from minidist.trace import trace
 # notebook, built on the student's functions) has: ``__call__(x)``, ``finish_backward()``
 # (after loss.backward()), ``step()``, ``zero_grad()``, ``state_tensors()`` (every
 # parameter-like tensor held), ``optimizer`` and ``full_parameters()`` (flat fp32 vector).
+#: minidist's ZeRO/FSDP (and the rest of minidist.data_parallel) is refused in graded code; the lab
+#: hands out FlatShard.
+REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel",), allow=("minidist.data_parallel.common.FlatShard",),
+                  checks=__name__)
 MEMORY_MODEL = {"hidden": 32, "n_hidden": 3}     # Ψ ≈ 3.6 k: padding and Adam's step counters < 1%
 
 
@@ -34,7 +38,7 @@ def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING
     for n in sizes:
         cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
                  for m in models for o in ("adam", "sgd")]
-        out = train_student("zero", Zero, n, cases, f"Zero(stage={stage})", timeout)
+        out = train_student("zero", Zero, n, cases, f"Zero(stage={stage})", timeout, REFUSED)
         check_equal(f"Zero(stage={stage})", n, cases, out, diagnose=False)
 
 
@@ -48,7 +52,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     1-3), gradients 4Ψ/N after backward (stages 2-3), parameters 4Ψ/N after the step (stage 3).
     An implementation that keeps the unsharded copy is off by a factor of up to N."""
     for n in (2, 4):
-        out = train_student("zero", Zero, n, _memory_cases(stage), f"Zero(stage={stage}) memory", timeout)
+        out = train_student("zero", Zero, n, _memory_cases(stage), f"Zero(stage={stage}) memory", timeout, REFUSED)
         for r in range(n):
             res = out[r][0]
             formula = zero_memory_bytes_fp32(stage, res["numel"], n)
@@ -75,7 +79,7 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
     3(N−1)/N·Ψ, 1.5x DDP."""
     for n in (2, 3):
         case = dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam")
-        out = train_student("zero", Zero, n, [case], f"Zero(stage={stage}) traffic", timeout)
+        out = train_student("zero", Zero, n, [case], f"Zero(stage={stage}) traffic", timeout, REFUSED)
         for r in range(n):
             res = out[r][0]
             psi = 4 * res["numel"]
@@ -136,7 +140,7 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
     cases = [[(3, 5), (7,)], [(4,), (2, 2), (5,)]] + ([[(1,)], [(6, 7), (6,), (9,)]] if hidden else [])
     for n in sizes:
         out = launch_named(_unit_body, n, cases, reduce_scatter_gradients, ShardedUnit,
-                           name="reduce_scatter_gradients", timeout=timeout)
+                           name="reduce_scatter_gradients", timeout=timeout, refuse=REFUSED)
         for i, shapes in enumerate(cases):
             what = f"reduce_scatter_gradients (world_size={n}, parameters {shapes})"
             flats = []

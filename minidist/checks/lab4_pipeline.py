@@ -26,12 +26,14 @@ A deadlocking executor fails after ``timeout`` seconds with the launcher's diagn
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from minidist.checks.common import TOL, TRAINING_CHECK_TIMEOUT, launch_named, mark_case
+from minidist.checks.common import TOL, TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.memory import ActivationMeter, Metered
 from minidist.models import block_stack, regression_batch
@@ -39,6 +41,13 @@ from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank
                                slots_from_trace, validate)
 from minidist.trace import merge, trace
 
+#: minidist's schedule builders (make, gpipe, one_f_one_b, with_comms, ...) and executor (run_schedule)
+#: are refused in graded code; Action, Schedule and timed are the lab's building blocks.
+REFUSED = Refusal("pipeline schedules and their executor",
+                  ("minidist.pipeline.schedules", "minidist.pipeline.executor"),
+                  allow=("minidist.pipeline.schedules.Action", "minidist.pipeline.schedules.Schedule",
+                         "minidist.pipeline.executor.timed", "minidist.pipeline.executor.StepStats"),
+                  checks=__name__)
 WIDTH = 8
 SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode
 
@@ -85,7 +94,7 @@ def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None)
     name = name or getattr(fn, "__name__", kind)
     for p, m in SCHEDULE_CASES[hidden]:
         where = f"{name}(p={p}, m={m})"
-        s = fn(p, m)
+        s = graded_call(REFUSED, name, fn, p, m)
         if not isinstance(s, Schedule):
             raise AssertionError(f"{where} returned {type(s).__name__}; expected a minidist.pipeline.Schedule")
         if (s.p, s.m, s.v) != (p, m, 1):
@@ -121,13 +130,13 @@ def _case(kind, m, batch):
     return f"{kind}, m={m}, batch={batch}"
 
 
-def _rank_grads(progress, fn, cases):
+def _rank_grads(progress, fn, cases, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
         mark_case(progress, _case(kind, m, batch))
         chunks = rank_chunks(partition(_model(p), p), p, rank)
         x, y = regression_batch(batch, WIDTH, step=m)
-        loss = fn(_schedule(kind, p, m), chunks, x, y)
+        loss = fn(copy.deepcopy(schedules[kind, m]), chunks, x, y)
         loss = float(loss) if isinstance(loss, torch.Tensor) else loss
         grads = [None if q.grad is None else q.grad.clone() for c in chunks for q in c.parameters()]
         out.append((loss, grads))
@@ -147,7 +156,8 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
     holding the last stage, None elsewhere) must equal single-process autograd's."""
     name = name or getattr(fn, "__name__", "executor")
     for p, cases in EXECUTOR_CASES[hidden].items():
-        results = launch_named(_rank_grads, p, fn, cases, name=name, timeout=timeout)
+        schedules = {(kind, m): _schedule(kind, p, m) for kind, m, _ in cases}   # built outside the refusal
+        results = launch_named(_rank_grads, p, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
         for i, (kind, m, batch) in enumerate(cases):
             where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}"
             model = _model(p)
@@ -184,14 +194,14 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
 
 
 # ----------------------------------------------------------------------------- memory, bubble
-def _rank_memory(progress, fn, cases, costs, repeats):
+def _rank_memory(progress, fn, cases, costs, repeats, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
         mark_case(progress, _case(kind, m, batch))
         stage = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
         meter = ActivationMeter(stage.parameters())
         x, y = regression_batch(batch, WIDTH)
-        fn(_schedule(kind, p, m), [Metered(stage, meter)], x, y)
+        fn(copy.deepcopy(schedules[kind, m]), [Metered(stage, meter)], x, y)
         one = ActivationMeter(stage.parameters())        # one micro-batch, alone
         with torch.autograd.graph.saved_tensors_hooks(one.pack, one.unpack):
             kept = stage(x.chunk(m)[0].clone().requires_grad_())
@@ -200,7 +210,7 @@ def _rank_memory(progress, fn, cases, costs, repeats):
         for _ in range(repeats):
             dist.barrier()
             with trace() as t:
-                fn(_schedule(kind, p, m), [stage], x, y, costs=costs)
+                fn(copy.deepcopy(schedules[kind, m]), [stage], x, y, costs=costs)
             bubbles.append(t)
         out.append((meter.peak_calls, meter.peak_bytes, one.peak_bytes, bubbles))
     return out
@@ -214,7 +224,9 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
     theory and the simulator's bubble next to it (keys as ``minidist.plots.plot_bubble_vs_m``
     wants them)."""
     name = name or getattr(fn, "__name__", "executor")
-    results = launch_named(_rank_memory, p, fn, cases, costs, repeats, name=name, timeout=timeout)
+    schedules = {(kind, m): _schedule(kind, p, m) for kind, m, _ in cases}       # built outside the refusal
+    results = launch_named(_rank_memory, p, fn, cases, costs, repeats, schedules, name=name, timeout=timeout,
+                           refuse=REFUSED)
     rows = []
     for i, (kind, m, batch) in enumerate(cases):
         measured, timelines = [], []

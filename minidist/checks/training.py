@@ -58,10 +58,12 @@ def _train_body(progress, cases, kind, impl):
     return out
 
 
-def train_student(kind: str, impl, world_size: int, cases: list[dict], name: str, timeout: float) -> list:
+def train_student(kind: str, impl, world_size: int, cases: list[dict], name: str, timeout: float,
+                  refuse=None) -> list:
     """Every case trained on ``world_size`` ranks in one launch: per rank, a list of
-    :func:`~minidist.harness.data_parallel.train` results."""
-    return launch_named(_train_body, world_size, cases, kind, impl, name=name, timeout=timeout)
+    :func:`~minidist.harness.data_parallel.train` results. ``refuse``: the lab's
+    :class:`~minidist.checks.common.Refusal` (library answers fail the check)."""
+    return launch_named(_train_body, world_size, cases, kind, impl, name=name, timeout=timeout, refuse=refuse)
 
 
 def _reference(case, **wrong) -> torch.Tensor:

@@ -1,0 +1,143 @@
+"""Library answers are refused in every lab: while graded code runs, a call into minidist's own
+implementation of the technique being graded (the public function, ``__wrapped__``, an inner helper,
+a subclass, the library object handed in as the answer) fails the check with a message that says so,
+while the helpers a lab hands out stay usable. Lab 1's cases are in tests/test_checks_collectives.py."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import minidist.data_parallel as DP
+import minidist.pipeline as PP
+from minidist.checks import lab2_data_parallel as lab2
+from minidist.checks import lab3_zero_fsdp as lab3
+from minidist.checks import lab4_pipeline as lab4
+from minidist.checks.common import Refusal, graded_call, refusing, LibraryAnswer
+
+REFUSED_TEXT = "called minidist's own implementation"
+
+
+def _refused(check, *args, what=None, **kw):
+    with pytest.raises(AssertionError, match=REFUSED_TEXT) as info:
+        check(*args, **kw)
+    if what:
+        assert what in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# ------------------------------------------------------------------ lab 2
+def make_buckets_by_alias(params, cap_bytes):
+    return DP.make_buckets(params, cap_bytes)
+
+
+def average_through_naive_ddp(model):
+    DP.NaiveDDP(model, broadcast_from=None).sync_gradients()
+
+
+class BucketedDDPSubclass(DP.BucketedDDP):
+    """The library's class under the lab's name: its hooks run library code on the student's behalf."""
+    def __init__(self, model, bucket_cap_bytes=1 << 20):
+        super().__init__(model, bucket_cap_bytes=bucket_cap_bytes, broadcast_from=None)
+
+
+def test_lab2_refuses_the_library():
+    msg = _refused(lab2.check_make_buckets, make_buckets_by_alias, what="minidist.data_parallel.common.make_buckets")
+    assert "minidist.checks.lab2_data_parallel" in msg and "minidist.launch" in msg   # the rule, in words
+    _refused(lab2.check_make_buckets, DP.make_buckets, what="the graded code is minidist's own")
+    _refused(lab2.check_average_gradients, average_through_naive_ddp, what="NaiveDDP")
+    _refused(lab2.check_bucketed_ddp, BucketedDDPSubclass, what="minidist.data_parallel")
+
+
+# ------------------------------------------------------------------ lab 3
+def reduce_scatter_with_flatshard(unit):
+    """A correct answer built on the lab's FlatShard (handed out by the lab: allowed)."""
+    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)
+    mine = torch.empty_like(unit.shard)
+    dist.reduce_scatter_tensor(mine, flat_grad)
+    mine.div_(dist.get_world_size())
+    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
+    for p in unit.params:
+        p.grad = None
+
+
+def reduce_scatter_via_library_zero(unit):
+    from minidist.data_parallel import zero
+    zero.ZeroDataParallel._accumulate_shard_grad(None, None, None)
+
+
+class Unit:
+    """Lab 3's given ShardedUnit (the part the checks use)."""
+    def __init__(self, module, world_size, rank, sharded_params=False):
+        self.params = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        self.layout = DP.FlatShard([p.shape for p in self.params], world_size, rank)
+        self.flat = self.layout.flatten([p.detach() for p in self.params])
+        shard = self.layout.my_shard(self.flat)
+        self.shard = shard.clone() if sharded_params else shard
+
+
+def test_lab3_allows_flatshard_and_refuses_the_rest():
+    lab3.check_reduce_scatter_gradients(reduce_scatter_with_flatshard, Unit)
+    _refused(lab3.check_reduce_scatter_gradients, reduce_scatter_via_library_zero, Unit,
+             what="minidist.data_parallel.zero.ZeroDataParallel._accumulate_shard_grad")
+
+
+# ------------------------------------------------------------------ lab 4
+def gpipe_from_make(p, m):
+    return PP.make("gpipe", p, m)
+
+
+def gpipe_from_with_comms(p, m):
+    from minidist.pipeline.schedules import with_comms
+    order = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for _ in range(p)]
+    return with_comms("gpipe", p, m, 1, order)
+
+
+def executor_via_library(s, chunks, x, y, costs=None):
+    return PP.run_schedule(s, chunks, x, y, costs=costs).loss
+
+
+def test_lab4_refuses_schedule_builders_and_the_executor():
+    _refused(lab4.check_schedule, gpipe_from_make, "gpipe", what="minidist.pipeline.schedules.make")
+    _refused(lab4.check_schedule, gpipe_from_with_comms, "gpipe", what="with_comms")
+    _refused(lab4.check_executor, executor_via_library, what="minidist.pipeline.executor.run_schedule")
+
+
+def test_allowed_helpers_and_the_checks_own_calls_pass():
+    """Action, Schedule and timed are the lab's building blocks: a hand-written GPipe uses them."""
+    def gpipe(p, m):
+        acts = []
+        for r in range(p):
+            prog = []
+            for i in range(m):
+                prog += ([PP.Action("RECV_F", i, peer=r - 1)] if r else []) + [PP.Action("F", i)] + \
+                        ([PP.Action("SEND_F", i, peer=r + 1)] if r < p - 1 else [])
+            for i in range(m):
+                prog += ([PP.Action("RECV_B", i, peer=r + 1)] if r < p - 1 else []) + [PP.Action("B", i)] + \
+                        ([PP.Action("SEND_B", i, peer=r - 1)] if r else [])
+            acts.append(prog)
+        s = PP.Schedule("gpipe", p, m, 1, acts)
+        s.compute(0)
+        return s
+    lab4.check_schedule(gpipe, "gpipe")
+
+
+def test_a_swallowed_refusal_or_a_removed_tracer_still_fails():
+    refusal = Refusal("pipelines", ("minidist.pipeline.schedules",))
+
+    def swallow():
+        try:
+            PP.make("gpipe", 2, 2)
+        except LibraryAnswer:
+            pass
+        return "done"
+
+    def untrace():
+        import sys
+        sys.settrace(None)
+        return PP.make("gpipe", 2, 2)
+
+    with pytest.raises(AssertionError, match=REFUSED_TEXT):
+        graded_call(refusal, "swallow", swallow)
+    with pytest.raises(AssertionError, match="turned off the check"):
+        graded_call(refusal, "untrace", untrace)
+    with refusing(None):                   # no refusal: nothing happens
+        PP.make("gpipe", 2, 2)
