@@ -34,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/minidist bench launch
 
 slides: $(STAMP)
-	$(BIN)/python slides/build.py
+	$(BIN)/python slides/build.py --check
 
 release: $(STAMP)
 	$(BIN)/python -m autograder release
