@@ -53,21 +53,38 @@ def test_parameter_server_is_constant_time_only_if_the_server_drives_all_links()
     assert single[2] / single[1] == pytest.approx(31 / 7)
 
 
-def _growth(values_small, values_big, ratio):
-    """Name the growth of a quantity measured at n and ratio·n."""
+def _growth(values_small, values_big, ratio, n_small=64):
+    """Name the growth of a quantity measured at n_small and ratio·n_small."""
     r = values_big / values_small
-    if r <= 1.15:                       # bounded (the ring's S/N per step even shrinks)
+    if r <= 1.15:                       # bounded (the ring's 2(N-1)/N·S tends to 2S)
         return "O(1)"
+    if r == pytest.approx(math.log2(ratio * n_small) / math.log2(n_small), rel=0.05):
+        return "O(log N)"
     if r == pytest.approx(ratio, rel=0.2):
         return "O(N)"
     if r == pytest.approx(ratio ** 2, rel=0.2):
         return "O(N^2)"
+    if r == pytest.approx(ratio * math.log2(ratio * n_small) / math.log2(n_small), rel=0.05):
+        return "O(N log N)"
     return f"x{r:.2f}"
+
+
+def test_peak_node_bandwidth_is_the_busiest_nodes_bytes_over_the_whole_all_reduce():
+    """One definition everywhere (cost table, deck 01, lab 1): naive moves (N-1)·S through rank 0."""
+    rows = {r.algorithm: r for r in cost.allreduce_table(8, 1.0)}
+    assert rows["naive"].peak_node_bandwidth == "O(N)" and rows["naive"].peak_node_bytes == 7
+    assert rows["ring"].peak_node_bandwidth == "O(1)" and rows["ring"].peak_node_bytes == pytest.approx(14 / 8)
+    assert rows["tree"].peak_node_bandwidth == "O(log N)" and rows["tree"].peak_node_bytes == 3
+    # recursive doubling swaps whole vectors (lg N·S); Rabenseifner's halving-then-doubling, the ring's bytes
+    assert rows["recursive_doubling"].peak_node_bytes == 3
+    assert rows["recursive_halving"].peak_node_bytes == pytest.approx(14 / 8)
+    assert cost.allreduce_terms("recursive_doubling", 8) == (3, 3, 3)
 
 
 def test_lecture_table_big_o_agrees_with_its_exact_numbers():
     small, big = cost.allreduce_table(64, 1.0), cost.allreduce_table(1024, 1.0)
-    assert [r.algorithm for r in small] == ["parameter_server", "naive", "ring", "parallel", "recursive_halving", "tree"]
+    assert [r.algorithm for r in small] == ["parameter_server", "naive", "ring", "parallel", "recursive_doubling",
+                                         "recursive_halving", "tree"]
     for s, b in zip(small, big):
         assert _growth(s.peak_node_bytes, b.peak_node_bytes, 16) == s.peak_node_bandwidth, s.algorithm
         assert _growth(s.total_bytes, b.total_bytes, 16) == s.total_bandwidth, s.algorithm
@@ -96,10 +113,13 @@ def test_exact_bytes_are_the_nominal_formula_up_to_chunk_rounding(n, numel):
     if n & (n - 1) == 0 and numel % n == 0:
         assert all(s == r == 2 * (n - 1) * S // n for s, r in halving)
     assert sum(s for s, _ in halving) == pytest.approx(cost.total_bytes("recursive_halving", n, S), abs=4 * n * 4)
-    for alg in ("parameter_server", "naive", "parallel", "tree"):
+    for alg in ("parameter_server", "naive", "parallel", "tree", "recursive_doubling"):
         per_rank = cost.allreduce_bytes_per_rank(alg, n, numel)
         assert sum(s for s, _ in per_rank) == cost.total_bytes(alg, n, S), alg
-        assert max(s for s, _ in per_rank) >= cost.peak_node_bytes(alg, n, S), alg
+        assert max(s for s, _ in per_rank) == cost.peak_node_bytes(alg, n, S), alg
+    for alg in ("ring", "recursive_halving"):       # exact up to chunk rounding
+        per_rank = cost.allreduce_bytes_per_rank(alg, n, numel)
+        assert abs(max(s for s, _ in per_rank) - cost.peak_node_bytes(alg, n, S)) <= 4 * 4, alg
 
 
 def test_busbw_uses_the_nccl_tests_factors():

@@ -29,7 +29,7 @@ import numpy as np
 
 # =========================================================================== 1. α-β-γ time
 ALLREDUCE_ALGORITHMS = ("parameter_server", "naive", "parallel", "tree", "ring",
-                        "recursive_halving", "fast_ring")
+                        "recursive_doubling", "recursive_halving", "fast_ring")
 
 
 def _lg(n: int) -> int:
@@ -44,7 +44,11 @@ def allreduce_terms(algorithm: str, n: int, ports: str = "single") -> tuple[floa
     parallel          multi: α + Sβ + (n-1)Sγ           single: (n-1)(α + Sβ) + (n-1)Sγ
     tree              2⌈lg n⌉(α + Sβ) + ⌈lg n⌉Sγ        (binomial reduce + broadcast)
     ring, fast_ring   2(n-1)α + 2(n-1)/n·Sβ + (n-1)/n·Sγ          (Thakur et al. §4.4)
-    recursive_halving 2 lg n·α + 2(n-1)/n·Sβ + (n-1)/n·Sγ, n = 2^k (Rabenseifner);
+    recursive_doubling lg n·(α + Sβ + Sγ), n = 2^k: lg n rounds, partners at distances
+                      1, 2, 4, ..., each swapping the *whole* vector (Thakur et al. §4.4);
+                      otherwise lg p with p = 2^⌊lg n⌋, plus 2(α + Sβ) + Sγ for the fold.
+    recursive_halving 2 lg n·α + 2(n-1)/n·Sβ + (n-1)/n·Sγ, n = 2^k (Rabenseifner: reduce-
+                      scatter by recursive halving, then all-gather by recursive doubling);
                       otherwise lg p with p = 2^⌊lg n⌋, plus 2(α + Sβ) + Sγ for the fold.
     """
     if ports not in ("single", "multi"):
@@ -64,6 +68,10 @@ def allreduce_terms(algorithm: str, n: int, ports: str = "single") -> tuple[floa
         return (2.0 * _lg(n), 2.0 * _lg(n), _lg(n))
     if algorithm in ("ring", "fast_ring"):
         return (2.0 * m, 2.0 * m / n, m / n)
+    if algorithm == "recursive_doubling":
+        p = 1 << (n.bit_length() - 1)
+        a = b = g = float(_lg(p))
+        return (a, b, g) if p == n else (a + 2.0, b + 2.0, g + 1.0)
     if algorithm == "recursive_halving":
         p = 1 << (n.bit_length() - 1)
         a, b, g = 2.0 * _lg(p), 2.0 * (p - 1) / p, (p - 1) / p
@@ -88,35 +96,60 @@ def p2p_time(nbytes: float, alpha: float, beta: float) -> float:
 class TableRow:
     algorithm: str
     time: str                   # growth of the time in n (lecture: links run in parallel)
-    peak_node_bandwidth: str    # most bytes one node moves in one step
+    peak_node_bandwidth: str    # growth of the busiest node's bytes over the whole all-reduce
     total_bandwidth: str        # bytes on all links together
     peak_node_bytes: float      # exact, for n and S (S = 1 when not given)
     total_bytes: float
 
 
-_BIG_O = {   # (time, peak node bandwidth, total bandwidth), as in the lecture
+# (time, peak node bandwidth, total bandwidth). Peak node bandwidth is the bytes the busiest
+# node sends over the whole all-reduce: what its link must carry, so what the operation
+# costs in the bandwidth regime (the β term of a one-port node), and what a trace measures
+# as max(bytes_sent). Errata: the lecture's table counts the sequential (naive) all-reduce
+# as O(N) here and the ring as O(1), which this definition keeps; an earlier version of this
+# table counted bytes per *step* instead, giving naive O(1), which hides rank 0 moving (N-1)·S.
+_BIG_O = {
     "parameter_server": ("O(1)", "O(N)", "O(N)"),
-    "naive": ("O(N)", "O(1)", "O(N)"),
+    "naive": ("O(N)", "O(N)", "O(N)"),
     "ring": ("O(N)", "O(1)", "O(N)"),
     "parallel": ("O(1)", "O(N)", "O(N^2)"),
+    "recursive_doubling": ("O(log N)", "O(log N)", "O(N log N)"),
     "recursive_halving": ("O(log N)", "O(1)", "O(N)"),
-    "tree": ("O(log N)", "O(1)", "O(N)"),
+    "tree": ("O(log N)", "O(log N)", "O(N)"),
 }
 
 
 def peak_node_bytes(algorithm: str, n: int, nbytes: float = 1.0) -> float:
-    """The most bytes one node sends in one step (= what its link must carry at once)."""
+    """Bytes the busiest node sends over the whole all-reduce of ``nbytes`` per rank
+    (nominal, no chunk rounding): max over ranks of :func:`allreduce_bytes_per_rank`'s sent.
+
+    parameter server, naive: the root sends S to each of n-1 others; parallel: every node
+    sends S to n-1 others; tree: the root sends S to ⌈lg n⌉ children; ring and recursive
+    halving: 2(n-1)/n·S; recursive doubling: lg n·S (on n ≠ 2^k, plus S for a folded partner)."""
     if n == 1:
         return 0.0
-    return {"parameter_server": (n - 1) * nbytes, "naive": nbytes, "parallel": (n - 1) * nbytes,
-            "tree": nbytes, "ring": nbytes / n, "fast_ring": nbytes / n,
-            "recursive_halving": nbytes if n & (n - 1) else nbytes / 2}[algorithm]
+    if algorithm in ("parameter_server", "naive", "parallel"):
+        return (n - 1) * nbytes
+    if algorithm == "tree":
+        return _lg(n) * nbytes
+    if algorithm in ("ring", "fast_ring"):
+        return ring_bytes_nominal(n, nbytes)
+    p = 1 << (n.bit_length() - 1)
+    fold = nbytes if p != n else 0.0
+    if algorithm == "recursive_doubling":
+        return _lg(p) * nbytes + fold
+    if algorithm == "recursive_halving":
+        return ring_bytes_nominal(p, nbytes) + fold
+    raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
 
 
 def total_bytes(algorithm: str, n: int, nbytes: float = 1.0) -> float:
     """Bytes sent by all nodes together (nominal, no chunk rounding)."""
     if algorithm == "parallel":
         return n * (n - 1) * nbytes
+    if algorithm == "recursive_doubling":
+        p = 1 << (n.bit_length() - 1)
+        return p * _lg(p) * nbytes + 2 * (n - p) * nbytes
     if algorithm == "recursive_halving" and n & (n - 1):
         p = 1 << (n.bit_length() - 1)
         return 2 * (p - 1) * nbytes + 2 * (n - p) * nbytes
@@ -126,7 +159,8 @@ def total_bytes(algorithm: str, n: int, nbytes: float = 1.0) -> float:
 def allreduce_table(n: int = 8, nbytes: float = 1.0) -> list[TableRow]:
     """The lecture's comparison of all-reduce algorithms, with exact numbers for n, S."""
     return [TableRow(alg, *_BIG_O[alg], peak_node_bytes(alg, n, nbytes), total_bytes(alg, n, nbytes))
-            for alg in ("parameter_server", "naive", "ring", "parallel", "recursive_halving", "tree")]
+            for alg in ("parameter_server", "naive", "ring", "parallel", "recursive_doubling",
+                        "recursive_halving", "tree")]
 
 
 # =========================================================================== 3. bytes per rank
@@ -161,6 +195,11 @@ def allreduce_bytes_per_rank(algorithm: str, n: int, numel: int, itemsize: int =
         return [((children(v) + (v > 0)) * L * e,) * 2 for v in range(n)]
     if algorithm == "recursive_halving":
         return _halving_bytes(n, L, e)
+    if algorithm == "recursive_doubling":     # whole vectors; folded pairs as for halving
+        p = 1 << (n.bit_length() - 1)
+        rem, k = n - p, _lg(p)
+        return [(L * e, L * e) if r < 2 * rem and r % 2 == 0 else
+                ((k + (r < 2 * rem)) * L * e,) * 2 for r in range(n)]
     raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
 
 
