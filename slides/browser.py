@@ -87,7 +87,8 @@ async () => {
               text: slide.innerText.trim().length, images: slide.querySelectorAll('img, svg').length,
               broken: Array.from(slide.querySelectorAll('img')).filter(i => !(i.complete && i.naturalWidth > 0)).length,
               notes: notes.length,
-              inside: r.left >= box.left - 2 && r.right <= box.right + 2});
+              inside: r.left >= box.left - 2 && r.right <= box.right + 2,
+              fits: slide.scrollHeight <= Reveal.getConfig().height + 2});
   }
   return out;
 }
@@ -164,6 +165,8 @@ def check_deck(path: str, timeout_s: float = 20, screenshot: str | None = None) 
             report.problems.append(f"{where} has no speaker notes")
         if not s["inside"]:
             report.problems.append(f"{where} is wider than the slide area")
+        if not s["fits"]:
+            report.problems.append(f"{where} is taller than the slide area (the lecturer must scroll)")
     if math["errors"]:
         report.problems.append(f"{math['errors']} formulas failed to typeset")
     if math["typeset"] < math["containers"]:

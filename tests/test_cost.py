@@ -162,3 +162,16 @@ def test_fit_keeps_alpha_non_negative_and_rejects_bad_points():
         cost.fit_alpha_beta([1.0], [1.0])
     with pytest.raises(ValueError, match="> 0"):
         cost.fit_alpha_beta([1.0, 2.0], [0.0, 1.0])
+
+
+def test_why_distribute_arithmetic_of_the_overview_lecture():
+    """GPT-3: 6·P·D = 3.15e23 FLOP (Brown et al. report 3.14e23); 350 GB of fp16 weights
+    against an 80 GB GPU; centuries on one V100, decades on one H100, at 40% of peak."""
+    flops = cost.training_flops(cost.GPT3_PARAMS, cost.GPT3_TOKENS)
+    assert flops == pytest.approx(3.14e23, rel=0.01)
+    assert cost.model_bytes(cost.GPT3_PARAMS, 2) == pytest.approx(350e9)
+    assert cost.model_bytes(cost.GPT3_PARAMS, cost.zero_bytes_per_param(0, 1)) == pytest.approx(2.8e12)
+    assert cost.gpu_years(flops, cost.PEAK_TFLOPS["V100"]) > 100
+    assert 10 < cost.gpu_years(flops, cost.PEAK_TFLOPS["H100"]) < 100
+    with pytest.raises(ValueError):
+        cost.gpu_years(flops, 100, utilisation=0)

@@ -4,6 +4,7 @@
   rank, nccl-tests bandwidths, fitting α and β;
 * ``data_parallel``: wire bytes of DDP / ZeRO / parameter server, ZeRO model-state memory;
 * ``pipeline``: bubble fractions and peak activations of the pipeline schedules;
+* ``scale``: why distribute: training FLOPs (6·P·D), GPU-years, model bytes;
 * ``tensor_parallel``: collectives per Megatron layer (with and without sequence
   parallelism), activation memory per rank (Korthikanti et al. 2022, and ours term by term).
 
@@ -18,6 +19,7 @@ from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, larges
                                          zero_memory_bytes_fp32)
 from minidist.cost.pipeline import (PIPELINE_SCHEDULES, pipeline_bubble, pipeline_bubble_ratio,
                                     pipeline_peak_activations)
+from minidist.cost.scale import GPT3_PARAMS, GPT3_TOKENS, PEAK_TFLOPS, gpu_years, model_bytes, training_flops
 from minidist.cost.tensor_parallel import (TPCollective, column_parallel_collectives, kv_replica_collectives,
                                            row_parallel_collectives, tp_activation_bytes, tp_activation_bytes_paper,
                                            tp_activation_terms, tp_gpt_collectives, tp_layer_collectives,
@@ -29,6 +31,7 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "FP32_ADAM", "MIXED_PRECISION_ADAM", "largest_model", "ring_wire_bytes", "theory_wire_bytes",
            "zero_bytes_per_param", "zero_memory_bytes", "zero_memory_bytes_fp32",
            "PIPELINE_SCHEDULES", "pipeline_bubble", "pipeline_bubble_ratio", "pipeline_peak_activations",
+           "GPT3_PARAMS", "GPT3_TOKENS", "PEAK_TFLOPS", "gpu_years", "model_bytes", "training_flops",
            "TPCollective", "tp_layer_collectives", "tp_gpt_collectives", "column_parallel_collectives",
            "row_parallel_collectives", "kv_replica_collectives", "vocab_parallel_ce_collectives", "tp_payload_bytes",
            "tp_wire_bytes", "tp_activation_bytes_paper", "tp_activation_terms", "tp_activation_bytes"]
