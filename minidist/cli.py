@@ -132,7 +132,7 @@ def main(argv=None) -> int:
         from minidist.tour import run_tour
         rows = run_tour(args.only)
         _emit(rows, args.json)
-        return 1 if any(str(r.get("note") or "").startswith("FAILED") for r in rows) else 0
+        return 0 if all(r["passed"] for r in rows) else 1
     rows = args.module.run(args)
     _emit(rows, args.json)
     return 0
