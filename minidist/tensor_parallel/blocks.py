@@ -188,8 +188,11 @@ class ParallelAttention(nn.Module):
                   dropout=attn.attn_drop.p, rng=rng, device=w.device, dtype=w.dtype)
         q_rows = slice(rank * out.q_local * hd, (rank + 1) * out.q_local * hd)
         kv_rows = slice(out.kv_first * hd, (out.kv_first + out.kv_local) * hd)
-        pick = lambda name: (torch.cat([attn.q.get_parameter(name)[q_rows], attn.k.get_parameter(name)[kv_rows],  # noqa: E731
-                                        attn.v.get_parameter(name)[kv_rows]]).detach())
+
+        def pick(name):     # my query heads' rows, then my kv heads' rows of K and of V
+            q, k, v = (getattr(attn, m).get_parameter(name) for m in "qkv")
+            return torch.cat([q[q_rows], k[kv_rows], v[kv_rows]]).detach()
+
         out.qkv.load_shard(pick("weight"), pick("bias") if attn.q.bias is not None else None)
         out.o = RowParallelLinear.from_full(attn.o, group, sequence_parallel=sequence_parallel)
         return out
