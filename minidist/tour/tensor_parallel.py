@@ -4,7 +4,9 @@ Each row runs one forward and backward on 4 CPU ranks (fp32), builds the single-
 module from the same seed on every rank, and reports the largest difference of the
 output and of every gradient (max_err), the payload bytes the tracer saw on the busiest
 rank next to ``minidist.cost.tensor_parallel`` (bytes_per_rank vs bytes_theory), and
-for the blocks the activation bytes autograd saved next to the formula.
+for the blocks the activation bytes autograd saved next to the formula. A row's own
+``passed`` says the traced bytes (and, for blocks, the saved bytes) equal theory exactly;
+the tour adds the max_err verdict (fp32 tolerance).
 """
 from __future__ import annotations
 
@@ -145,6 +147,7 @@ def tour_row(kind: str, world_size: int = T) -> dict:
            "bytes_per_rank": max(o[1] for o in out),
            "bytes_theory": cost.tp_payload_bytes(_theory(kind, world_size)), "time_s": elapsed,
            "note": NOTES.get(kind, "")}
+    row["passed"] = row["bytes_per_rank"] == row["bytes_theory"]      # max_err is judged by the tour
     if kind.startswith("block"):
         sp = kind == "block_sp"
         kw = dict(sequence_parallel=sp, d_ff=CFG.d_ff)
@@ -152,6 +155,7 @@ def tour_row(kind: str, world_size: int = T) -> dict:
         paper = cost.tp_activation_bytes_paper(S, B, CFG.d_model, CFG.n_heads, world_size, sp)
         saved = max(o[2] for o in out)
         row |= {"activation_bytes": saved, "activation_formula": formula, "activation_paper_16bit": paper,
+                "passed": row["passed"] and saved == formula,
                 "note": (f"{'2 AG + 2 RS fwd, 4 AG + 2 RS bwd + LN-grad sync' if sp else '2 AR fwd + 2 bwd'}; "
                          f"saved activations {saved} B vs formula {formula:.0f} B (paper, 16-bit: {paper:.0f} B)")}
     return row
