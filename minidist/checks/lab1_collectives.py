@@ -11,6 +11,7 @@ import torch
 
 from minidist.checks.collectives import check_collective
 from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal
+from minidist.checks.quiet import passes_quietly
 
 #: minidist's own collectives (wrappers, ``__wrapped__``, inner helpers) are refused in graded code.
 REFUSED = Refusal("collectives from send/recv", ("minidist.collectives",), checks=__name__)
@@ -24,6 +25,7 @@ LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
 }
 
 
+@passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
     world sizes 2-5 (powers of two for halving), lengths divisible by N, not, and below
@@ -37,6 +39,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECT
     check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout, refuse=REFUSED)
 
 
+@passes_quietly
 def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """The traced communication pattern of lab 1's graded function ``name``."""
     kind, pattern, pow2 = LAB1[name]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named
 from minidist.checks.training import check_equal, describe_case, train_student
+from minidist.checks.quiet import passes_quietly
 from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp, mlp_batch
 from minidist.trace import trace
 
@@ -35,6 +36,7 @@ def _cases(models, cap=None, steps=3, batch=24):
 
 
 # ----------------------------------------------------------------------------- lab 2: split
+@passes_quietly
 def check_split_batch(split_batch, hidden: bool = False) -> None:
     """``split_batch(x, y, rank, world_size)`` -> rank's contiguous block of x and of y;
     a batch that does not divide by world_size raises ValueError. Pure: no launch."""
@@ -74,6 +76,7 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------- lab 2: naive DDP
+@passes_quietly
 def check_average_gradients(average_gradients, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Training with ``average_gradients(model)`` after every backward equals single-process
     training on the whole batch (SGD with momentum, 3 steps)."""
@@ -85,6 +88,7 @@ def check_average_gradients(average_gradients, hidden: bool = False, timeout: fl
         check_equal("average_gradients", n, cases, out)
 
 
+@passes_quietly
 def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """One all-reduce per trainable parameter, Ψ·4 bytes of payload in all, nothing else."""
     for n in (2, 3):
@@ -120,6 +124,7 @@ def _expected_buckets(sizes, cap):
     return out + ([cur] if cur else [])
 
 
+@passes_quietly
 def check_make_buckets(make_buckets, hidden: bool = False) -> None:
     """Greedy buckets of at most ``cap_bytes``, in reverse parameter order; a tensor bigger
     than the cap gets a bucket of its own. Pure: no launch."""
@@ -146,6 +151,7 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
                 f"every parameter appears exactly once.")
 
 
+@passes_quietly
 def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Training with ``BucketedDDP(model, bucket_cap_bytes)`` (``finish_gradient_sync()``
     after every backward) equals single-process training on the whole batch."""
@@ -161,6 +167,7 @@ def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAIN
         check_equal("BucketedDDP", n, cases, out)
 
 
+@passes_quietly
 def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Per step: one all-reduce per bucket (not per parameter), Ψ·4 bytes of payload in all."""
     for n in (2, 3):
@@ -204,6 +211,7 @@ def _overlap_body(progress, BucketedDDP, cap):
             "buckets": len(ddp.buckets)}
 
 
+@passes_quietly
 def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """The first bucket's all-reduce starts from a gradient hook, before backward has
     produced its last gradient (communication overlaps the rest of backward)."""

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, launch_named, mark_case
 from minidist.checks.training import check_equal, train_student
+from minidist.checks.quiet import passes_quietly
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
 from minidist.models import TINY_MLP_VARIANTS
 from minidist.trace import trace
@@ -30,6 +31,7 @@ REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel",), allow=("minidist
 MEMORY_MODEL = {"hidden": 32, "n_hidden": 3}     # Ψ ≈ 3.6 k: padding and Adam's step counters < 1%
 
 
+@passes_quietly
 def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """ZeRO stage ``stage`` trains exactly like one process on the whole batch (Adam, and SGD
     with momentum to catch a wrong gradient scale)."""
@@ -46,6 +48,7 @@ def _memory_cases(stage):
     return [dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam", measure=True)]
 
 
+@passes_quietly
 def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT, slack: float = 0.05) -> None:
     """Measured model-state bytes per rank (live storages, minidist.memory) within ``slack``
     of the fp32 ZeRO formula (minidist.cost) for N = 2 and 4: optimizer states 8Ψ/N (stages
@@ -73,6 +76,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                            "params": "Gathered parameters must be freed (storage resized to 0) after use."}[key])
 
 
+@passes_quietly
 def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Stages 1-2: reduce-scatter + all-gather of Ψ, no all-reduce, the same wire volume as
     DDP (2(N−1)/N·Ψ); stage 3: two all-gathers (forward, backward) and one reduce-scatter,
@@ -131,6 +135,7 @@ def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
     return out
 
 
+@passes_quietly
 def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden: bool = False,
                                    timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """On each rank, ``unit.shard.grad`` becomes (accumulates) the average over ranks of this

@@ -34,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist.checks.common import TOL, TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case
+from minidist.checks.quiet import passes_quietly
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.memory import ActivationMeter, Metered
 from minidist.models import block_stack, regression_batch
@@ -85,6 +86,7 @@ def _check_order(name, kind, s, p, m):
                                  f"  expected: {_show(want)}\n  got:      {_show(got)}\n  {hint}")
 
 
+@passes_quietly
 def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None) -> None:
     """``fn(p, m)`` must return a valid ``kind`` schedule ("gpipe" or "1f1b"): validator
     clean (deadlock included), canonical compute order, simulated bubble = theory and
@@ -150,6 +152,7 @@ EXECUTOR_CASES = {   # p -> [(schedule, m, batch)]
 }
 
 
+@passes_quietly
 def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """``fn(schedule, chunks, x, y)`` runs one step's forwards and backwards of the library's
     GPipe and 1F1B schedules; gradients on every rank and the loss (returned by the rank
@@ -216,6 +219,7 @@ def _rank_memory(progress, fn, cases, costs, repeats, schedules):
     return out
 
 
+@passes_quietly
 def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, timeout: float = TRAINING_CHECK_TIMEOUT,
                      name: str | None = None) -> list[dict]:
     """Run ``fn`` on p ranks for each (schedule, m, batch) in ``cases``: measured peak
@@ -249,6 +253,7 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
 BUBBLE_SLACK = (0.05, 0.12)     # measured may sit this far below / above theory (load adds idle time)
 
 
+@passes_quietly
 def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
     rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's;
