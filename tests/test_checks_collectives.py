@@ -293,3 +293,16 @@ def test_naive_pattern_accepts_any_broadcast():
     checks.check_broadcast(_binomial_broadcast, world_sizes=(2, 3, 4, 5), lengths=(1, 7))
     checks.check_all_reduce(naive_all_reduce_with_tree_broadcast, world_sizes=(2, 3, 4, 5), lengths=(7, 19),
                             dtypes=(torch.float32,), pattern="naive")
+
+
+def test_lab1_halving_must_raise_value_error_on_non_power_of_two_world_sizes():
+    def strict(tensor):
+        n = dist.get_world_size()
+        if n & (n - 1):
+            raise ValueError(f"recursive halving needs a power-of-two world size, got {n}")
+        return halving_all_reduce(tensor)
+
+    lab1.check_rejects_world_size("recursive_halving_all_reduce", strict)
+    with pytest.raises(AssertionError, match=r"world_size=3\): ranks \[0, 1, 2\] returned instead of raising"):
+        lab1.check_rejects_world_size("recursive_halving_all_reduce", lambda t: t.clone())
+    lab1.check_function("recursive_halving_all_reduce", strict, hidden=True)      # N = 1 among the hidden sizes

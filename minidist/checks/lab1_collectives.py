@@ -8,10 +8,12 @@ A test cell of the lab is a one-liner::
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
-from minidist.checks.collectives import check_collective
-from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal
+from minidist.checks.collectives import P2P_ONLY, check_collective
+from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case
 from minidist.checks.quiet import passes_quietly
+from minidist.trace import guard
 
 #: minidist's own collectives (wrappers, ``__wrapped__``, inner helpers) are refused in graded code.
 REFUSED = Refusal("collectives from send/recv", ("minidist.collectives",), checks=__name__)
@@ -28,11 +30,11 @@ LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
-    world sizes 2-5 (powers of two for halving), lengths divisible by N, not, and below
-    N, float32 and float64."""
+    world sizes 1-5 (1, 2, 4 for halving: the lab's contract says N >= 1), lengths
+    divisible by N, not, and below N, float32 and float64."""
     kind, _, pow2 = LAB1[name]
     if hidden:
-        sizes = (2, 4) if pow2 else (2, 3, 4, 5)
+        sizes = (1, 2, 4) if pow2 else (1, 2, 3, 4, 5)
         lengths, dtypes = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37), (torch.float32, torch.float64)
     else:
         sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
@@ -48,3 +50,26 @@ def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> N
     sizes = (2, 4) if pow2 else (2, 3, 4)
     check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name,
                      timeout=timeout, refuse=REFUSED)
+
+
+def _rejects_body(progress, fn):
+    mark_case(progress, f"world_size={dist.get_world_size()}, length 8, float32")
+    try:
+        with guard(P2P_ONLY, "graded collectives must be built from dist.send/recv/isend/irecv only"):
+            fn(torch.ones(8))
+    except ValueError as err:
+        return ("ValueError", str(err))
+    return ("returned", None)
+
+
+@passes_quietly
+def check_rejects_world_size(name: str, fn, world_sizes=(3, 5, 6), timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
+    """The lab's promise for ``name`` (recursive halving): on a world size that is not a
+    power of two it raises ``ValueError`` on every rank, before it communicates (a rank
+    that goes ahead and waits for a partner that raised would hang)."""
+    for n in world_sizes:
+        out = launch_named(_rejects_body, n, fn, name=name, timeout=timeout, refuse=REFUSED)
+        silent = [r for r, (what, _) in enumerate(out) if what != "ValueError"]
+        if silent:
+            raise AssertionError(f"{name} (world_size={n}): ranks {silent} returned instead of raising ValueError; "
+                                 f"the lab asks for a ValueError that says N must be a power of two")
