@@ -105,3 +105,24 @@ def test_memory_check_measures_what_autograd_keeps():
     C.check_executor_memory(lib_exec)
     with pytest.raises(AssertionError, match="micro-batches at the peak"):
         C.check_executor_memory(hoarding_exec)
+
+
+def early_receive_exec(s, chunks, x, y, costs=None):
+    """Waits for every forward activation it will receive before its first forward (GPipe):
+    right gradients and memory, but the pipeline stalls; the wall-clock bubble would show it
+    only on a quiet machine, the replayed order shows it always."""
+    if s.name.startswith("gpipe"):
+        actions = []
+        for prog in s.actions:
+            recvs = [a for a in prog if a.kind == "RECV_F"]
+            rest = [a for a in prog if a.kind != "RECV_F"]
+            actions.append(recvs + rest)
+        s = Schedule(s.name, s.p, s.m, s.v, actions)
+    return run_schedule(s, chunks, x, y, costs=costs).loss
+
+
+def test_bubble_is_graded_from_the_replayed_order_not_the_clock():
+    rows = C.measure_executor(lib_exec, 4, [("gpipe", 8, 32), ("1f1b", 8, 32)], sleep=False)
+    assert all(abs(r["replayed"] - r["simulated"]) < 1e-9 and r["measured"] is None for r in rows), rows
+    with pytest.raises(AssertionError, match=r"replayed in its own order .* bubble of 0\.\d+; the schedule's is 0\.273"):
+        C.check_executor_memory(early_receive_exec)

@@ -176,3 +176,15 @@ def test_pipelines_in_sub_groups_with_batched_p2p():
             assert n_slots == len(_schedule(name, 2, m, v).compute(stage_rank))
             if stage_rank == 1:
                 assert loss == pytest.approx(ref_loss.item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])
+def test_a_traced_run_replays_to_the_simulators_bubble_whatever_the_load(name, v):
+    """What load cannot change (each rank's order of computes, sends and receive-waits),
+    replayed at fixed costs, gives the simulator's bubble exactly; the clock does not."""
+    from minidist.harness.pipeline import measure
+    from minidist.pipeline import Costs, bubble_of, make, replayed_slots, simulate
+    costs = Costs(F=0.002, B=0.004)
+    s = make(name, 4, 8, v=v) if v > 1 else make(name, 4, 8)
+    _, t = measure(s, costs, timeout=30)
+    assert bubble_of(replayed_slots(t, costs), 4) == pytest.approx(simulate(s, costs).bubble, abs=1e-12)

@@ -18,9 +18,9 @@ from minidist.pipeline.validator import validate, check
 from minidist.pipeline.simulator import Costs, Slot, SimResult, simulate
 from minidist.pipeline.stages import partition, balanced_boundaries, rank_chunks
 from minidist.pipeline.executor import StepStats, run_schedule, timed
-from minidist.pipeline.timeline import slots_from_trace, bubble_of, to_chrome
+from minidist.pipeline.timeline import bubble_of, replayed_slots, slots_from_trace, to_chrome
 
 __all__ = ["Action", "Schedule", "SCHEDULES", "make", "naive", "gpipe", "one_f_one_b", "interleaved_1f1b",
            "zb_h1", "with_comms", "ScheduleError", "validate", "check", "Costs", "Slot", "SimResult",
            "simulate", "partition", "balanced_boundaries", "rank_chunks", "StepStats", "run_schedule", "timed",
-           "slots_from_trace", "bubble_of", "to_chrome"]
+           "slots_from_trace", "replayed_slots", "bubble_of", "to_chrome"]
