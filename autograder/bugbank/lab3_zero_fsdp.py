@@ -3,7 +3,10 @@
 Each bug replaces one solution cell of solutions/lab3_zero_fsdp/lab3_zero_fsdp.ipynb and
 names the test cells that must lose points (format: autograder/bugbank/README.md).
 
-Three kinds of tests catch them: equality with single-process training (Adam, and SGD with
+Each stage's end-to-end tests grade only the functions that stage adds (the lab's reference
+stands in for the others: minidist.checks.lab3_zero_fsdp.GRADED), so a bug in
+reduce_scatter_gradients is caught by its own test and ZeRO-2's, one in sharded_step by
+ZeRO-1's, one in gather/free by ZeRO-3's. Three kinds of tests catch them: equality with single-process training (Adam, and SGD with
 momentum for a wrong gradient scale), the traced collectives and their bytes, and the
 measured bytes per rank (live storages, minidist.memory) against the ZeRO formula.
 """
@@ -14,7 +17,7 @@ BUGS = [
         name="rs_forgets_to_average",
         cell="reduce_scatter_gradients",
         replace=[("    mine.div_(dist.get_world_size())\n", "")],
-        catches=["test_reduce_scatter_gradients", "test_zero1_equal"],
+        catches=["test_reduce_scatter_gradients", "test_zero2"],
         why="each rank keeps the SUM of its gradient shard: the SGD step is N times too large",
     ),
     dict(
@@ -22,7 +25,7 @@ BUGS = [
         cell="reduce_scatter_gradients",
         replace=[("    dist.reduce_scatter_tensor(mine, flat_grad)\n",
                   "    flat_grad.div_(dist.get_world_size())\n    dist.reduce_scatter_tensor(mine, flat_grad)\n")],
-        catches=["test_reduce_scatter_gradients", "test_zero1_equal"],
+        catches=["test_reduce_scatter_gradients", "test_zero2"],
         why="divides by N before the reduce-scatter and again after",
     ),
     dict(
@@ -56,7 +59,7 @@ def reduce_scatter_gradients(unit):
     for p in unit.params:
         p.grad = None
 ''',
-        catches=["test_reduce_scatter_gradients", "test_zero1_traffic_memory"],
+        catches=["test_reduce_scatter_gradients", "test_zero2"],
         why="all-reduces the whole gradient and keeps a slice: right numbers, twice the traffic of a reduce-scatter",
     ),
 

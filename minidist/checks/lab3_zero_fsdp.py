@@ -6,6 +6,13 @@ through the one data-parallel loop (:mod:`minidist.checks.training`). A lab test
 one-liner::
 
     checks.check_zero(Zero, stage=1)
+
+Points follow the work: each stage's end-to-end checks grade the student's functions that
+stage adds (:data:`GRADED`): ZeRO-1 ``sharded_step``, ZeRO-2 ``reduce_scatter_gradients``
+(called from backward hooks, full gradients dropped), ZeRO-3 ``gather_parameters`` and
+``free_parameters``. The lab's other functions are stood in for by the lab's reference
+(:mod:`minidist.checks.lab3_reference`) inside the ranks, so a wrong function loses the
+points of the tests that grade it, and every failure names the function it grades.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, launch_named, mark_case
+from minidist.checks.lab3_reference import REFERENCES
 from minidist.checks.training import check_equal, train_student
 from minidist.checks.quiet import passes_quietly
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
@@ -26,8 +34,43 @@ from minidist.trace import trace
 # parameter-like tensor held), ``optimizer`` and ``full_parameters()`` (flat fp32 vector).
 #: minidist's ZeRO/FSDP (and the rest of minidist.data_parallel) is refused in graded code; the lab
 #: hands out FlatShard.
-REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel",), allow=("minidist.data_parallel.common.FlatShard",),
-                  checks=__name__)
+REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel", "minidist.checks.lab3_reference"),
+                  allow=("minidist.data_parallel.common.FlatShard",), checks=__name__)
+GRADED = {1: ("sharded_step",), 2: ("reduce_scatter_gradients",), 3: ("gather_parameters", "free_parameters")}
+
+
+def _stand_ins(stage: int) -> dict:
+    """The lab's reference for every student function that stage ``stage``'s tests do not grade."""
+    return {name: fn for name, fn in REFERENCES.items() if name not in GRADED[stage]}
+
+
+def _refusal(stage: int) -> Refusal | None:
+    """REFUSED, with the stand-ins of this stage allowed (the graded functions' own references stay refused)."""
+    if REFUSED is None:
+        return None
+    allow = tuple(f"{fn.__module__}.{name}" for name, fn in _stand_ins(stage).items())
+    return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + allow, REFUSED.checks)
+
+
+class _WithStandIns:
+    """``Zero`` whose calls of the lab's functions not graded at ``stage`` go to the reference:
+    the notebook's globals are rebound inside the rank (a copy of the notebook), never here."""
+
+    def __init__(self, Zero, stage: int):
+        self.Zero, self.stage = Zero, stage
+
+    def __call__(self, model, stage, **kwargs):
+        names = getattr(getattr(self.Zero, "__init__", None), "__globals__", {})
+        for name, fn in _stand_ins(self.stage).items():
+            if name in names:
+                names[name] = fn
+        return self.Zero(model, stage, **kwargs)
+
+
+def _graded(stage: int) -> str:
+    others = [n for n in _stand_ins(stage)]
+    return (f"Zero(stage={stage}), grading your {' and '.join(GRADED[stage])} "
+            f"(the lab's reference stands in for {', '.join(others)})")
 MEMORY_MODEL = {"hidden": 32, "n_hidden": 3}     # Ψ ≈ 3.6 k: padding and Adam's step counters < 1%
 
 
@@ -40,8 +83,8 @@ def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING
     for n in sizes:
         cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
                  for m in models for o in ("adam", "sgd")]
-        out = train_student("zero", Zero, n, cases, f"Zero(stage={stage})", timeout, REFUSED)
-        check_equal(f"Zero(stage={stage})", n, cases, out, diagnose=False)
+        out = train_student("zero", _WithStandIns(Zero, stage), n, cases, _graded(stage), timeout, _refusal(stage))
+        check_equal(_graded(stage), n, cases, out, diagnose=False)
 
 
 def _memory_cases(stage):
@@ -55,7 +98,8 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     1-3), gradients 4Ψ/N after backward (stages 2-3), parameters 4Ψ/N after the step (stage 3).
     An implementation that keeps the unsharded copy is off by a factor of up to N."""
     for n in (2, 4):
-        out = train_student("zero", Zero, n, _memory_cases(stage), f"Zero(stage={stage}) memory", timeout, REFUSED)
+        out = train_student("zero", _WithStandIns(Zero, stage), n, _memory_cases(stage), _graded(stage) + ", memory",
+                            timeout, _refusal(stage))
         for r in range(n):
             res = out[r][0]
             formula = zero_memory_bytes_fp32(stage, res["numel"], n)
@@ -69,7 +113,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                 if got > (1 + slack) * want:
                     full = {"optimizer": 8, "grads": 4, "params": 4}[key] * res["numel"]
                     raise AssertionError(
-                        f"Zero(stage={stage}) (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
+                        f"{_graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
                         f"the formula says {want:.0f} (1/{n} of {full}), measured from live storages. "
                         + {"optimizer": "Is the optimizer built over the shards only?",
                            "grads": "Full gradients must be dropped (p.grad = None) once reduce-scattered.",
@@ -83,14 +127,15 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
     3(N−1)/N·Ψ, 1.5x DDP."""
     for n in (2, 3):
         case = dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam")
-        out = train_student("zero", Zero, n, [case], f"Zero(stage={stage}) traffic", timeout, REFUSED)
+        out = train_student("zero", _WithStandIns(Zero, stage), n, [case], _graded(stage) + ", traffic", timeout,
+                            _refusal(stage))
         for r in range(n):
             res = out[r][0]
             psi = 4 * res["numel"]
             traced: dict = {}
             for op, b in res["events"]:
                 traced[op] = traced.get(op, 0) + b
-            what = f"Zero(stage={stage}) (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
+            what = f"{_graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
             if set(traced) != {"reduce_scatter_tensor", "all_gather_into_tensor"}:
                 raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all_gather_into_tensor, "
                                      f"saw {sorted(traced) or 'no communication'}")
