@@ -5,6 +5,9 @@ seed, so every rank builds the same model and the same global batch without talk
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, replace
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -135,10 +138,6 @@ def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321):
 # the textbook list that Korthikanti et al. 2022 count, and the head count is read from
 # the tensors (``view(b, s, -1, head_dim)``) so torch's own tensor parallelism can shard
 # the projections of this very module without patching attributes.
-from dataclasses import dataclass, replace  # noqa: E402  (kept with the section that needs it)
-import math  # noqa: E402
-
-
 @dataclass(frozen=True)
 class GPTConfig:
     """Sizes of a :class:`TinyGPT`. ``n_kv_heads`` < ``n_heads`` gives grouped-query

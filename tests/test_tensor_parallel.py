@@ -27,13 +27,14 @@ import torch.nn as nn
 
 import minidist
 from minidist import cost
+from minidist.memory import saved_activation_bytes
 from minidist.models import GPTConfig, TinyGPT, gpt_batch, gpt_loss
 from minidist.tensor_parallel import (ColumnParallelLinear, ParallelAttention, ParallelMLP, RNGTracker,
                                       RowParallelLinear, VocabParallelEmbedding, column_parallel_linear, copy_to_tp,
                                       gather_along_dim, gather_from_tp, kv_layout, new_tp_group, reduce_from_tp,
-                                      reduce_scatter_along_dim, row_parallel_linear, saved_activation_bytes,
-                                      split_along_dim, sync_sequence_parallel_grads, tensor_parallel_block,
-                                      tensor_parallel_gpt, torch_parallelize, vocab_parallel_cross_entropy)
+                                      reduce_scatter_along_dim, row_parallel_linear, split_along_dim,
+                                      sync_sequence_parallel_grads, tensor_parallel_block, tensor_parallel_gpt,
+                                      torch_parallelize, vocab_parallel_cross_entropy)
 from minidist.tensor_parallel.comm import shard_range
 from minidist.trace import trace
 

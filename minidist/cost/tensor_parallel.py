@@ -158,7 +158,7 @@ def tp_activation_terms(s: int, b: int, h: int, a: int, t: int = 1, *, sequence_
     The paper's count redone for ``minidist.models.GPTBlock`` / ``ParallelBlock`` as they
     run (fp32 or fp64 ``elem_bytes``, bool dropout masks, LayerNorm keeping its per-token
     mean and 1/std, each a (b, s) tensor of ``stat_bytes``), and measured exactly by
-    ``minidist.tensor_parallel.saved_activation_bytes``. The first group is outside the
+    ``minidist.memory.saved_activation_bytes``. The first group is outside the
     tensor-parallel region (divided by t only under SP); the second is split by heads or by
     MLP columns (divided by t). With ``dropout=False`` (p = 0) dropout is skipped: no masks,
     and attention keeps only the softmax output. GQA changes nothing: K and V are repeated

@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 import torch.nn.functional as F
 
+from minidist.memory import ActivationMeter, model_state
 from minidist.trace import span
 from minidist.pipeline.schedules import Schedule
 from minidist.pipeline.simulator import Costs, frees_activation
@@ -72,7 +73,7 @@ def timed(action, costs: Costs | None = None):
 class StepStats:
     loss: float | None          # the full-batch loss, on the rank holding the last stage
     peak_activations: int       # most (micro-batch, chunk) activations held at once
-    peak_activation_bytes: int  # bytes autograd saved for them, at that peak
+    peak_activation_bytes: int  # most bytes autograd held for backward at once (minidist.memory.ActivationMeter)
 
 
 def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss, *,
@@ -123,10 +124,10 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
     received: dict[tuple, torch.Tensor] = {}   # (kind, mb, chunk) -> tensor from a neighbour
     outgoing: dict[tuple, torch.Tensor] = {}   # (kind, mb, chunk) -> tensor for a neighbour
     stored: dict[tuple, tuple] = {}            # (mb, chunk) -> (stage input, stage output or loss)
-    saved_bytes: dict[tuple, int] = {}
     out_grad: dict[tuple, torch.Tensor | None] = {}   # kept from BI for BW
     pending_sends, loss_sum = [], None
-    peak, peak_bytes = 0, 0
+    peak = 0
+    meter = ActivationMeter([q for c in chunks for q in model_state(c)])     # weights are not activations
 
     prog = s.actions[rank]
     groups = []                         # (first, end) of each run of communication actions
@@ -185,22 +186,15 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
             start = time.perf_counter()
             if a.kind == "F":
                 inp = xs[a.mb] if stage == first else received.pop(("act", *key)).requires_grad_()
-                nbytes = [0]
-
-                def pack(t, nbytes=nbytes):      # measure what autograd keeps for backward
-                    nbytes[0] += t.numel() * t.element_size()
-                    return t
-
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                with meter.recording():
                     out = module(inp)
                     if stage == last:
                         out = loss_fn(out, ys[a.mb]) / s.m
                         loss_sum = out.detach() if loss_sum is None else loss_sum + out.detach()
                 if stage != last:
                     outgoing[("act", *key)] = out.detach()
-                stored[key], saved_bytes[key] = (inp, out), nbytes[0]
+                stored[key] = (inp, out)
                 peak = max(peak, len(stored))
-                peak_bytes = max(peak_bytes, sum(saved_bytes.values()))
             else:
                 inp, out = stored[key]
                 grad = None if stage == last or a.kind == "BW" else received.pop(("grad", *key))
@@ -220,8 +214,8 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
                         if wg is not None:
                             p_.grad = wg if p_.grad is None else p_.grad + wg
                 if frees_activation(a.kind):
-                    del stored[key], saved_bytes[key]
+                    del stored[key]
             pad(start, a.kind)
     for w, _ in pending_sends:          # the tensors stay referenced until their send is done
         w.wait()
-    return StepStats(None if loss_sum is None else float(loss_sum), peak, peak_bytes)
+    return StepStats(None if loss_sum is None else float(loss_sum), peak, meter.peak_bytes)

@@ -6,8 +6,8 @@ Transformer Models". Read in this order, each file top to bottom:
 
 * ``comm``: the differentiable collectives, f (:func:`copy_to_tp`) and g
   (:func:`reduce_from_tp`), all-gather / reduce-scatter / split along a dim;
-* ``sequence_parallel``: the SP linear that keeps only its input shard, the partial
-  gradients of LayerNorm under SP, and activation bytes measured from autograd;
+* ``sequence_parallel``: the SP linear that keeps only its input shard, and the partial
+  gradients of LayerNorm under SP;
 * ``layers``: :class:`ColumnParallelLinear`, :class:`RowParallelLinear`,
   :class:`VocabParallelEmbedding` (and their functional forms);
 * ``blocks``: :class:`ParallelMLP`, :class:`ParallelAttention` (split by heads, GQA),
@@ -18,7 +18,8 @@ Transformer Models". Read in this order, each file top to bottom:
 
 Every function and module takes a ``group`` (``None``: the whole world), so all of it
 runs inside a sub-group of a mesh (:func:`new_tp_group`). Costs (bytes per collective,
-activation memory) are in :mod:`minidist.cost.tensor_parallel`.
+activation memory) are in :mod:`minidist.cost.tensor_parallel`; saved activations are
+measured by :func:`minidist.memory.saved_activation_bytes`.
 """
 from minidist.tensor_parallel.blocks import ParallelAttention, ParallelDropout, ParallelMLP, RNGTracker, kv_layout
 from minidist.tensor_parallel.comm import (copy_to_tp, gather_along_dim, gather_from_tp, new_tp_group, reduce_from_tp,
@@ -27,9 +28,8 @@ from minidist.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from minidist.tensor_parallel.layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                              column_parallel_linear, row_parallel_linear)
 from minidist.tensor_parallel.sequence_parallel import (SEQ_DIM, gather_from_sequence, mark_sequence_parallel,
-                                                        saved_activation_bytes, scatter_to_sequence,
-                                                        sequence_parallel_linear, sequence_parallel_params,
-                                                        sync_sequence_parallel_grads)
+                                                        scatter_to_sequence, sequence_parallel_linear,
+                                                        sequence_parallel_params, sync_sequence_parallel_grads)
 from minidist.tensor_parallel.transformer import (ParallelBlock, ParallelGPT, grads_as_params, max_grad_error,
                                                   tensor_parallel_block, tensor_parallel_gpt, torch_parallelize)
 
@@ -46,7 +46,7 @@ __all__ = [
     "vocab_parallel_cross_entropy",
     # sequence parallelism
     "SEQ_DIM", "sequence_parallel_linear", "scatter_to_sequence", "gather_from_sequence", "mark_sequence_parallel",
-    "sequence_parallel_params", "sync_sequence_parallel_grads", "saved_activation_bytes",
+    "sequence_parallel_params", "sync_sequence_parallel_grads",
     # model
     "ParallelBlock", "ParallelGPT", "tensor_parallel_block", "tensor_parallel_gpt", "torch_parallelize",
     "grads_as_params", "max_grad_error",

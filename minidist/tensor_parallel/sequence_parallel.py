@@ -38,7 +38,7 @@ from minidist.tensor_parallel.comm import _all_gather, _reduce_scatter, gather_f
 
 __all__ = ["SEQ_DIM", "SequenceParallelLinear", "sequence_parallel_linear", "scatter_to_sequence",
            "gather_from_sequence", "mark_sequence_parallel", "sequence_parallel_params",
-           "sync_sequence_parallel_grads", "saved_activation_bytes"]
+           "sync_sequence_parallel_grads"]
 
 SEQ_DIM = 1     # activations are (batch, seq, hidden), as in minidist.models.TinyGPT
 
@@ -120,32 +120,3 @@ def sync_sequence_parallel_grads(module: nn.Module, group=None) -> int:
         g.copy_(flat[offset:offset + g.numel()].view_as(g))
         offset += g.numel()
     return flat.numel() * flat.element_size()
-
-
-# ----------------------------------------------------------------------------- measurement
-def saved_activation_bytes(fn, *args, exclude: nn.Module | None = None, **kwargs):
-    """Run ``fn(*args, **kwargs)`` and return (its result, bytes autograd saved for backward).
-
-    Counted: the distinct storages of every tensor a graph node keeps (a view of a stored
-    tensor costs nothing more; bool dropout masks count 1 byte per element). Not counted:
-    storages of ``exclude``'s parameters and buffers (model state: weights kept by
-    matmuls, the causal-mask buffer), which exist whether or not anything is saved.
-    """
-    def key(t):
-        s = t.untyped_storage()
-        return (t.device.type, s.data_ptr(), s.nbytes())
-
-    skip = set()
-    if exclude is not None:
-        skip = {key(t) for t in (*exclude.parameters(), *exclude.buffers())}
-    seen: dict = {}
-
-    def pack(t):
-        k = key(t)
-        if k not in skip and k[2]:
-            seen.setdefault(k, t)       # hold it: its address cannot be reused while counted
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        result = fn(*args, **kwargs)
-    return result, sum(k[2] for k in seen)

@@ -17,10 +17,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import cost
+from minidist.memory import saved_activation_bytes
 from minidist.models import GPTConfig, TinyGPT
 from minidist.runtime import launch
 from minidist.tensor_parallel import (ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear,
-                                      grads_as_params, max_grad_error, saved_activation_bytes, shard_range,
+                                      grads_as_params, max_grad_error, shard_range,
                                       sync_sequence_parallel_grads, tensor_parallel_block,
                                       vocab_parallel_cross_entropy)
 from minidist.tour import TourEntry

@@ -1,0 +1,57 @@
+"""minidist.memory.ActivationMeter: the one exact count of what autograd keeps for backward.
+
+Single process, hand-sized tensors: every expected number below is worked out from the
+shapes, so a counter that charges a whole storage for a slice, counts overlapping views
+twice, counts weights, or never releases would fail.
+"""
+import torch
+import torch.nn as nn
+
+from minidist.memory import ActivationMeter, Metered, saved_activation_bytes
+
+
+def test_slices_of_one_batch_count_their_own_rows():
+    x = torch.randn(8, 4, requires_grad=True)
+    meter = ActivationMeter()
+    outs = []
+    for part in x.chunk(4):                 # micro-batches: views into one storage
+        with meter.recording():
+            outs.append(part.exp())         # exp saves its output (own storage, 2·4·4 bytes)
+            outs.append(part * part)        # mul saves both operands: the slice, once
+    assert meter.bytes == meter.peak_bytes == 4 * (2 * 4 * 4 + 2 * 4 * 4)
+    assert meter.peak_calls == 4
+
+
+def test_overlapping_views_count_their_union_once():
+    qkv = torch.randn(2, 3, 12, requires_grad=True).clone()
+    q, k, v = qkv.split(4, dim=-1)          # interleaved, non-contiguous views of one buffer
+    _, saved = saved_activation_bytes(lambda: (q * k, v * v))
+    assert saved == qkv.numel() * 4
+
+
+def test_parameters_and_buffers_are_not_activations():
+    lin = nn.Linear(5, 7)
+    lin.register_buffer("scale", torch.ones(7))
+    x = torch.randn(3, 5, requires_grad=True)
+    _, saved = saved_activation_bytes(lambda inp: (lin(inp) * lin.scale).tanh(), x, exclude=lin)
+    assert saved == 3 * 5 * 4 + 3 * 7 * 4   # linear's input (for dW) and tanh's output; not W, not scale
+
+
+def test_bool_masks_count_one_byte_per_element():
+    x = torch.randn(10, requires_grad=True)
+    mask = torch.rand(10) > 0.5
+    _, saved = saved_activation_bytes(lambda: x.masked_fill(mask, 0.0))
+    assert saved == 10
+
+
+def test_backward_releases_and_the_peak_remains():
+    block = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 4))
+    meter = ActivationMeter(block.parameters())
+    staged = Metered(block, meter)
+    ys = [staged(torch.randn(2, 4)) for _ in range(3)]
+    one = 2 * 4 * 4 + 2 * 6 * 4     # first linear's input; tanh's output, which is also the second's input
+    assert (meter.bytes, meter.peak_calls) == (3 * one, 3)
+    ys[0].sum().backward()
+    assert meter.bytes == 2 * one
+    del ys
+    assert (meter.bytes, meter.peak_bytes, meter.peak_calls) == (0, 3 * one, 3)
