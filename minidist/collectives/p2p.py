@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["group_info", "global_rank", "check_tensor", "check_root", "send_to", "recv_from", "wait_all",
-           "exchange", "chunks"]
+           "exchange", "post_exchange", "chunks"]
 
 
 def group_info(group=None) -> tuple[int, int]:
@@ -89,6 +89,13 @@ def exchange(send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | No
     unwinds from there, for odd n too. tests/test_collectives.py runs every algorithm
     with isend/irecv made blocking to check exactly this.
     """
+    wait_all(post_exchange(send, dst, recv, src, group))
+
+
+def post_exchange(send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | None,
+                  src: int | None, group=None) -> list:
+    """:func:`exchange` without the wait: the works, posted in the same deadlock-free
+    order, so the caller can compute while the messages travel and wait afterwards."""
     me, _ = group_info(group)
     send_first = me < dst if (dst is not None and dst == src) else me % 2 == 0
     ops = []
@@ -97,7 +104,7 @@ def exchange(send: torch.Tensor | None, dst: int | None, recv: torch.Tensor | No
             ops.append(send_to(send, dst, group))
         elif step == "recv" and recv is not None:
             ops.append(recv_from(recv, src, group))
-    wait_all(ops)
+    return ops
 
 
 def chunks(t: torch.Tensor, n: int):
