@@ -394,3 +394,16 @@ def test_contiguous_causal_sharding_is_far_off_balance():
     for p in (2, 4, 8):
         assert cost.imbalance(cost.causal_scores(4096, p, zigzag=True)) == 1.0
         assert cost.imbalance(cost.causal_scores(4096, p)) == pytest.approx(2 - 1 / p, rel=1e-3)
+
+
+def test_bench_rows_carry_traced_bytes_equal_to_theory():
+    import argparse
+
+    from minidist.benchmarks import context_parallel as bench
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    rows = bench.run(parser.parse_args(["--seqs", "16", "--heads", "4", "--kv-heads", "2", "--head-dim", "4",
+                                        "--steps", "1"]))
+    assert [r["impl"] for r in rows] == list(bench.IMPLS)
+    for r in rows:
+        assert r["bytes_per_rank"] == r["bytes_theory"] > 0 and r["step_ms"] > 0, r

@@ -1,0 +1,92 @@
+"""Ulysses vs ring attention (with and without overlap): step time and bytes vs sequence length.
+
+One causal attention forward + backward per step on sequence shards (b, s/P, h, d), fp32,
+CPU gloo: ``ulysses_attention`` (contiguous shards), and ``ring_attention`` on zigzag
+shards with ``overlap=True`` (each block's isend/irecv posted before its compute and
+waited for after) and ``overlap=False`` (waited for before the compute). The
+implementations take alternate steps after a barrier, so load from other processes hits
+all alike; a step ends when the slowest rank ends (max over ranks, then median over
+steps). Bytes are the payloads the tracer saw on rank 0 in one step, next to
+``minidist.cost.context_parallel``. ``overlap_saving`` is 1 − ring(overlap) / ring(no
+overlap): what sending the next block during this block's compute buys on this machine.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from minidist import cost
+from minidist.context_parallel import ring_attention, shard, ulysses_attention
+from minidist.runtime import launch
+from minidist.trace import trace
+
+IMPLS = {
+    "ulysses": lambda q, k, v: ulysses_attention(q, k, v, True),
+    "ring, overlap": lambda q, k, v: ring_attention(q, k, v, True, zigzag=True, overlap=True),
+    "ring, no overlap": lambda q, k, v: ring_attention(q, k, v, True, zigzag=True, overlap=False),
+}
+
+
+def add_arguments(parser):
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--seqs", default="512,1024,2048", help="comma-separated sequence lengths")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=None, help="GQA/MQA: fewer key/value heads")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per implementation")
+    parser.add_argument("--warmup", type=int, default=1)
+
+
+def _inputs(name, seq, heads, kv_heads, head_dim, batch):
+    r, p = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(0)
+    zigzag = name.startswith("ring")
+    q = shard(torch.randn(batch, seq, heads, head_dim, generator=g), r, p, zigzag)
+    k, v = (shard(torch.randn(batch, seq, kv_heads, head_dim, generator=g), r, p, zigzag) for _ in range(2))
+    return [x.contiguous().requires_grad_() for x in (q, k, v)]
+
+
+def _step(name, inputs):
+    start = time.perf_counter()
+    IMPLS[name](*inputs).sum().backward()
+    return time.perf_counter() - start
+
+
+def _bench(seq, heads, kv_heads, head_dim, batch, steps, warmup):
+    inputs = {name: _inputs(name, seq, heads, kv_heads, head_dim, batch) for name in IMPLS}
+    times, sent = {name: [] for name in IMPLS}, {}
+    for step in range(warmup + steps):
+        for name in IMPLS:
+            dist.barrier()
+            if step == 0:
+                with trace() as t:
+                    _step(name, inputs[name])
+                sent[name] = sum(e.nbytes for e in t.comm() if e.op in ("isend", "all_to_all_single"))
+                continue
+            took = _step(name, inputs[name])
+            if step >= warmup:
+                times[name].append(took)
+    return times, sent
+
+
+def run(args) -> list[dict]:
+    p, kv = args.world_size, args.kv_heads or args.heads
+    rows = []
+    for seq in (int(s) for s in args.seqs.split(",")):
+        out = launch(_bench, p, seq, args.heads, kv, args.head_dim, args.batch, args.steps,
+                     max(args.warmup, 1), timeout=600)
+        theory = {"ulysses": cost.ulysses_collectives(args.batch, seq, args.heads, args.head_dim, p, h_kv=kv),
+                  "ring": cost.ring_attention_messages(args.batch, seq, kv, args.head_dim, p)}
+        step = {name: statistics.median(max(o[0][name][i] for o in out) for i in range(args.steps))
+                for name in IMPLS}
+        for name in IMPLS:
+            rows.append({"impl": name, "world_size": p, "seq": seq, "step_ms": 1e3 * step[name],
+                         "bytes_per_rank": out[0][1][name],
+                         "bytes_theory": cost.tp_payload_bytes(theory[name.split(",")[0]]),
+                         "overlap_saving": (1 - step[name] / step["ring, no overlap"]) if name == "ring, overlap"
+                         else None})
+    return rows
