@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 import minidist
 from minidist import cost
-from minidist.context_parallel import (all_to_all, heads_to_seq, local_attention, merge_partial_attention,
-                                       ring_attention, seq_to_heads, shard, shard_positions, ulysses_attention,
-                                       unshard, zigzag_shard)
+from minidist.context_parallel import (all_to_all, heads_to_seq, hybrid_attention, hybrid_shard, local_attention,
+                                       merge_partial_attention, new_hybrid_groups, ring_attention, seq_to_heads, shard,
+                                       shard_positions, ulysses_attention, unshard, zigzag_shard)
 from minidist.models import repeat_kv
 from minidist.tensor_parallel import new_tp_group
 from minidist.trace import trace
@@ -200,13 +200,35 @@ def _suite():
     return out
 
 
+def _case_hybrid(ulysses, ring, causal, zigzag, n_kv):
+    """2D: Ulysses in groups of 2 ([0, 1], [2, 3]), the ring across them ([0, 2], [1, 3])."""
+    u, n_u = dist.get_rank(ulysses), dist.get_world_size(ulysses)
+    r, n_r = dist.get_rank(ring), dist.get_world_size(ring)
+    q, k, v, w = _full(LOCAL * n_u * n_r, n_kv, seed=20)
+    ref, ref_grads, _ = _reference(q, k, v, w, causal)
+    cut = lambda x: hybrid_shard(x, r, n_r, u, n_u, zigzag)        # noqa: E731
+    mine = [cut(x).requires_grad_() for x in (q, k, v)]
+    with trace() as tr:
+        out = hybrid_attention(*mine, causal, ulysses, ring, zigzag=zigzag)
+        (out * cut(w)).sum().backward()
+    err = max([_err(out, cut(ref), ref)] + [_err(x.grad, cut(g), g) for x, g in zip(mine, ref_grads)])
+    want = cost.hybrid_collectives(B, LOCAL * n_u * n_r, H, D, n_r, n_u, n_kv, elem_bytes=8)
+    return err, _phase(tr)["sends"], sorted((c.op, c.nbytes) for c in want), _phase(tr)["groups"]
+
+
 def _subgroup_suite():
-    """World of 4 cut into context-parallel groups [0, 1] and [2, 3], each on its own data."""
+    """World of 4 cut into context-parallel groups [0, 1] and [2, 3], each on its own data;
+    then the same 4 ranks as a 2 x 2 grid for 2D (Ulysses x ring) attention."""
     group = new_tp_group(2)
     seed = 10 + dist.get_rank() // 2
-    return {"ring": _case(group, "ring", torch.float64, True, True, 2, seed=seed),
-            "ulysses": _case(group, "ulysses", torch.float64, True, False, 2, seed=seed),
-            "ranks": dist.get_process_group_ranks(group)}
+    out = {"ring": _case(group, "ring", torch.float64, True, True, 2, seed=seed),
+           "ulysses": _case(group, "ulysses", torch.float64, True, False, 2, seed=seed),
+           "ranks": dist.get_process_group_ranks(group)}
+    ulysses, ring = new_hybrid_groups(2)
+    out["hybrid groups"] = (dist.get_process_group_ranks(ulysses), dist.get_process_group_ranks(ring))
+    for causal, zigzag, n_kv in ((False, False, 4), (True, False, 12), (True, True, 2), (True, True, 1)):
+        out["hybrid", causal, zigzag, n_kv] = _case_hybrid(ulysses, ring, causal, zigzag, n_kv)
+    return out
 
 
 @functools.lru_cache(maxsize=None)
@@ -357,6 +379,15 @@ def test_context_parallel_groups_of_two_inside_four_ranks():
                 assert res[kind][phase]["sends"] == _sends(_expected(kind, 2, 2, torch.float64), phase)
         other = mine[1 - mine.index(rank)]
         assert res["ring"]["forward"]["peers"] == [("irecv", other), ("isend", other)]
+
+
+def test_2d_ulysses_inside_groups_ring_across_them():
+    for rank, res in enumerate(run_subgroups()):
+        assert res["hybrid groups"] == ([rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank % 2 + 2])
+        for key, (err, sends, want, groups) in ((k, v) for k, v in res.items() if k[0] == "hybrid"):
+            assert err <= 1e-10, (rank, key, err)
+            assert sends == want, (rank, key)
+            assert groups == sorted({tuple(g) for g in res["hybrid groups"]}, key=str), groups
 
 
 # ============================================================================= no launch

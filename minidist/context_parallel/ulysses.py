@@ -28,7 +28,7 @@ from minidist.collectives.p2p import group_info
 from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.kernel import check_qkv, local_attention
 
-__all__ = ["seq_to_heads", "heads_to_seq", "kv_heads_per_rank", "ulysses_attention"]
+__all__ = ["seq_to_heads", "heads_to_seq", "kv_heads_per_rank", "replicate_kv_heads", "ulysses_attention"]
 
 SEQ, HEADS = 1, 2       # (batch, seq, heads, head_dim)
 
@@ -55,7 +55,7 @@ def kv_heads_per_rank(n_heads: int, n_kv_heads: int, p: int) -> tuple[int, bool]
                      f"replicated (P % h_kv == 0)")
 
 
-def _replicate_kv(x: torch.Tensor, p: int) -> torch.Tensor:
+def replicate_kv_heads(x: torch.Tensor, p: int) -> torch.Tensor:
     """(b, s/P, h_kv, d) → (b, s/P, P, d), kv head j at places [j·P/h_kv, (j+1)·P/h_kv)."""
     b, s, h_kv, d = x.shape
     return x[:, :, :, None].expand(b, s, h_kv, p // h_kv, d).reshape(b, s, p, d)
@@ -70,7 +70,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     _, p = group_info(group)
     _, replicated = kv_heads_per_rank(q.size(HEADS), k.size(HEADS), p)
     if replicated:
-        k, v = _replicate_kv(k, p), _replicate_kv(v, p)
+        k, v = replicate_kv_heads(k, p), replicate_kv_heads(v, p)
     qh, kh, vh = seq_to_heads(q, group), seq_to_heads(k, group), seq_to_heads(v, group)
     out, lse = local_attention(qh, kh, vh, causal, scale)
     out = heads_to_seq(out, group)

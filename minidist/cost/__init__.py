@@ -8,7 +8,7 @@
 * ``tensor_parallel``: collectives per Megatron layer (with and without sequence
   parallelism), activation memory per rank (Korthikanti et al. 2022, and ours term by term);
 * ``context_parallel``: bytes per rank of Ulysses' all-to-alls and ring attention's block
-  passes (MHA, GQA, MQA), per-rank causal work with contiguous and zigzag shards.
+  passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards.
 
 The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
 """
@@ -16,8 +16,8 @@ from minidist.cost.collectives import (ALLREDUCE_ALGORITHMS, BUSBW_FACTOR, Fit, 
                                        allreduce_bytes_per_rank, allreduce_table, allreduce_terms,
                                        allreduce_time, busbw, chunk_sizes, fit_alpha_beta, p2p_time,
                                        peak_node_bytes, ring_bytes_nominal, total_bytes)
-from minidist.cost.context_parallel import (causal_scores, imbalance, ring_attention_messages, ring_computed_scores,
-                                            ulysses_collectives, ulysses_kv_heads)
+from minidist.cost.context_parallel import (causal_scores, hybrid_collectives, imbalance, ring_attention_messages,
+                                            ring_computed_scores, ulysses_collectives, ulysses_kv_heads)
 from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, largest_model, ring_wire_bytes,
                                          theory_wire_bytes, zero_bytes_per_param, zero_memory_bytes,
                                          zero_memory_bytes_fp32)
@@ -40,4 +40,4 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "row_parallel_collectives", "kv_replica_collectives", "vocab_parallel_ce_collectives", "tp_payload_bytes",
            "tp_wire_bytes", "tp_activation_bytes_paper", "tp_activation_terms", "tp_activation_bytes",
            "ulysses_collectives", "ulysses_kv_heads", "ring_attention_messages", "causal_scores",
-           "ring_computed_scores", "imbalance"]
+           "ring_computed_scores", "imbalance", "hybrid_collectives"]

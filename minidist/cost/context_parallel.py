@@ -74,6 +74,17 @@ def ring_attention_messages(b: int, s: int, h_kv: int, d: int, p: int, elem_byte
             + [TPCollective("backward", SEND, block * grad_e)] * p)
 
 
+def hybrid_collectives(b: int, s: int, h: int, d: int, ring_size: int, ulysses_size: int, h_kv: int | None = None,
+                       elem_bytes: int = 4) -> list[TPCollective]:
+    """2D sequence parallelism (Fang & Zhao 2024, USP): Ulysses' all-to-alls inside a group
+    of U ranks on s/R tokens, then the ring over R groups with the kv heads a rank holds
+    after the all-to-all (h_kv/U split, or 1 replica)."""
+    h_kv = h if h_kv is None else h_kv
+    kv_after = ulysses_kv_heads(h, h_kv, ulysses_size) // ulysses_size
+    return (ulysses_collectives(b, s // ring_size, h, d, ulysses_size, h_kv, elem_bytes)
+            + ring_attention_messages(b, s, kv_after, d, ring_size, elem_bytes))
+
+
 def causal_scores(s: int, p: int, zigzag: bool = False) -> list[int]:
     """Unmasked causal score entries of each rank's queries (query i sees i + 1 keys)."""
     c = _check(s, p, 2 if zigzag else 1)
