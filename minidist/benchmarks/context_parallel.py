@@ -8,7 +8,10 @@ implementations take alternate steps after a barrier, so load from other process
 all alike; a step ends when the slowest rank ends (max over ranks, then median over
 steps). Bytes are the payloads the tracer saw on rank 0 in one step, next to
 ``minidist.cost.context_parallel``. ``overlap_saving`` is 1 − ring(overlap) / ring(no
-overlap): what sending the next block during this block's compute buys on this machine.
+overlap): what sending the next block during this block's compute buys on this machine;
+``pass_ms`` (one isend of a K/V or dK/dV block, posted to completed) and ``block_ms`` (one
+block's attention compute), medians from the traced no-overlap ring, say how much there is
+to hide: at most min(pass, block) per step.
 """
 from __future__ import annotations
 
@@ -58,19 +61,20 @@ def _step(name, inputs):
 
 def _bench(seq, heads, kv_heads, head_dim, batch, steps, warmup):
     inputs = {name: _inputs(name, seq, heads, kv_heads, head_dim, batch) for name in IMPLS}
-    times, sent = {name: [] for name in IMPLS}, {}
+    times, sent, parts = {name: [] for name in IMPLS}, {}, {"pass": [], "block": []}
     for step in range(warmup + steps):
         for name in IMPLS:
             dist.barrier()
+            with trace() as t:
+                took = _step(name, inputs[name])
             if step == 0:
-                with trace() as t:
-                    _step(name, inputs[name])
                 sent[name] = sum(e.nbytes for e in t.comm() if e.op in ("isend", "all_to_all_single"))
-                continue
-            took = _step(name, inputs[name])
-            if step >= warmup:
+            elif step >= warmup:
                 times[name].append(took)
-    return times, sent
+                if name == "ring, no overlap":     # what overlap could hide: a pass vs a block's compute
+                    parts["pass"] += [e.end - e.start for e in t.events if e.op == "isend"]
+                    parts["block"] += [e.end - e.start for e in t.events if e.op == "span:attention block"]
+    return times, sent, {k: statistics.median(v) for k, v in parts.items()}
 
 
 def run(args) -> list[dict]:
@@ -83,10 +87,14 @@ def run(args) -> list[dict]:
                   "ring": cost.ring_attention_messages(args.batch, seq, kv, args.head_dim, p)}
         step = {name: statistics.median(max(o[0][name][i] for o in out) for i in range(args.steps))
                 for name in IMPLS}
+        ring_parts = {k: statistics.median(o[2][k] for o in out) for k in ("pass", "block")} if p > 1 else {}
         for name in IMPLS:
+            ring = name.startswith("ring")
             rows.append({"impl": name, "world_size": p, "seq": seq, "step_ms": 1e3 * step[name],
                          "bytes_per_rank": out[0][1][name],
                          "bytes_theory": cost.tp_payload_bytes(theory[name.split(",")[0]]),
+                         "pass_ms": 1e3 * ring_parts["pass"] if ring and ring_parts else None,
+                         "block_ms": 1e3 * ring_parts["block"] if ring and ring_parts else None,
                          "overlap_saving": (1 - step[name] / step["ring, no overlap"]) if name == "ring, overlap"
                          else None})
     return rows

@@ -9,7 +9,8 @@ Dao et al. 2022, "FlashAttention", Sec. 3.1):
     lse_i = log Σ_j exp(s_ij),        out_i = Σ_j exp(s_ij − lse_i) v_j,   s = q kᵀ/√d
 
 computed with the row maximum m subtracted first (out = Σ e^(s−m) v / Σ e^(s−m),
-lse = m + log Σ e^(s−m)), so no exp ever sees a large argument. The backward (FlashAttention, Alg. 4) needs only the *final*
+lse = m + log Σ e^(s−m)), so no exp ever sees a large argument, and s − m is exact for
+the scores that dominate. The backward (FlashAttention, Alg. 4) needs only the *final*
 output and LSE of the whole row, not the per-block ones:
 
     P = exp(S − lse),  dV = Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP − D),  D_i = Σ_k dO_ik O_ik,
@@ -43,7 +44,8 @@ import torch
 from minidist.models import repeat_kv
 from minidist.trace import span
 
-__all__ = ["acc_dtype", "check_qkv", "visible_window", "block_forward", "block_backward", "LocalAttention", "local_attention"]
+__all__ = ["acc_dtype", "check_qkv", "visible_window", "block_forward", "block_backward", "LocalAttention",
+           "local_attention"]
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
