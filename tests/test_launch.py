@@ -249,3 +249,22 @@ def test_interrupted_or_killed_parent_leaves_no_rank_behind(tmp_path, sig):
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _parallel_work():
+    x = torch.randn(256, 512, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    return float((x @ x.T).sum())
+
+
+def test_a_forked_rank_runs_after_the_parent_used_its_thread_pool():
+    """libgomp cannot reuse a parent's OpenMP pool after fork: a 1-rank launch after the
+    parent ran a 2-thread matmul used to hang in its first parallel op (seen in CI)."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a = torch.randn(512, 512)
+        (a @ a).sum()
+        [got] = minidist.launch(_parallel_work, 1, timeout=20, start_method="fork")
+    finally:
+        torch.set_num_threads(threads)
+    assert got == pytest.approx(_parallel_work(), rel=1e-12)

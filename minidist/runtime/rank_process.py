@@ -60,7 +60,10 @@ def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, for
         _become_rank_process(rank, run_dir, forked)
         status = _StatusPage(os.path.join(run_dir, f"rank{rank}.status"))
         _trace.set_op_listener(status.set_op)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        # A forked child inherits the parent's OpenMP pool in a state libgomp cannot reuse:
+        # once the parent has run a parallel region, the child's first one hangs (measured:
+        # a 1-rank launch after a 2-thread matmul). One thread never enters that pool.
+        torch.set_num_threads(1 if forked else max(1, (os.cpu_count() or 1) // world_size))
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
