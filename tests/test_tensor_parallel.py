@@ -626,3 +626,29 @@ def test_sequence_parallel_moves_the_same_wire_bytes_forward():
         sp = cost.tp_layer_collectives(2, 64, 32, t, sequence_parallel=True)
         fwd = lambda cs: [c for c in cs if c.phase == "forward"]    # noqa: E731
         assert cost.tp_wire_bytes(fwd(sp), t) == pytest.approx(cost.tp_wire_bytes(fwd(tp), t))
+
+
+def test_comm_time_is_the_ring_alpha_beta_model():
+    """tp_comm_time of an all-reduce is cost.allreduce_time's ring; SP's forward (RS + AG per
+    all-reduce) takes exactly TP's forward time; a group of one takes none; a slower link
+    (β nine times larger) makes the β term nine times larger."""
+    from minidist.cost.tensor_parallel import INFINIBAND_NDR, NVLINK_H100, Link, tp_comm_time
+    link = Link("test", alpha=2e-6, bandwidth=100e9)
+    for t in (2, 3, 4, 8):
+        one = [cost.TPCollective("forward", "all_reduce", 4096)]
+        assert tp_comm_time(one, t, link) == pytest.approx(
+            cost.allreduce_time("ring", t, 4096, link.alpha, link.beta), rel=1e-12)
+        tp = [c for c in cost.tp_layer_collectives(2, 24, 32, t) if c.phase == "forward"]
+        sp = [c for c in cost.tp_layer_collectives(2, 24, 32, t, sequence_parallel=True) if c.phase == "forward"]
+        assert tp_comm_time(sp, t, link) == pytest.approx(tp_comm_time(tp, t, link), rel=1e-12)
+        no_alpha = [Link("", 0.0, lk.bandwidth) for lk in (NVLINK_H100, INFINIBAND_NDR)]
+        fast, slow = (tp_comm_time(tp, t, lk) for lk in no_alpha)
+        assert slow == pytest.approx(9 * fast, rel=1e-12)
+    assert tp_comm_time(cost.tp_layer_collectives(2, 24, 32, 1), 1, link) == 0
+
+
+def test_layer_flops_are_three_forwards():
+    """72bsh²(1 + s/6h) = 3 × (24bsh² + 4bs²h): forward, and a backward of twice its cost."""
+    from minidist.cost.tensor_parallel import tp_layer_flops
+    b, s, h = 2, 2048, 1024
+    assert tp_layer_flops(b, s, h) == pytest.approx(3 * (24 * b * s * h * h + 4 * b * s * s * h), rel=1e-12)

@@ -6,7 +6,8 @@
 * ``pipeline``: bubble fractions and peak activations of the pipeline schedules;
 * ``scale``: why distribute: training FLOPs (6·P·D), GPU-years, model bytes;
 * ``tensor_parallel``: collectives per Megatron layer (with and without sequence
-  parallelism), activation memory per rank (Korthikanti et al. 2022, and ours term by term);
+  parallelism), their α-β time on NVLink and InfiniBand next to the layer's FLOPs,
+  activation memory per rank (Korthikanti et al. 2022, and ours term by term);
 * ``context_parallel``: bytes per rank of Ulysses' all-to-alls and ring attention's block
   passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards.
 
@@ -24,10 +25,11 @@ from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, larges
 from minidist.cost.pipeline import (PIPELINE_SCHEDULES, pipeline_bubble, pipeline_bubble_ratio,
                                     pipeline_peak_activations)
 from minidist.cost.scale import GPT3_PARAMS, GPT3_TOKENS, PEAK_TFLOPS, gpu_years, model_bytes, training_flops
-from minidist.cost.tensor_parallel import (TPCollective, column_parallel_collectives, kv_replica_collectives,
-                                           row_parallel_collectives, tp_activation_bytes, tp_activation_bytes_paper,
-                                           tp_activation_terms, tp_gpt_collectives, tp_layer_collectives,
-                                           tp_payload_bytes, tp_wire_bytes, vocab_parallel_ce_collectives)
+from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link, TPCollective, column_parallel_collectives,
+                                           kv_replica_collectives, row_parallel_collectives, tp_activation_bytes,
+                                           tp_activation_bytes_paper, tp_activation_terms, tp_comm_time,
+                                           tp_gpt_collectives, tp_layer_collectives, tp_layer_flops, tp_payload_bytes,
+                                           tp_wire_bytes, vocab_parallel_ce_collectives)
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "allreduce_bytes_per_rank",
            "allreduce_table", "allreduce_terms", "allreduce_time", "busbw", "chunk_sizes", "fit_alpha_beta",
@@ -39,5 +41,6 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "TPCollective", "tp_layer_collectives", "tp_gpt_collectives", "column_parallel_collectives",
            "row_parallel_collectives", "kv_replica_collectives", "vocab_parallel_ce_collectives", "tp_payload_bytes",
            "tp_wire_bytes", "tp_activation_bytes_paper", "tp_activation_terms", "tp_activation_bytes",
+           "Link", "NVLINK_H100", "INFINIBAND_NDR", "tp_comm_time", "tp_layer_flops",
            "ulysses_collectives", "ulysses_kv_heads", "ring_attention_messages", "causal_scores",
            "ring_computed_scores", "imbalance", "hybrid_collectives"]

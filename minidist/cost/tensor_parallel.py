@@ -14,6 +14,11 @@ all-gathers that re-gather the saved input shard for the weight gradient. Bytes 
 its whole input (bsh elements), an all-gather its input shard (bsh/t). The ring wire
 bytes (:func:`tp_wire_bytes`) show the paper's point: RS + AG moves exactly what AR moves.
 
+Time (:func:`tp_comm_time`, :func:`tp_layer_flops`): the α-β model of
+:mod:`minidist.cost.collectives` applied to those collectives, on an intra-node link
+(NVLink) and an inter-node one (InfiniBand), next to the layer's compute: why t stays
+within one node.
+
 Activation memory per layer (Korthikanti et al. 2022, Sec. 4, Eq. 1-4) and the same
 count, term by term, for this course's block (:func:`tp_activation_terms`).
 """
@@ -126,6 +131,42 @@ def tp_wire_bytes(collectives: list[TPCollective], t: int) -> float:
     """Bytes one rank sends with ring algorithms: 2(t-1)/t·X per all-reduce of X, (t-1)/t·X
     per reduce-scatter of X, (t-1)·shard per all-gather."""
     return sum(ring_wire_bytes(c.op, c.nbytes, t) for c in collectives)
+
+
+# ============================================================================= time: why TP stays in a node
+@dataclass(frozen=True)
+class Link:
+    """One GPU's link in one direction: latency α (s per message), bandwidth 1/β (bytes/s)."""
+    name: str
+    alpha: float
+    bandwidth: float
+
+    @property
+    def beta(self) -> float:
+        return 1.0 / self.bandwidth
+
+
+# Per GPU and direction, from the vendors' data sheets: H100 SXM NVLink 4, 900 GB/s both
+# directions together; a ConnectX-7 NDR NIC per GPU (DGX H100), 400 Gb/s. α is an order of
+# magnitude (a few µs for both); at these message sizes the β term decides.
+NVLINK_H100 = Link("NVLink 4 (inside a node)", alpha=3e-6, bandwidth=450e9)
+INFINIBAND_NDR = Link("InfiniBand NDR, 1 NIC per GPU (across nodes)", alpha=5e-6, bandwidth=50e9)
+
+
+def tp_comm_time(collectives: list[TPCollective], t: int, link: Link) -> float:
+    """α-β seconds of ``collectives`` with ring algorithms on ``t`` ranks joined by ``link``:
+    2(t-1) messages per all-reduce, t-1 per all-gather or reduce-scatter, each rank sending
+    :func:`~minidist.cost.data_parallel.ring_wire_bytes`. A ring is as fast as its slowest
+    link: a group that spans nodes runs at the inter-node link."""
+    _check_t(t)
+    steps = {AR: 2 * (t - 1), AG: t - 1, RS: t - 1}
+    return sum(steps[c.op] * link.alpha + ring_wire_bytes(c.op, c.nbytes, t) * link.beta for c in collectives)
+
+
+def tp_layer_flops(batch: int, seq: int, d_model: int) -> float:
+    """FLOPs of one transformer layer's forward and backward, all ranks together:
+    72·b·s·h²·(1 + s/6h) (Narayanan et al. 2021, Sec. 5.1: forward 24bsh² + 4bs²h, backward twice that)."""
+    return 72 * batch * seq * d_model ** 2 * (1 + seq / (6 * d_model))
 
 
 # ============================================================================= activations
