@@ -21,6 +21,7 @@ TOUR_MODULES = [
     "minidist.tour.data_parallel",   # naive DDP, bucketed DDP, parameter server, ZeRO-1/2/3
     "minidist.tour.pipeline",        # naive, GPipe, 1F1B, interleaved, ZB-H1: error, bytes, bubble
     "minidist.tour.tensor_parallel", # Megatron column/row, MLP, attention (GQA), vocab CE, block with and without SP
+    "minidist.tour.context_parallel", # Ulysses (MHA, GQA, MQA), ring (MHA, GQA), causal ring contiguous vs zigzag
 ]
 
 COLUMNS = ["technique", "world_size", "passed", "max_err", "tolerance", "bytes_per_rank", "bytes_theory",
