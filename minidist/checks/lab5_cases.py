@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.common import TOL
+from minidist.checks.common import TOL, consecutive_groups
 from minidist.models import GPTConfig, TinyGPT
 from minidist.tensor_parallel.comm import shard_range
 from minidist.trace import trace
@@ -32,18 +32,8 @@ SEQ = 1                                # activations are (batch, seq, hidden)
 
 # ----------------------------------------------------------------------------- groups, data
 def _groups(ts) -> dict:
-    """{t: (group, rank in it, its size)}: blocks of t consecutive ranks (every rank creates every group)."""
-    out, rank = {}, dist.get_rank()
-    for t in sorted(set(ts)):
-        if t == WORLD:
-            out[t] = (None, rank, WORLD)
-            continue
-        for start in range(0, WORLD, t):
-            members = list(range(start, min(start + t, WORLD)))
-            group = dist.new_group(members)
-            if rank in members:
-                out[t] = (group, rank - start, len(members))
-    return out
+    """{t: (group, rank in it, its size)}: blocks of t consecutive ranks of the 4."""
+    return consecutive_groups(ts, WORLD)
 
 
 def _randn(shape, seed, dtype=torch.float32):
