@@ -1,0 +1,190 @@
+"""Lab 6's checks (context parallelism: DeepSpeed-Ulysses and ring attention): each graded
+function against full attention in one process, and its traced communication against the cost model.
+
+Jacobs et al. 2023 (DeepSpeed-Ulysses); Liu et al. 2023 (Ring Attention); Milakov & Gimelshein
+2018 and Dao et al. 2022 (the log-sum-exp merge); Brandon et al. 2023 (load-balanced causal
+shards). A lab test cell is a one-liner::
+
+    checks.check_function("ring_attention_forward", ring_attention_forward)
+    checks.check_function("ring_attention_forward", ring_attention_forward, hidden=True)
+
+One launch of 4 ranks per call runs every case: the ranks are cut into context-parallel groups
+of t consecutive ranks (t = 3 leaves rank 3 alone, a group of one; t = 4 is ``group=None``). A
+case compares this rank's output (and, where the function is differentiable, its input
+gradients) with fp64 attention of the whole sequence within ``TOL``, and for t > 1 the traced
+communication with :mod:`minidist.cost.context_parallel`: Ulysses' all-to-alls (kind and bytes;
+q, k, v packed into fewer calls accepted), the ring's K/V passes (to the next rank only, from the
+previous only, P−1 blocks; any deadlock-free order, checked once with every isend/irecv made
+blocking). ``merge_partial_attention`` has no communication and is checked in this process, on
+inputs whose exp overflows without the max. The lab's other functions are stood in for by
+minidist's own inside the ranks (``STAND_INS``); minidist's implementation of the graded one is
+refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.checks.lab6_cases`.
+"""
+from __future__ import annotations
+
+import torch
+
+from minidist import cost
+from minidist.checks.common import (Refusal, check_timeout, consecutive_groups, graded_call, is_student_code,
+                                    launch_named, mark_case, one_thread)
+from minidist.checks.lab6_cases import (B, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases, merge_inputs,
+                                        part, randn)
+from minidist.checks.quiet import passes_quietly
+from minidist.context_parallel.all_to_all import all_to_all
+from minidist.context_parallel.merge import merge_partial_attention
+from minidist.trace import trace
+
+CP_CHECK_TIMEOUT = check_timeout(20.0)
+_CP = "minidist.context_parallel."
+
+# The lab's functions that another graded function calls, stood in for by minidist's own in every
+# test but their own: (stand-in, minidist names it is). A test allows the other functions' names.
+STAND_INS = {
+    "all_to_all": (all_to_all, ("all_to_all.all_to_all", "all_to_all.AllToAll")),
+    "merge_partial_attention": (merge_partial_attention, ("merge.merge_partial_attention",)),
+}
+GRADED = ("all_to_all", "ulysses_attention", "merge_partial_attention", "ring_attention_forward", "zigzag_shard")
+
+#: minidist.context_parallel is refused in graded code; the lab hands out no helper from it.
+REFUSED = Refusal("context parallelism", ("minidist.context_parallel",), checks=__name__)
+
+
+def _refusal(name: str) -> Refusal:
+    allow = tuple(_CP + a for other, (_, names) in STAND_INS.items() if other != name for a in names)
+    return Refusal(REFUSED.technique, REFUSED.modules, allow, REFUSED.checks)
+
+
+def _stand_in(fn, name: str) -> None:
+    """Inside a rank: the notebook's other lab functions become minidist's (never in this process)."""
+    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
+    if names is None or not is_student_code(fn.__code__.co_filename):
+        return
+    for other, (ref, _) in STAND_INS.items():
+        if other != name and other in names:
+            names[other] = ref
+
+
+def _describe(case: dict) -> str:
+    return ", ".join(f"{k}={getattr(v, '__name__', str(v).replace('torch.', ''))}" for k, v in case.items()
+                     if k != "t") or "default sizes"
+
+
+def _body(progress, fn, name, cases):
+    _stand_in(fn, name)
+    groups = consecutive_groups((c["t"] for c in cases), WORLD)
+    out = []
+    with one_thread():
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark_case(progress, f"t={case['t']}: {_describe(case)}")
+            errs = CASE_RUNNERS[name](fn, case, r, t, group)
+            out.append((r, t, next((e for e in errs if e), None)))
+    return out
+
+
+def _cases(name: str, hidden: bool) -> list[dict]:
+    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    if name == "all_to_all":
+        variants = [dict(local=(B, 3, H, D), scatter=2, gather=1, dtype=F32),      # (b, s/P, h, d) → (b, s, h/P, d)
+                    dict(local=(B, H, 3, D), scatter=1, gather=2, dtype=F32)]      # and back
+        if hidden:
+            variants += [dict(local=(H, 5, 2), scatter=0, gather=-1, dtype=F64),
+                         dict(local=(2, 3, 5), scatter=-1, gather=1, dtype=F32)]
+        cases = [dict(t=t, **v) for t in ts for v in variants if v["local"][v["scatter"]] % t == 0]
+        return cases + ([dict(t=4, local=(B, 3, 6, D), scatter=2, gather=1, dtype=F32, raises=True)] if hidden else [])
+    if name in ("ulysses_attention", "ring_attention_forward"):
+        cases = [dict(t=t, causal=c, dtype=F32) for t in ts for c in (False, True)]
+        if hidden:
+            kv = {1: 4, 2: 4, 3: 6, 4: 4} if name == "ulysses_attention" else {1: 1, 2: 4, 3: 3, 4: 1}
+            cases += [dict(t=t, causal=True, dtype=F32, h_kv=kv[t]) for t in ts]            # GQA / MQA
+            cases += [dict(t=t, causal=c, dtype=F64) for t in (3, 4) for c in (False, True)]
+            cases += [dict(t=t, causal=True, dtype=F32, q_scale=100.0) for t in (2, 4)]     # scores in the thousands
+            if name == "ulysses_attention":
+                cases += [dict(t=4, causal=False, dtype=F32, h=6, raises=True)]
+            else:       # every isend/irecv made blocking: the order must be deadlock-free on its own
+                cases += [dict(t=t, causal=True, dtype=F32, blocking=True) for t in (2, 3, 4)]
+        return cases
+    if name == "zigzag_shard":
+        shapes = [((B, S, H, D), F32)] + ([((1, S), torch.int64), ((3, 12, 2), F64), ((2, 20), F32)] if hidden else [])
+        return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
+    raise ValueError(f"lab 6 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+def _check_merge(fn, hidden: bool) -> None:
+    name = "merge_partial_attention"
+    for case in merge_cases(hidden):
+        args, (want_out, want_lse) = merge_inputs(case)
+        result = graded_call(_refusal(name), name, fn, *(a.clone() for a in args))
+        label = f"{name} ({_describe(case)})"
+        if not isinstance(result, (tuple, list)) or len(result) != 2:
+            raise AssertionError(f"{label}: must return (out, lse), got {type(result).__name__}")
+        problem = err("out", result[0], want_out) or err("lse", result[1], want_lse)
+        if problem:
+            big = " (the lse's are large here: does an exp overflow?)" if case["offset"] else ""
+            raise AssertionError(f"{label}: {problem}{big}")
+
+
+@passes_quietly
+def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHECK_TIMEOUT) -> None:
+    """Lab 6's graded function ``name``: on 4 ranks cut into groups of t (visible t = 2, 4; hidden
+    1, 2, 3, 4), output and gradients equal fp64 attention of the whole sequence, communication
+    equals the cost model; the merge in this process. Hidden cases: other dims and dtypes, GQA and
+    MQA, fp64, scores far past exp's range, heads that do not split, blocking isend/irecv, sequences
+    that do not cut into 2P chunks."""
+    if name == "merge_partial_attention":
+        return _check_merge(fn, hidden)
+    cases = _cases(name, hidden)
+    out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
+    for i, case in enumerate(cases):
+        for rank in range(WORLD):
+            r, t, problem = out[rank][i]
+            if problem:
+                raise AssertionError(f"{name} (t={t}, {_describe({k: v for k, v in case.items() if k != 't'})}), "
+                                     f"rank {rank} (rank {r} of its group): {problem}")
+
+
+# ----------------------------------------------------------------------------- measurements (demo cells)
+def _measure_body(progress, ulysses_attention, ring_attention_forward, zigzag_shard, ts, seq):
+    groups = consecutive_groups(ts, WORLD)
+    rows = []
+    for t in ts:
+        group, r, size = groups[t]
+        mark_case(progress, f"t={t}")
+        full = [randn((B, seq, H, D), 50 + i, F32) for i in range(3)]
+        q, k, v = (part(x, 1, r, size) for x in full)
+        with one_thread():
+            with trace() as tu:
+                ulysses_attention(q, k, v, True, group)
+            with trace() as tr:
+                ring_attention_forward(q, k, v, True, group)
+            positions = {"contiguous": part(torch.arange(seq), 0, r, size),
+                         "zigzag": zigzag_shard(torch.arange(seq)[None], group)[0]}
+        rows.append(dict(t=size, rank=r, ulysses_bytes=sum(e.nbytes for e in tu.comm()),
+                         ring_bytes=sum(e.nbytes for e in tr.comm() if e.is_send),
+                         ring_work=sum(e.meta.get("unmasked", 0) for e in tr.events if e.op == "span:attention block"),
+                         **{f"{k}_work": int((p + 1).sum()) * B * H for k, p in positions.items()}))
+    return rows
+
+
+@passes_quietly
+def measure(ulysses_attention, ring_attention_forward, zigzag_shard, ts=(1, 2, 4), seq: int = 48,
+            timeout: float = CP_CHECK_TIMEOUT) -> list[dict]:
+    """On 4 ranks, for each group size t (causal, fp32, b=2, h=12, d=4, sequence ``seq``): bytes
+    each rank sent in one forward of your Ulysses (all-to-all inputs) and your ring (isends), next
+    to ``minidist.cost.context_parallel``; and per rank the causal attention work (unmasked scores,
+    over all batches and heads) that your ring's blocks did (from the helper's trace spans), with
+    contiguous shards and with your zigzag shards (counted from the positions you return), next to
+    ``cost.causal_scores``. One row per (t, rank of group 0)."""
+    out = launch_named(_measure_body, WORLD, ulysses_attention, ring_attention_forward, zigzag_shard, tuple(ts),
+                       seq, name="measure", timeout=timeout)
+    rows = []
+    for t in ts:
+        for rank_rows in out[:t]:            # group 0 is ranks 0..t-1
+            row = next(x for x in rank_rows if x["t"] == t)
+            fwd = lambda colls: sum(c.nbytes for c in colls if c.phase == "forward")     # noqa: E731
+            row["ulysses_theory"] = fwd(cost.ulysses_collectives(B, seq, H, D, t))
+            row["ring_theory"] = fwd(cost.ring_attention_messages(B, seq, H, D, t))
+            for layout in ("contiguous", "zigzag"):
+                row[f"{layout}_formula"] = cost.causal_scores(seq, t, layout == "zigzag")[row["rank"]] * B * H
+            rows.append(row)
+    return rows
