@@ -1,10 +1,11 @@
-"""Every bug of a lab's bank, checked in one kernel: the fast half of ``selftest --quick``.
+"""Every bug of a lab's bank, checked in a running kernel: the fast half of ``selftest --quick``.
 
 A full selftest grades each bug as its own nbgrader submission (a fresh kernel and the whole
 notebook, ~30 s each), which is the authoritative check and takes many minutes per lab.
-Here one kernel runs the solution notebook (with its hidden tests) once; then, for each bug,
+Here a kernel runs the solution notebook (with its hidden tests) once; then, for each bug,
 it re-runs the broken solution cell and the test cells the bug must fail, scores them with
-nbgrader's own ``determine_grade``, and restores the correct cell.
+nbgrader's own ``determine_grade``, and restores the correct cell. The bank is shared between
+two such kernels (see ``KERNELS``).
 
 That is faithful as long as test cells call the graded functions (the labs' convention:
 each test cell is a one-liner handing the function to a ``minidist.checks`` module), because a
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
 
 from nbclient import NotebookClient
 from nbgrader.utils import determine_grade
@@ -26,20 +28,10 @@ from autograder.course import KERNEL_NAME, cell_timeout, grade_id, kernel_argv, 
 # Deadlock bugs fail through the checks' launch timeout; a few seconds is plenty to show a
 # deadlock on a quiet machine, and keeps a bank of deadlocks from taking minutes.
 QUICK_CHECK_TIMEOUT = "4"
-
-
-@contextmanager
-def _env(**values):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+# A bank spends most of its time idle, waiting out those timeouts: two kernels take turns on
+# the CPU. The second starts on its bugs only after the first has run the solution's tests, so
+# the baseline (which must pass) never competes for the CPU with a bug.
+KERNELS = 2
 
 
 def graded_notebook(source_nb, solution_nb):
@@ -52,45 +44,87 @@ def graded_notebook(source_nb, solution_nb):
     return nb
 
 
-def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
-    """Run ``nb`` once, then each bug. Returns (baseline problems, {bug: (tests it did not fail, seconds)})."""
+def _is_test(cell) -> bool:
+    return bool(nbg(cell).get("grade")) and not nbg(cell).get("solution")
+
+
+def _passes(cell) -> bool:
+    points, max_points = determine_grade(cell)
+    return points is not None and points >= max_points
+
+
+class _Kernel:
+    """One kernel holding the solution notebook, into which bugs are swapped one at a time."""
+
+    def __init__(self, nb, workdir: str):
+        self.nb = nb
+        # nbclient writes executed cells back into the notebook it holds: give it its own copy,
+        # so bugs are injected into, and cells restored from, the untouched one.
+        self.client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, timeout=cell_timeout(),
+                                     allow_errors=True, resources={"metadata": {"path": workdir}},
+                                     extra_arguments=["--IPKernelApp.capture_fd_output=False"])
+
+    def run(self, cell, i):
+        cell = copy.deepcopy(cell)
+        cell.outputs = []
+        self.client.execute_cell(cell, i)
+        return cell
+
+    def load(self, with_tests: bool) -> list[str]:
+        """Run the notebook's code cells; with_tests: the test cells too, returning those that fail."""
+        failing = []
+        for i, cell in enumerate(self.nb.cells):
+            if cell.cell_type != "code" or (_is_test(cell) and not with_tests):
+                continue
+            done = self.run(cell, i)
+            if _is_test(cell) and not _passes(done):
+                failing.append(f"{grade_id(cell)} fails on the solution")
+        return failing
+
+    def check(self, name, bug, inject, index) -> tuple[list[str], float]:
+        start = time.perf_counter()
+        broken = inject(bug, {name: self.nb})[name]
+        i = index[bug["cell"]]
+        self.run(broken.cells[i], i)
+        missed = [t for t in bug["catches"] if _passes(self.run(self.nb.cells[index[t]], index[t]))]
+        self.run(self.nb.cells[i], i)     # the correct cell again, for the next bug
+        return missed, time.perf_counter() - start
+
+
+def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
+               ) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
+    """Run ``nb`` once, then each bug. Returns (baseline problems, {bug: (tests it did not fail, seconds)}).
+    ``baseline_done`` is set once the solution's tests have run (the CPU-bound part is over)."""
     kernel_argv()   # installs the pinned kernel if it is missing
     nb = skip_demos(copy.deepcopy(nb))
     index = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
-    # nbclient writes executed cells back into the notebook it holds: give it its own copy,
-    # so bugs are injected into, and cells restored from, the untouched one.
-    client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, timeout=cell_timeout(), allow_errors=True,
-                            resources={"metadata": {"path": workdir}},
-                            extra_arguments=["--IPKernelApp.capture_fd_output=False"])
+    env = {**os.environ, "NBGRADER_EXECUTION": "autograde", "MINIDIST_CHECK_TIMEOUT": QUICK_CHECK_TIMEOUT}
+    shares = [bugs[k::KERNELS] for k in range(KERNELS)]
+    baseline_done, baseline = baseline_done or threading.Event(), []
+    results: dict[str, tuple[list[str], float]] = {}
 
-    def run(cell, i):
-        cell = copy.deepcopy(cell)
-        cell.outputs = []
-        client.execute_cell(cell, i)
-        return cell
-
-    def score(cell):
-        points, max_points = determine_grade(cell)
-        return points is not None and points >= max_points
-
-    results = {}
-    with _env(NBGRADER_EXECUTION="autograde", MINIDIST_CHECK_TIMEOUT=QUICK_CHECK_TIMEOUT):
-        with client.setup_kernel():
-            baseline = []
-            for i, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                done = run(cell, i)
-                if nbg(cell).get("grade") and not nbg(cell).get("solution") and not score(done):
-                    baseline.append(f"{grade_id(cell)} fails on the solution")
+    def kernel(k: int):
+        if k and not shares[k]:
+            return
+        state = _Kernel(nb, workdir)
+        with state.client.setup_kernel(env=env):
+            if k == 0:
+                try:
+                    baseline.extend(state.load(with_tests=True))
+                finally:
+                    baseline_done.set()
+            else:
+                state.load(with_tests=False)     # definitions only: kernel 0 runs the tests
+                baseline_done.wait()
             if baseline:
-                return baseline, results
-            for bug in bugs:
-                start = time.perf_counter()
-                broken = inject(bug, {name: nb})[name]
-                i = index[bug["cell"]]
-                run(broken.cells[i], i)
-                missed = [t for t in bug["catches"] if score(run(nb.cells[index[t]], index[t]))]
-                run(nb.cells[i], i)     # the correct cell again, for the next bug
-                results[bug["name"]] = (missed, time.perf_counter() - start)
-    return [], results
+                return
+            for bug in shares[k]:
+                results[bug["name"]] = state.check(name, bug, inject, index)
+
+    try:
+        with ThreadPoolExecutor(KERNELS) as pool:
+            for f in [pool.submit(kernel, k) for k in range(KERNELS)]:
+                f.result()
+    finally:
+        baseline_done.set()     # also when kernel 0 could not start: nobody may wait forever
+    return baseline, ({} if baseline else results)
