@@ -102,24 +102,28 @@ def vocab_parallel_ce_collectives(tokens: int, t: int, elem_bytes: int = 4) -> l
 
 
 def tp_gpt_collectives(batch: int, seq: int, d_model: int, n_layers: int, t: int, *,
-                       sequence_parallel: bool = False, elem_bytes: int = 4) -> list[TPCollective]:
+                       sequence_parallel: bool = False, elem_bytes: int = 4, embedding: bool = True,
+                       head: bool = True) -> list[TPCollective]:
     """One training step of ``minidist.tensor_parallel.ParallelGPT``: vocab-parallel
     embedding (g, or a reduce-scatter under SP), ``n_layers`` layers, the column-parallel
     LM head (f, or SP's gather), the loss; under SP also phase "sync", the one all-reduce
-    of the gradients of LayerNorms, row-parallel biases and the position embedding."""
+    of the gradients of LayerNorms, row-parallel biases and the position embedding.
+    ``embedding`` / ``head`` False: a pipeline stage without that end (``minidist.mesh``)."""
     _check_t(t)
     if t == 1:
         return []
     full = batch * seq * d_model * elem_bytes
     layers = tp_layer_collectives(batch, seq, d_model, t, sequence_parallel=sequence_parallel,
                                   elem_bytes=elem_bytes, sublayers=2 * n_layers)
-    loss = vocab_parallel_ce_collectives(batch * seq, t, elem_bytes)
+    loss = vocab_parallel_ce_collectives(batch * seq, t, elem_bytes) if head else []
     if not sequence_parallel:
-        return [TPCollective("forward", AR, full), *layers, TPCollective("backward", AR, full), *loss]
-    sync = (6 * n_layers + 2 + seq) * d_model * elem_bytes     # ln_1, ln_2, o/proj biases; ln_f; pos_emb
-    return [TPCollective("forward", RS, full), TPCollective("backward", AG, full // t), *layers,
-            TPCollective("forward", AG, full // t), TPCollective("backward", RS, full),
-            TPCollective("backward", AG, full // t), *loss, TPCollective("sync", AR, sync)]
+        return ([TPCollective("forward", AR, full)] * embedding + layers
+                + [TPCollective("backward", AR, full)] * head + loss)
+    # ln_1, ln_2, o/proj biases per layer; ln_f; pos_emb
+    sync = (6 * n_layers + 2 * head + seq * embedding) * d_model * elem_bytes
+    return ([TPCollective("forward", RS, full), TPCollective("backward", AG, full // t)] * embedding + layers
+            + [TPCollective("forward", AG, full // t), TPCollective("backward", RS, full),
+               TPCollective("backward", AG, full // t)] * head + loss + [TPCollective("sync", AR, sync)])
 
 
 def tp_payload_bytes(collectives: list[TPCollective], phase: str | None = None) -> int:

@@ -93,6 +93,14 @@ class ParallelGPT(nn.Module):
         self.lm_head = ColumnParallelLinear.from_full(model.lm_head, group, **sp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    # embed and head are apart so that a pipeline stage (minidist.mesh) can run only its end
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (b, s) -> the blocks' input (b, s, h), or (b, s/t, h) under SP."""
         s = ids.shape[1]
         if s > self.cfg.seq_len:
             raise ValueError(f"sequence of {s} tokens is longer than seq_len={self.cfg.seq_len}")
@@ -102,9 +110,10 @@ class ParallelGPT(nn.Module):
             x = x + self.pos_emb.weight[self.rank * chunk:(self.rank + 1) * chunk]
         else:
             x = x + self.pos_emb(torch.arange(s, device=ids.device))
-        x = self.drop(x)
-        for block in self.blocks:
-            x = block(x)
+        return self.drop(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The last block's output -> this rank's logits (b, s, V/t)."""
         return self.lm_head(self.ln_f(x))
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
