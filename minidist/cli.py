@@ -1,4 +1,4 @@
-"""The ``minidist`` command: doctor, tour and bench."""
+"""The ``minidist`` command: doctor, tour, bench and plan."""
 from __future__ import annotations
 
 import argparse
@@ -103,6 +103,57 @@ def doctor(as_json=False) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
+# -------------------------------------------------------------------------------- plan
+def _bytes(text: str) -> float:
+    """"80GB", "80e9", "80 GiB" -> bytes."""
+    units = {"tib": 2 ** 40, "gib": 2 ** 30, "mib": 2 ** 20, "tb": 1e12, "gb": 1e9, "mb": 1e6, "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    for unit, scale in units.items():
+        if t.endswith(unit):
+            return float(t[:-len(unit)]) * scale
+    return float(t)
+
+
+def _add_plan_arguments(p) -> None:
+    p.add_argument("--params", type=float, required=True, help="parameters in all, e.g. 7e9")
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--seq", type=int, required=True, help="sequence length (tokens)")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu-memory", type=_bytes, default=80e9, help="per GPU, e.g. 80GB")
+    p.add_argument("--global-batch", type=int, default=512, help="sequences per step")
+    p.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3], help="ZeRO stage over DP (default 1)")
+    p.add_argument("--recompute", default="selective", choices=["none", "selective", "full"])
+    p.add_argument("--mfu", type=float, default=0.5, help="share of peak FLOP/s the matmuls sustain")
+    p.add_argument("--top", type=int, default=15, help="rows of the table (--json lists every layout)")
+    p.add_argument("--json", action="store_true")
+
+
+def plan(args) -> int:
+    from minidist.cost.planner import Cluster, ModelSpec, explain, plan_layouts
+    model = ModelSpec(args.params, args.layers, args.hidden, args.heads, args.seq)
+    cluster = Cluster(args.gpus, args.gpus_per_node, args.gpu_memory, mfu=args.mfu)
+    plans = plan_layouts(model, cluster, global_batch=args.global_batch, zero_stage=args.zero,
+                         recompute=args.recompute)
+    if args.json:
+        print(json.dumps({"explanation": explain(plans, cluster), "layouts": [p.as_dict() for p in plans]},
+                         indent=2, default=str))
+        return 0
+    rows = [{"rank": i + 1, "DP": p.dp, "PP": p.pp, "TP": p.tp, "CP": p.cp, "micro_batch": p.micro_batch,
+             "m": p.micro_batches, "step_s": p.time["total"], "compute_s": p.time["compute"],
+             "bubble_s": p.time["bubble"], "comm_s": sum(p.time[a] for a in ("tp", "cp", "pp", "dp")),
+             "memory_GB": p.memory["total"] / 1e9} for i, p in enumerate(q for q in plans if q.feasible)]
+    excluded = [p for p in plans if not p.feasible]
+    print(f"{len(rows)} layouts fit on {args.gpus} GPUs ({args.gpus_per_node} per node, "
+          f"{args.gpu_memory / 1e9:.0f} GB each); {len(excluded)} excluded (--json gives each one's reason).")
+    print(format_table(rows[:args.top]))
+    print()
+    print(explain(plans, cluster))
+    return 0 if rows else 1
+
+
 # -------------------------------------------------------------------------------- main
 def _benchmarks():
     return sorted(m.name for m in pkgutil.iter_modules(minidist.benchmarks.__path__) if not m.name.startswith("_"))
@@ -116,6 +167,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("tour", help="run every technique on 4 CPU ranks against a single-process reference")
     p.add_argument("--json", action="store_true")
     p.add_argument("--only", help="run only the techniques whose name contains this text")
+    p = sub.add_parser("plan", help="rank every DP x PP x TP x CP layout of a model on a cluster by modelled step time")
+    _add_plan_arguments(p)
     bench = sub.add_parser("bench", help="benchmarks; `minidist bench NAME --help` for each")
     bench_sub = bench.add_subparsers(dest="benchmark", required=True)
     for name in _benchmarks():
@@ -128,6 +181,8 @@ def main(argv=None) -> int:
 
     if args.command == "doctor":
         return doctor(args.json)
+    if args.command == "plan":
+        return plan(args)
     if args.command == "tour":
         from minidist.tour import run_tour
         rows = run_tour(args.only)

@@ -1,0 +1,236 @@
+"""The layout planner: every (DP, PP, TP, CP, micro-batch) split of a cluster, ranked by modelled step time.
+
+Narayanan et al. 2021 (Megatron-LM, PTD-P), Sec. 3's takeaways, turned into arithmetic
+from the formulas of the other ``cost`` modules (nothing new is modelled here):
+
+* memory per GPU (the first pipeline stage, which holds the most in-flight micro-batches
+  under 1F1B): model states with mixed-precision Adam and ZeRO over the DP×CP ranks that
+  hold the same weights (:func:`~minidist.cost.data_parallel.zero_memory_bytes`), plus
+  activations (:func:`~minidist.cost.tensor_parallel.tp_activation_bytes_paper` per layer
+  on the s/CP tokens a rank holds; selective recomputation drops its 5as/h term, full
+  recomputation keeps only each layer's input) × L/PP layers × the schedule's in-flight
+  micro-batches (:func:`~minidist.cost.pipeline.pipeline_peak_activations`);
+* time per step = compute (72·b·s·h²(1+s/6h) per layer, :func:`~minidist.cost.tensor_parallel.tp_layer_flops`,
+  plus 6·b·s·h·V for the LM head, spread over all GPUs at ``mfu`` of peak) + the 1F1B bubble
+  ((PP-1)/m of compute, :func:`~minidist.cost.pipeline.pipeline_bubble_ratio`) + α-β time of
+  each axis's traffic, none of it assumed overlapped: TP's collectives per layer and
+  micro-batch (:func:`~minidist.cost.tensor_parallel.tp_comm_time`), CP's ring K/V passes
+  (:func:`~minidist.cost.context_parallel.ring_attention_messages`), PP's activation and
+  gradient per micro-batch, DP's ring all-reduce of the gradients once per step.
+
+Links: the mesh is (DP, PP, CP, TP), TP innermost. An axis runs over NVLink when it and
+the axes inside it fit in one node, else over InfiniBand (a ring is as slow as its slowest
+link). TP is kept inside a node: a layout whose TP group spans nodes is excluded.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from minidist.cost.collectives import allreduce_time, p2p_time
+from minidist.cost.context_parallel import ring_attention_messages
+from minidist.cost.data_parallel import zero_memory_bytes
+from minidist.cost.pipeline import pipeline_bubble_ratio, pipeline_peak_activations
+from minidist.cost.scale import PEAK_TFLOPS
+from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link, tp_activation_bytes_paper,
+                                           tp_comm_time, tp_layer_collectives, tp_layer_flops)
+
+ELEM = 2                # bf16 activations, gradients and messages
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A GPT: ``params`` in all; the embedding and LM head (V·h each) are what the layers
+    (12h² + 13h each) leave, which gives the vocabulary V."""
+    params: float
+    layers: int
+    hidden: int
+    heads: int
+    seq: int
+
+    @property
+    def layer_params(self) -> float:
+        return 12 * self.hidden ** 2 + 13 * self.hidden
+
+    @property
+    def vocab(self) -> float:
+        v = (self.params - self.layers * self.layer_params) / (2 * self.hidden)
+        if v <= 0:
+            raise ValueError(f"{self.layers} layers of hidden size {self.hidden} already hold "
+                             f"{self.layers * self.layer_params:.3g} parameters, more than params={self.params:.3g}")
+        return v
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gpus: int
+    gpus_per_node: int
+    gpu_memory: float                           # bytes
+    peak_flops: float = PEAK_TFLOPS["H100"] * 1e12
+    mfu: float = 0.5                            # share of peak the matmuls sustain
+    intra: Link = NVLINK_H100
+    inter: Link = INFINIBAND_NDR
+
+
+@dataclass
+class Plan:
+    dp: int
+    pp: int
+    tp: int
+    cp: int
+    micro_batch: int
+    micro_batches: int
+    feasible: bool = True
+    reason: str = ""
+    memory: dict = field(default_factory=dict)      # bytes per GPU: params, grads, optimizer, activations, total
+    time: dict = field(default_factory=dict)        # seconds per step: compute, bubble, tp, cp, pp, dp, total
+    links: dict = field(default_factory=dict)       # axis -> "NVLink" / "InfiniBand"
+
+    @property
+    def layout(self) -> str:
+        return f"DP{self.dp} PP{self.pp} TP{self.tp} CP{self.cp}"
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {"layout": self.layout}
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def axis_links(dp: int, pp: int, cp: int, tp: int, gpus_per_node: int) -> dict[str, bool]:
+    """axis -> True when its groups cross nodes (mesh order DP, PP, CP, TP; TP innermost)."""
+    out, inner = {}, 1
+    for name, size in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp)):
+        out[name] = size > 1 and inner * size > gpus_per_node
+        inner *= size
+    return out
+
+
+def stage_params(model: ModelSpec, pp: int, tp: int) -> float:
+    """Parameters per GPU of the first stage: L/PP layers and the embedding (and, with PP = 1,
+    the LM head too), split over TP."""
+    ends = model.vocab * model.hidden * (2 if pp == 1 else 1)
+    return (model.layers // pp * model.layer_params + ends) / tp
+
+
+def memory(model: ModelSpec, plan: Plan, *, zero_stage: int, recompute: str, sequence_parallel: bool,
+           schedule: str = "1f1b") -> dict:
+    """Bytes per GPU of the first pipeline stage (its layers, the embedding, the most micro-batches in flight)."""
+    h, s = model.hidden, model.seq // plan.cp
+    numel = stage_params(model, plan.pp, plan.tp)
+    out = dict(zero_memory_bytes(zero_stage, numel, plan.dp * plan.cp))
+    if recompute == "full":     # only each layer's input (its shard under SP)
+        per_layer = ELEM * s * plan.micro_batch * h / (plan.tp if sequence_parallel else 1)
+    else:                       # selective: the attention scores' 5as/h term is recomputed, i.e. a = 0
+        heads = model.heads if recompute == "none" else 0
+        per_layer = tp_activation_bytes_paper(s, plan.micro_batch, h, heads, plan.tp, sequence_parallel)
+    in_flight = pipeline_peak_activations(schedule, plan.pp, plan.micro_batches, rank=0)
+    out["activations"] = per_layer * (model.layers // plan.pp) * in_flight
+    out["total"] = out["params"] + out["grads"] + out["optimizer"] + out["activations"]
+    return out
+
+
+def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: int, recompute: str,
+              sequence_parallel: bool) -> tuple[dict, dict]:
+    """Modelled seconds of one step by part (none overlapped), and each axis's link."""
+    h, s, b, m = model.hidden, model.seq, plan.micro_batch, plan.micro_batches
+    cross = axis_links(plan.dp, plan.pp, plan.cp, plan.tp, cluster.gpus_per_node)
+    link = {a: cluster.inter if c else cluster.intra for a, c in cross.items()}
+    layer_flops = tp_layer_flops(global_batch, s, h) * (4 / 3 if recompute == "full" else 1)   # + one forward
+    flops = model.layers * layer_flops + 6 * global_batch * s * h * model.vocab
+    compute = flops / (cluster.gpus * cluster.peak_flops * cluster.mfu)
+    layers = model.layers // plan.pp
+    s_local = s // plan.cp
+    tp = tp_comm_time(tp_layer_collectives(b, s_local, h, plan.tp, sequence_parallel=sequence_parallel,
+                                           elem_bytes=ELEM), plan.tp, link["tp"]) * layers * m
+    cp_msgs = ring_attention_messages(b, s, model.heads // plan.tp, h // model.heads, plan.cp, elem_bytes=ELEM)
+    cp = sum(p2p_time(c.nbytes, link["cp"].alpha, link["cp"].beta) for c in cp_msgs) * layers * m
+    act = ELEM * b * s_local * h / (plan.tp if sequence_parallel else 1)
+    pp = 2 * m * p2p_time(act, link["pp"].alpha, link["pp"].beta) if plan.pp > 1 else 0.0
+    grads = ELEM * stage_params(model, plan.pp, plan.tp)
+    n = plan.dp * plan.cp
+    dp_link = link["dp"] if plan.dp > 1 else link["cp"]
+    dp = allreduce_time("ring", n, grads, dp_link.alpha, dp_link.beta) if n > 1 else 0.0
+    out = {"compute": compute, "bubble": compute * pipeline_bubble_ratio(plan.pp, m), "tp": tp, "cp": cp,
+           "pp": pp, "dp": dp}
+    out["total"] = sum(out.values())
+    return out, {a: ("InfiniBand" if c else "NVLink") for a, c in cross.items()}
+
+
+def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512, micro_batch_sizes=(1, 2, 4, 8),
+                 zero_stage: int = 1, recompute: str = "selective", sequence_parallel: bool = True,
+                 max_cp: int | None = None) -> list[Plan]:
+    """Every (DP, PP, TP, CP, micro-batch size) with DP·PP·TP·CP = gpus: the feasible ones first,
+    fastest first (ties broken by the layout, so the order is deterministic), then the
+    excluded ones with their ``reason``."""
+    if recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+    if cluster.gpus < 1 or cluster.gpus_per_node < 1 or cluster.gpus % min(cluster.gpus, cluster.gpus_per_node):
+        raise ValueError(f"{cluster.gpus} GPUs do not fill nodes of {cluster.gpus_per_node}")
+    model.vocab                                  # noqa: B018  (raises when params is too small)
+    plans = []
+    for tp in _divisors(cluster.gpus):
+        for cp in _divisors(cluster.gpus // tp):
+            if max_cp and cp > max_cp:
+                continue
+            for pp in _divisors(cluster.gpus // (tp * cp)):
+                dp = cluster.gpus // (tp * cp * pp)
+                for b in micro_batch_sizes:
+                    m = global_batch // (dp * b) if global_batch % (dp * b) == 0 else 0
+                    plan = Plan(dp, pp, tp, cp, b, m)
+                    plan.reason = _excluded(model, cluster, plan, global_batch)
+                    if not plan.reason:
+                        plan.memory = memory(model, plan, zero_stage=zero_stage, recompute=recompute,
+                                             sequence_parallel=sequence_parallel)
+                        plan.time, plan.links = step_time(model, cluster, plan, global_batch=global_batch,
+                                                          recompute=recompute, sequence_parallel=sequence_parallel)
+                        if plan.memory["total"] > cluster.gpu_memory:
+                            plan.reason = (f"needs {plan.memory['total'] / 1e9:.1f} GB per GPU, more than "
+                                           f"{cluster.gpu_memory / 1e9:.0f} GB")
+                    plan.feasible = not plan.reason
+                    plans.append(plan)
+    key = lambda p: (not p.feasible, p.time.get("total", 0.0), p.tp, p.pp, p.cp, p.dp, p.micro_batch)  # noqa: E731
+    return sorted(plans, key=key)
+
+
+def _excluded(model: ModelSpec, cluster: Cluster, plan: Plan, global_batch: int) -> str:
+    """Why a layout cannot run at all ("" when it can)."""
+    if model.heads % plan.tp:
+        return f"heads ({model.heads}) not divisible by TP={plan.tp}: TP splits whole heads"
+    if plan.tp > cluster.gpus_per_node or cluster.gpus_per_node % plan.tp:
+        return f"TP={plan.tp} would span nodes of {cluster.gpus_per_node} GPUs (TP stays on NVLink)"
+    if model.layers % plan.pp:
+        return f"layers ({model.layers}) not divisible by PP={plan.pp}"
+    if model.seq % (2 * plan.cp) and plan.cp > 1:
+        return f"seq ({model.seq}) not divisible by 2·CP={2 * plan.cp} (zigzag causal shards)"
+    if not plan.micro_batches:
+        return f"global batch {global_batch} does not split into DP={plan.dp} × micro-batches of {plan.micro_batch}"
+    return ""
+
+
+def explain(plans: list[Plan], cluster: Cluster) -> str:
+    """Why the top layout wins, in the lectures' terms, from its own numbers."""
+    feasible = [p for p in plans if p.feasible]
+    if not feasible:
+        return "No layout fits: more GPUs, more pipeline stages or recomputation would be needed."
+    top, t = feasible[0], feasible[0].time
+    ms = lambda x: f"{x * 1e3:.1f} ms"      # noqa: E731
+    lines = [f"Top: {top.layout}, micro-batch {top.micro_batch} × m={top.micro_batches}: "
+             f"{ms(t['total'])} per step, {top.memory['total'] / 1e9:.1f} GB per GPU."]
+    if top.tp > 1:
+        lines.append(f"TP={top.tp} stays inside a node ({top.links['tp']}): its 4 collectives per layer and "
+                     f"micro-batch cost {ms(t['tp'])} per step there; over InfiniBand they would cost "
+                     f"~{cluster.intra.bandwidth / cluster.inter.bandwidth:.0f}× more.")
+    else:
+        lines.append("TP=1: the model states and activations fit without splitting layers, so no per-layer collectives.")
+    if top.pp > 1:
+        lines.append(f"PP={top.pp} with m={top.micro_batches} micro-batches: the 1F1B bubble is (p-1)/m = "
+                     f"{(top.pp - 1) / top.micro_batches:.3f} of compute ({ms(t['bubble'])}); more micro-batches "
+                     f"shrink it, only one activation crosses each stage boundary ({ms(t['pp'])}).")
+    if top.dp * top.cp > 1:
+        lines.append(f"DP={top.dp}: one all-reduce of the gradients per step over {top.links['dp']} "
+                     f"({ms(t['dp'])}), the one collective that can cross nodes cheaply.")
+    if top.cp > 1:
+        lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
+    lines.append(f"Compute {ms(t['compute'])} at {cluster.mfu:.0%} of peak is the floor every layout shares.")
+    return "\n".join(lines)
