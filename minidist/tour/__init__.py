@@ -22,6 +22,7 @@ TOUR_MODULES = [
     "minidist.tour.pipeline",        # naive, GPipe, 1F1B, interleaved, ZB-H1: error, bytes, bubble
     "minidist.tour.tensor_parallel", # Megatron column/row, MLP, attention (GQA), vocab CE, block with and without SP
     "minidist.tour.context_parallel", # Ulysses (MHA, GQA, MQA), ring (MHA, GQA), causal ring contiguous vs zigzag
+    "minidist.tour.parallel3d",      # DP 2 x PP 2 x TP 2 TinyGPT on 8 ranks: loss, weights, bytes per axis, memory
 ]
 
 COLUMNS = ["technique", "world_size", "passed", "max_err", "tolerance", "bytes_per_rank", "bytes_theory",
