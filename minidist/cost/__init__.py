@@ -8,6 +8,8 @@
 * ``tensor_parallel``: collectives per Megatron layer (with and without sequence
   parallelism), their α-β time on NVLink and InfiniBand next to the layer's FLOPs,
   activation memory per rank (Korthikanti et al. 2022, and ours term by term);
+* ``parallel3d``: DP × PP × TP per rank: parameters of a stage, traffic per axis, memory (``minidist.mesh``);
+* ``planner``: every (DP, PP, TP, CP, micro-batch) layout of a cluster ranked by modelled step time (``minidist plan``);
 * ``context_parallel``: bytes per rank of Ulysses' all-to-alls and ring attention's block
   passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards.
 
