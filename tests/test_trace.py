@@ -1,5 +1,6 @@
 """The tracer: bytes, peers and ops of known patterns, guards, and exports."""
 import json
+import re
 
 import pytest
 import torch
@@ -160,5 +161,6 @@ def test_async_wait_timeout_names_the_op():
     with pytest.raises(minidist.LaunchError) as info:
         minidist.launch(isend_everyone_first_then_wait, 2, 1000, timeout=1.5)
     message = str(info.value)
-    assert "wait() on isend(dst=1, 3.9 KiB)" in message or "isend(dst=1, 3.9 KiB) did not complete" in message, message
+    # whichever rank times out first names its own isend (the other may then see its peer gone)
+    assert re.search(r"wait\(\) on isend\(dst=[01], 3\.9 KiB\)|isend\(dst=[01], 3\.9 KiB\) did not complete", message), message
     assert "Timed out waiting" not in message
