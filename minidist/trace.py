@@ -8,7 +8,9 @@ send/recv"); and the launcher reads the operation each rank is blocked in, so a
 deadlock is reported as "rank 1 blocked in recv(src=0)".
 
 Bytes are payload bytes as the caller sees them: ``send``/``isend`` count as sent,
-``recv``/``irecv`` as received, a collective counts its input tensor(s) once. For
+``recv``/``irecv`` as received, a collective counts its input tensor(s) once: the list
+form ``all_gather(outputs, x)`` counts ``x``, exactly as ``all_gather_into_tensor(out, x)``
+does, never the N outputs it fills. For
 minidist's own algorithms, which are built from send/recv, that is exactly the
 traffic on the wire, which is what the α-β model in ``minidist.cost`` predicts.
 
@@ -44,7 +46,7 @@ COLLECTIVES = {
     "reduce_scatter_single", "all_gather_single",      # torch >= 2.13 names of the *_tensor ops
 }
 # Collectives whose input is the second argument (the first is the output buffer).
-INPUT_SECOND = {"all_to_all", "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor",
+INPUT_SECOND = {"all_gather", "all_to_all", "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor",
                 "all_gather_into_tensor", "reduce_scatter_single", "all_gather_single"}
 PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
 
@@ -261,7 +263,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
                              f"a rank cannot {'send to' if name in P2P_SEND else 'receive from'} itself")
         payload = args[0] if args else kwargs.get("tensor", kwargs.get("input", kwargs.get("tensor_list")))
         if name in INPUT_SECOND:
-            payload = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("input_tensor")))
+            payload = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("input_tensor", kwargs.get("tensor"))))
         nbytes = _nbytes(payload)
         description = _describe(name, peer, nbytes)
         listener = _op_listener

@@ -47,6 +47,8 @@ def collectives_payloads():
         shard = torch.empty(3)
         dist.reduce_scatter_tensor(shard, torch.ones(3 * dist.get_world_size()))
         dist.broadcast(x, src=0)
+        dist.all_gather(list(out.chunk(dist.get_world_size())), x)              # the list form, into views
+        dist.all_gather(tensor_list=[torch.empty(6) for _ in range(dist.get_world_size())], tensor=x)
         objs = [None] * dist.get_world_size()
         dist.all_gather_object(objs, {"rank": dist.get_rank()})   # calls all_gather inside: counted once
     return [(e.op, e.nbytes) for e in t.events], objs
@@ -56,7 +58,9 @@ def test_collectives_record_op_and_input_payload():
     events, objs = minidist.launch(collectives_payloads, 2)[0]
     assert events[:4] == [("all_reduce", 24), ("all_gather_into_tensor", 24),
                           ("reduce_scatter_tensor", 24), ("broadcast", 24)]
-    assert [op for op, _ in events[4:]] == ["all_gather_object"]
+    # a list all_gather counts its input once, like the tensor form, not the N outputs it fills
+    assert events[4:6] == [("all_gather", 24), ("all_gather", 24)]
+    assert [op for op, _ in events[6:]] == ["all_gather_object"]
     assert objs == [{"rank": 0}, {"rank": 1}]
 
 

@@ -74,11 +74,10 @@ FAMILY = {"all_reduce": "all-reduce", "all_gather_into_tensor": "all-gather", "a
 
 
 def _traffic(tr, t) -> Counter:
-    """(kind, payload bytes) of every traced op; a list all_gather counts its input, as the tensor form does."""
+    """(kind, payload bytes) of every traced op (the tracer counts a list all_gather's input, as the tensor form's)."""
     out = Counter()
     for e in tr.comm():
-        nbytes = e.nbytes // t if e.op == "all_gather" else e.nbytes
-        out[FAMILY.get(e.op, e.op), nbytes] += 1
+        out[FAMILY.get(e.op, e.op), e.nbytes] += 1
     return out
 
 

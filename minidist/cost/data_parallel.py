@@ -17,9 +17,9 @@ def ring_wire_bytes(op: str, payload: int, world_size: int) -> float:
     n = world_size
     if op == "all_reduce":
         return 2 * (n - 1) / n * payload
-    if op in ("reduce_scatter_tensor", "all_to_all_single"):
+    if op in ("reduce_scatter_tensor", "reduce_scatter", "all_to_all_single"):
         return (n - 1) / n * payload      # payload = full input; each rank sends N−1 chunks, keeps one
-    if op == "all_gather_into_tensor":
+    if op in ("all_gather_into_tensor", "all_gather"):
         return (n - 1) * payload          # payload = own shard, forwarded N−1 times
     if op in ("send", "isend"):
         return payload
