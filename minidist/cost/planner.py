@@ -228,8 +228,9 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
                      f"{(top.pp - 1) / top.micro_batches:.3f} of compute ({ms(t['bubble'])}); more micro-batches "
                      f"shrink it, only one activation crosses each stage boundary ({ms(t['pp'])}).")
     if top.dp * top.cp > 1:
-        lines.append(f"DP={top.dp}: one all-reduce of the gradients per step over {top.links['dp']} "
-                     f"({ms(t['dp'])}), the one collective that can cross nodes cheaply.")
+        who = f"DP={top.dp}" if top.cp == 1 else f"DP×CP={top.dp}×{top.cp} (CP ranks hold the same weights)"
+        lines.append(f"{who}: one all-reduce of the gradients per step over {top.links['dp']} "
+                     f"({ms(t['dp'])}); once per step, it is the collective that best tolerates a slow link.")
     if top.cp > 1:
         lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
     lines.append(f"Compute {ms(t['compute'])} at {cluster.mfu:.0%} of peak is the floor every layout shares.")
