@@ -229,7 +229,8 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
                      f"shrink it, only one activation crosses each stage boundary ({ms(t['pp'])}).")
     if top.dp * top.cp > 1:
         who = f"DP={top.dp}" if top.cp == 1 else f"DP×CP={top.dp}×{top.cp} (CP ranks hold the same weights)"
-        lines.append(f"{who}: one all-reduce of the gradients per step over {top.links['dp']} "
+        over = top.links["dp"] if top.dp > 1 else top.links["cp"]      # as step_time prices it
+        lines.append(f"{who}: one all-reduce of the gradients per step over {over} "
                      f"({ms(t['dp'])}); once per step, it is the collective that best tolerates a slow link.")
     if top.cp > 1:
         lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
