@@ -103,3 +103,14 @@ def test_library_answers_are_refused():
         lab7.check_mesh_groups(mesh_groups)
     with pytest.raises(AssertionError, match="Trainer3D.reduce_gradients"):
         lab7.check_train_step(step_library)
+
+
+def test_predict_memory_refuses_the_cost_model_but_not_the_handed_out_helper():
+    from minidist.cost.parallel3d import memory_per_rank
+
+    def through_the_cost_model(c):
+        return memory_per_rank(c.cfg, c.dp, c.pp, c.tp, c.stage, batch=c.batch, micro_batches=c.micro_batches,
+                               schedule=c.schedule)
+    with pytest.raises(AssertionError, match="memory_per_rank"):
+        lab7.check_predict_memory(through_the_cost_model)
+    lab7.check_predict_memory(memory_rounding_up)       # stage_activation_bytes is allowed, and what it calls
