@@ -45,6 +45,14 @@ def split_batch(x, y, rank, world_size):
         catches=["test_split_batch"],
         why="every rank trains on the whole batch: right answer, N times the work",
     ),
+    dict(
+        name="split_divisibility_on_numel",
+        cell="split_batch",
+        replace=[("    if batch % world_size:", "    if x.numel() % world_size:")],
+        catches=["test_split_batch"],
+        why="tests the number of elements, not of rows: a batch of 6 rows of 2 features on 4 ranks passes "
+            "(12 elements) and silently drops rows",
+    ),
 
     # ------------------------------------------------------------------ average_gradients
     dict(
@@ -76,6 +84,25 @@ def split_batch(x, y, rank, world_size):
         catches=["test_average_gradients_traffic"],
         why="all-reduces zeros for frozen parameters: right parameters, wasted traffic",
     ),
+    dict(
+        name="avg_skips_missing_gradients",
+        cell="average_gradients",
+        replace=[("        if p.grad is None:\n            p.grad = torch.zeros_like(p)\n",
+                  "        if p.grad is None:          # nothing to average\n            continue\n")],
+        catches=["test_average_gradients_equal"],
+        why="skips a parameter without a gradient: fine when no rank used it, but a layer used on some ranks "
+            "only gives the ranks different sequences of all-reduces (mismatched tensors, or a hang)",
+    ),
+    dict(
+        name="avg_reduces_zeros_it_throws_away",
+        cell="average_gradients",
+        replace=[("        if p.grad is None:\n            p.grad = torch.zeros_like(p)\n",
+                  "        if p.grad is None:          # take part in the all-reduce, keep no gradient\n"
+                  "            dist.all_reduce(torch.zeros_like(p))\n            continue\n")],
+        catches=["test_average_gradients_equal"],
+        why="all-reduces a temporary of zeros for a missing gradient and discards the result: a rank that did "
+            "not use the layer keeps no gradient while the others step with the mean (replicas drift apart)",
+    ),
 
     # ------------------------------------------------------------------ make_buckets
     dict(
@@ -98,6 +125,14 @@ def split_batch(x, y, rank, world_size):
         replace=[("size + nbytes > cap_bytes", "size + nbytes >= cap_bytes")],
         catches=["test_make_buckets"],
         why="a bucket of exactly cap_bytes is split (>= instead of >)",
+    ),
+    dict(
+        name="buckets_assume_fp32",
+        cell="make_buckets",
+        replace=[("nbytes = p.numel() * p.element_size()", "nbytes = p.numel() * 4          # float32")],
+        catches=["test_make_buckets"],
+        why="sizes every parameter as 4 bytes per element: fp64 buckets grow to twice the cap, bf16 ones "
+            "stay half full",
     ),
 
     # ------------------------------------------------------------------ BucketedDDP
@@ -195,6 +230,45 @@ class BucketedDDP:
         replace=[("            bucket.reset()\n        self.next_bucket = 0", "            bucket.reset()")],
         catches=["test_bucketed_ddp_equal"],
         why="next_bucket is not reset after the step: from the second step on nothing is launched",
+    ),
+    dict(
+        name="ddp_launches_buckets_as_they_fill",
+        cell="BucketedDDP",
+        replace=[("        while self.next_bucket < len(self.buckets) and self.buckets[self.next_bucket].is_full():\n"
+                  "            bucket = self.buckets[self.next_bucket]\n"
+                  "            bucket.pack()\n"
+                  "            bucket.buffer.div_(self.world_size)\n"
+                  "            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n"
+                  "            self.next_bucket += 1\n",
+                  "        for bucket in self.buckets:       # whichever is full first goes first\n"
+                  "            if bucket.work is None and bucket.is_full():\n"
+                  "                bucket.pack()\n"
+                  "                bucket.buffer.div_(self.world_size)\n"
+                  "                bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n")],
+        catches=["test_bucketed_ddp_equal"],
+        why="launches buckets in the order they fill: right on models whose hooks fire in the same order on "
+            "every rank, wrong sums when two branches are computed in another order on other ranks",
+    ),
+    dict(
+        name="ddp_waits_in_the_hook",
+        cell="BucketedDDP",
+        replace=[("            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n",
+                  "            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n"
+                  "            bucket.work.wait()            # make sure it arrived before going on\n")],
+        catches=["test_bucketed_ddp_overlap"],
+        why="waits for each bucket's all-reduce inside the hook: it starts early but backward stalls until it "
+            "completes, so nothing overlaps",
+    ),
+    dict(
+        name="ddp_blocking_all_reduce",
+        cell="BucketedDDP",
+        replace=[("            bucket.work = dist.all_reduce(bucket.buffer, async_op=True)\n",
+                  "            dist.all_reduce(bucket.buffer)\n            bucket.work = bucket\n"),
+                 ("        for bucket in self.buckets:\n            bucket.work.wait()\n",
+                  "        for bucket in self.buckets:\n")],
+        catches=["test_bucketed_ddp_overlap"],
+        why="all-reduce without async_op from the hook: the right numbers, launched early, but backward "
+            "blocks on every bucket",
     ),
 ]
 

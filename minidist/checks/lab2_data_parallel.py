@@ -16,16 +16,13 @@ was running.
 """
 from __future__ import annotations
 
-import time
-
 import torch
-import torch.nn.functional as F
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named
-from minidist.checks.training import check_equal, describe_case, train_student
+from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
+from minidist.checks.training import _train_body, check_equal, describe_case, train_student
 from minidist.checks.quiet import passes_quietly
-from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp, mlp_batch
-from minidist.trace import trace
+from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp
 
 #: minidist's data parallelism (NaiveDDP, BucketedDDP, make_buckets, ...) is refused in graded code.
 REFUSED = Refusal("data parallelism", ("minidist.data_parallel",), checks=__name__)
@@ -33,6 +30,18 @@ REFUSED = Refusal("data parallelism", ("minidist.data_parallel",), checks=__name
 
 def _cases(models, cap=None, steps=3, batch=24):
     return [dict(model_kwargs=MODELS[m], steps=steps, batch=batch, cap=cap) for m in models]
+
+
+def _train_and_probe(progress, cases, kind, impl):
+    """The training cases, then the rank-dependent model (lab2_cases), in the same launch."""
+    return _train_body(progress, cases, kind, impl), rank_dependent_grads(progress, kind, impl)
+
+
+def _train_checked(name, kind, impl, n, cases, timeout):
+    """Train ``cases`` and probe the rank-dependent model on ``n`` ranks; check both."""
+    out = launch_named(_train_and_probe, n, cases, kind, impl, name=name, timeout=timeout, refuse=REFUSED)
+    check_equal(name, n, cases, [o[0] for o in out])
+    check_rank_dependent(name, n, [o[1] for o in out])
 
 
 # ----------------------------------------------------------------------------- lab 2: split
@@ -65,13 +74,15 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
             ys.append(yr)
         if not torch.equal(torch.cat(xs), x):
             raise AssertionError(f"split_batch(batch={batch}, world_size={n}): the ranks' slices together are not the batch")
-    for batch, n in [(10, 4)] + ([(7, 2), (3, 4)] if hidden else []):
-        x, y = torch.zeros(batch, 3), torch.zeros(batch, 2)
+    # hidden: feature counts that make x.numel() and y.numel() divisible by world_size when the
+    # batch is not (a check on the wrong quantity passes the visible case only)
+    for batch, n, d in [(10, 4, 3)] + ([(6, 4, 2), (7, 2, 2), (3, 4, 4), (9, 6, 2)] if hidden else []):
+        x, y = torch.zeros(batch, d), torch.zeros(batch, 2 * d)
         try:
             graded_call(REFUSED, "split_batch", split_batch, x, y, 0, n)
         except ValueError:
             continue
-        raise AssertionError(f"split_batch(batch={batch}, world_size={n}) must raise ValueError: {batch} rows do not "
+        raise AssertionError(f"split_batch(x of shape {tuple(x.shape)}, world_size={n}) must raise ValueError: {batch} rows do not "
                              f"split evenly into {n} ranks (silently dropping rows changes the loss)")
 
 
@@ -83,9 +94,7 @@ def check_average_gradients(average_gradients, hidden: bool = False, timeout: fl
     sizes = (3, 4) if hidden else (2,)
     models = list(MODELS) if hidden else ["plain", "frozen"]
     for n in sizes:
-        cases = _cases(models)
-        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout, REFUSED)
-        check_equal("average_gradients", n, cases, out)
+        _train_checked("average_gradients", "average_gradients", average_gradients, n, _cases(models), timeout)
 
 
 @passes_quietly
@@ -113,6 +122,11 @@ def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING
 
 
 # ----------------------------------------------------------------------------- lab 2: buckets
+#: the make_buckets cases' shapes; hidden cases also in fp64 and bf16 (one dtype per model: a
+#: bucket is one flat buffer, so a real model with mixed dtypes also splits buckets where the dtype changes)
+_SHAPES = [(13, 6), (13,), (13, 13), (13,), (13, 13), (13,), (5, 13), (5,)]
+
+
 def _expected_buckets(sizes, cap):
     out, cur, size = [], [], 0
     for i in reversed(range(len(sizes))):
@@ -128,27 +142,32 @@ def _expected_buckets(sizes, cap):
 def check_make_buckets(make_buckets, hidden: bool = False) -> None:
     """Greedy buckets of at most ``cap_bytes``, in reverse parameter order; a tensor bigger
     than the cap gets a bucket of its own. Pure: no launch."""
-    shapes = [(13, 6), (13,), (13, 13), (13,), (13, 13), (13,), (5, 13), (5,)]
-    configs = [(shapes, 700), (shapes, 2000)]
+    fp32, fp64, bf16 = ([dt] * len(_SHAPES) for dt in (torch.float32, torch.float64, torch.bfloat16))
+    configs = [(_SHAPES, fp32, 700), (_SHAPES, fp32, 2000)]
     if hidden:
-        configs += [(shapes, 4), (shapes, 10 ** 6), (shapes, 676), (shapes, 728), ([(3,)], 12), ([(100,), (1,), (1,)], 8)]
-    for shp, cap in configs:
-        params = [torch.nn.Parameter(torch.zeros(s)) for s in shp]
-        sizes = [p.numel() * 4 for p in params]
+        configs += [(_SHAPES, fp32, 4), (_SHAPES, fp32, 10 ** 6), (_SHAPES, fp32, 676), (_SHAPES, fp32, 728),
+                    ([(3,)], fp32[:1], 12), ([(100,), (1,), (1,)], fp32[:3], 8),
+                    (_SHAPES, fp64, 700), (_SHAPES, fp64, 2704), (_SHAPES, bf16, 400), (_SHAPES, bf16, 338)]
+    for shp, dtypes, cap in configs:
+        params = [torch.nn.Parameter(torch.zeros(s, dtype=dt)) for s, dt in zip(shp, dtypes)]
+        sizes = [p.numel() * p.element_size() for p in params]
+        idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
         got = graded_call(REFUSED, "make_buckets", make_buckets, params, cap)
-        idx = {id(p): i for i, p in enumerate(params)}
         try:
             got_idx = [[idx[id(p)] for p in b] for b in got]
         except (KeyError, TypeError):
             raise AssertionError(f"make_buckets(cap_bytes={cap}) must return a list of lists of the given "
                                  f"parameters, got {got!r:.200}") from None
         want = _expected_buckets(sizes, cap)
-        if got_idx != want:
+        # the contract fixes the buckets and their order, not the order inside a bucket
+        if [sorted(b) for b in got_idx] != [sorted(b) for b in want] or sum(map(len, got_idx)) != len(params):
+            kinds = sorted({str(dt).replace("torch.", "") for dt in dtypes})
             raise AssertionError(
-                f"make_buckets(params of {sizes} bytes, cap_bytes={cap}): got buckets (as parameter indices) "
-                f"{got_idx}; expected {want}. Buckets are filled greedily in REVERSE order (the order backward "
-                f"produces gradients), a bucket holds at most cap_bytes unless one tensor alone is bigger, and "
-                f"every parameter appears exactly once.")
+                f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
+                f"parameter indices) {got_idx}; expected {want} (any order inside a bucket). Buckets are filled "
+                f"greedily in REVERSE order (the order backward produces gradients), a bucket holds at most "
+                f"cap_bytes unless one tensor alone is bigger (a parameter's bytes: numel() * element_size()), "
+                f"and every parameter appears exactly once.")
 
 
 @passes_quietly
@@ -163,8 +182,7 @@ def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAIN
             cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
                       dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
                       dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
-        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout, REFUSED)
-        check_equal("BucketedDDP", n, cases, out)
+        _train_checked("BucketedDDP", "bucketed_ddp", BucketedDDP, n, cases, timeout)
 
 
 @passes_quietly
@@ -191,32 +209,20 @@ def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIME
                                          f"(that is the point of bucketing: fewer, bigger messages)")
 
 
-def _overlap_body(progress, BucketedDDP, cap):
-    model = TinyMLP(hidden=48, n_hidden=4)
-    ddp = BucketedDDP(model, bucket_cap_bytes=cap)
-    marks = {}
-    # the input layer's weight is the last gradient backward produces
-
-    def last_gradient(p):
-        marks.setdefault("last", time.perf_counter())
-
-    model.inp.weight.register_post_accumulate_grad_hook(last_gradient)
-    x, y = mlp_batch(0, 16, 6, 5)
-    with trace() as t:
-        F.mse_loss(ddp(x), y).backward()
-        backward_done = time.perf_counter()
-        ddp.finish_gradient_sync()
-    starts = sorted(e.start for e in t.comm() if e.op == "all_reduce")
-    return {"starts": starts, "last": marks.get("last"), "backward_done": backward_done,
-            "buckets": len(ddp.buckets)}
-
-
 @passes_quietly
 def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """The first bucket's all-reduce starts from a gradient hook, before backward has
-    produced its last gradient (communication overlaps the rest of backward)."""
-    out = launch_named(_overlap_body, 2, BucketedDDP, 2048, name="BucketedDDP overlap", timeout=timeout,
+    produced its last gradient, and backward never waits for it: rank 0 produces its last
+    gradient before rank 1 has started (lab2_cases.overlap_probe), which only asynchronous
+    all-reduces allow (communication overlaps the rest of backward)."""
+    out = launch_named(overlap_probe, 2, BucketedDDP, 2048, name="BucketedDDP overlap", timeout=timeout,
                        refuse=REFUSED)
+    if out[1]["waited_out"]:
+        raise AssertionError(
+            "BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048): rank 0's backward could not produce its "
+            "last gradient while rank 1 had not started yet: backward waited for an all-reduce to complete (a blocking all_reduce, "
+            "or wait() inside the hook). Launch with async_op=True and wait only in finish_gradient_sync, so "
+            "that communication runs while backward keeps computing.")
     for r, res in enumerate(out):
         if len(res["starts"]) < 2:
             raise AssertionError(f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: "
