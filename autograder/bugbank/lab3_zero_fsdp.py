@@ -62,6 +62,26 @@ def reduce_scatter_gradients(unit):
         catches=["test_reduce_scatter_gradients", "test_zero2"],
         why="all-reduces the whole gradient and keeps a slice: right numbers, twice the traffic of a reduce-scatter",
     ),
+    dict(
+        name="rs_packs_present_gradients_only",
+        cell="reduce_scatter_gradients",
+        replace=[("    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)\n",
+                  "    grads = [p.grad.reshape(-1) for p in unit.params if p.grad is not None]\n"
+                  "    flat_grad = torch.cat(grads) if grads else unit.shard.new_zeros(0)\n"
+                  "    flat_grad = torch.cat([flat_grad, flat_grad.new_zeros(unit.layout.padded_numel - flat_grad.numel())])\n")],
+        catches=["test_reduce_scatter_gradients"],
+        why="packs the gradients that exist and pads at the end: right when the missing gradient is the last "
+            "one, but one missing in the middle shifts every later gradient into the wrong place",
+    ),
+    dict(
+        name="rs_output_is_the_shard",
+        cell="reduce_scatter_gradients",
+        replace=[("    mine = torch.empty_like(unit.shard)\n",
+                  "    mine = unit.shard.detach()        # reuse the shard's memory: no allocation\n")],
+        catches=["test_reduce_scatter_gradients"],
+        why="reduce-scatters into the shard itself: the parameters are overwritten by the gradient, and the "
+            "second micro-batch's result replaces the first (passes when both micro-batches are equal)",
+    ),
 
     # ------------------------------------------------------------------ sharded_step
     dict(
@@ -125,6 +145,27 @@ def sharded_step(units, optimizer):
         catches=["test_zero3_equal"],
         why="restores only this rank's shard after the free: the rest of the layer is whatever the "
             "re-allocated memory held",
+    ),
+    dict(
+        name="zero3_frees_only_after_backward",
+        cell="gather_free",
+        replace=[("    unit.flat.untyped_storage().resize_(0)",
+                  "    if unit.shard.grad is None:      # backward will need them again: keep until it is done\n"
+                  "        return\n    unit.flat.untyped_storage().resize_(0)")],
+        catches=["test_zero3_traffic_memory"],
+        why="frees the parameters only once their gradient is reduced: right values, but every unit stays "
+            "gathered between forward and backward (the whole model, not 1/N of it)",
+    ),
+    dict(
+        name="zero3_gather_list_into_temporaries",
+        cell="gather_free",
+        replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
+                  "    chunks = [torch.empty_like(unit.shard) for _ in range(dist.get_world_size())]\n"
+                  "    dist.all_gather(chunks, unit.shard.detach())\n"
+                  "    torch.cat(chunks)                 # the gathered parameters (never written into unit.flat)")],
+        catches=["test_zero3_equal"],
+        why="all-gathers into fresh tensors and concatenates them into a temporary that is thrown away: "
+            "unit.flat keeps whatever its re-allocated memory held",
     ),
 ]
 

@@ -95,7 +95,8 @@ def _memory_cases(stage):
 def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT, slack: float = 0.05) -> None:
     """Measured model-state bytes per rank (live storages, minidist.memory) within ``slack``
     of the fp32 ZeRO formula (minidist.cost) for N = 2 and 4: optimizer states 8Ψ/N (stages
-    1-3), gradients 4Ψ/N after backward (stages 2-3), parameters 4Ψ/N after the step (stage 3).
+    1-3), gradients 4Ψ/N after backward (stages 2-3), parameters 4Ψ/N between forward and
+    backward and after the step (stage 3).
     An implementation that keeps the unsharded copy is off by a factor of up to N."""
     for n in (2, 4):
         out = train_student("zero", _WithStandIns(Zero, stage), n, _memory_cases(stage), _graded(stage) + ", memory",
@@ -108,6 +109,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                 checks.append(("grads", "memory_after_backward", "gradients after backward"))
             if stage >= 3:
                 checks.append(("params", "memory", "parameters after the step"))
+                checks.append(("params", "memory_after_forward", "parameters between forward and backward"))
             for key, when, label in checks:
                 got, want = res[when][key], formula[key]
                 if got > (1 + slack) * want:
@@ -117,7 +119,8 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                         f"the formula says {want:.0f} (1/{n} of {full}), measured from live storages. "
                         + {"optimizer": "Is the optimizer built over the shards only?",
                            "grads": "Full gradients must be dropped (p.grad = None) once reduce-scattered.",
-                           "params": "Gathered parameters must be freed (storage resized to 0) after use."}[key])
+                           "params": "Gathered parameters must be freed (storage resized to 0) after use: after "
+                                     "each unit's forward, and again after its backward."}[key])
 
 
 @passes_quietly
@@ -134,11 +137,15 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
             psi = 4 * res["numel"]
             traced: dict = {}
             for op, b in res["events"]:
+                # either all-gather fills the flat buffer: the tensor form, or the list form into its chunk
+                # views (the tracer counts the input shard of both)
+                op = "all_gather_into_tensor" if op == "all_gather" else op
                 traced[op] = traced.get(op, 0) + b
             what = f"{_graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
             if set(traced) != {"reduce_scatter_tensor", "all_gather_into_tensor"}:
-                raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all_gather_into_tensor, "
-                                     f"saw {sorted(traced) or 'no communication'}")
+                raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all-gathers "
+                                     f"(all_gather_into_tensor or all_gather), saw "
+                                     f"{sorted({op for op, _ in res['events']}) or 'no communication'}")
             rs, ag = traced["reduce_scatter_tensor"], traced["all_gather_into_tensor"]
             gathers = 2 if stage == 3 else 1
             pad = 4 * 16 * n                     # at most N-1 padding elements per unit
@@ -156,25 +163,34 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
                 raise AssertionError(f"{what}: {wire:.0f} wire bytes; expected {factor}(N−1)/N·Ψ·4")
 
 
+def _local_grad(shape, rank, k, micro):
+    """Rank ``rank``'s gradient of parameter ``k`` in micro-batch ``micro``: distinct everywhere."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * micro + 100 * rank + k))
+
+
 def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
-    """Fill one module's gradients with known values, reduce-scatter them, return the shard grad."""
+    """Give one module non-zero parameters and known, per-rank and per-micro-batch gradients
+    (one of them missing), reduce-scatter twice, return the shard grad and what else changed."""
     rank, n = dist.get_rank(), dist.get_world_size()
     out = []
-    for shapes in cases:
-        mark_case(progress, f"a unit of parameters {shapes}")
+    for shapes, missing in cases:
+        mark_case(progress, f"a unit of parameters {shapes}, parameter {missing} without a gradient")
         module = nn.Module()
         for k, s in enumerate(shapes):
-            module.register_parameter(f"p{k}", nn.Parameter(torch.zeros(s)))
+            module.register_parameter(f"p{k}", nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(k))))
         unit = ShardedUnit(module, n, rank)
+        before = [p.detach().clone() for p in unit.params]
         with trace() as t:
-            for _ in range(2):                  # two micro-batches: the second call must add
+            for micro in range(2):              # two micro-batches: the second call must add
                 for k, p in enumerate(unit.params):
-                    g = torch.Generator().manual_seed(100 * rank + k)
-                    p.grad = None if k == len(shapes) - 1 and len(shapes) > 1 else torch.randn(p.shape, generator=g)
+                    p.grad = None if k == missing else _local_grad(p.shape, rank, k, micro)
                 reduce_scatter_gradients(unit)
         grads_left = [p.grad is not None for p in unit.params]
         shard_grad = None if unit.shard.grad is None else unit.shard.grad.clone()
-        out.append({"shard_grad": shard_grad, "grads_left": grads_left,
+        aliased = shard_grad is not None and (unit.shard.grad.untyped_storage().data_ptr()
+                                              == unit.flat.untyped_storage().data_ptr())
+        out.append({"shard_grad": shard_grad, "grads_left": grads_left, "aliased": aliased,
+                    "params_kept": all(torch.equal(p.detach(), b) for p, b in zip(unit.params, before)),
                     "events": [(e.op, e.nbytes) for e in t.comm()], "padded": unit.layout.padded_numel,
                     "shard_numel": unit.layout.shard_numel})
     return out
@@ -187,37 +203,49 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
     rank's shard of the flat, padded gradient (a missing gradient counts as zeros); every
     full ``p.grad`` is dropped; one reduce_scatter_tensor of the padded flat gradient per call."""
     sizes = (2, 3, 4) if hidden else (2,)
-    cases = [[(3, 5), (7,)], [(4,), (2, 2), (5,)]] + ([[(1,)], [(6, 7), (6,), (9,)]] if hidden else [])
+    # (shapes, index of the parameter without a gradient): last, in the middle, none, first
+    cases = [([(3, 5), (7,)], 1), ([(4,), (2, 2), (5,)], 1)] + ([([(1,)], None), ([(6, 7), (6,), (9,)], 0)]
+                                                               if hidden else [])
     for n in sizes:
         out = launch_named(_unit_body, n, cases, reduce_scatter_gradients, ShardedUnit,
                            name="reduce_scatter_gradients", timeout=timeout, refuse=REFUSED)
-        for i, shapes in enumerate(cases):
-            what = f"reduce_scatter_gradients (world_size={n}, parameters {shapes})"
+        for i, (shapes, missing) in enumerate(cases):
+            what = (f"reduce_scatter_gradients (world_size={n}, parameters {shapes}"
+                    + (f", parameter {missing} without a gradient)" if missing is not None else ")"))
             flats = []
             for r in range(n):
-                parts = []
-                for k, s in enumerate(shapes):
-                    g = torch.Generator().manual_seed(100 * r + k)
-                    missing = k == len(shapes) - 1 and len(shapes) > 1
-                    parts.append(torch.zeros(s).reshape(-1) if missing else torch.randn(s, generator=g).reshape(-1))
-                flat = torch.cat(parts)
-                flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel())]))
-            mean = torch.stack(flats).mean(0)
+                for micro in range(2):
+                    flat = torch.cat([torch.zeros(s).reshape(-1) if k == missing else
+                                      _local_grad(s, r, k, micro).reshape(-1) for k, s in enumerate(shapes)])
+                    flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel())]))
+            mean = 2 * torch.stack(flats).mean(0)          # the sum over the micro-batches of the rank mean
             S = out[0][i]["shard_numel"]
             for r in range(n):
                 res = out[r][i]
                 if res["shard_grad"] is None:
                     raise AssertionError(f"{what}: rank {r}: unit.shard.grad is None after the call")
-                want = 2 * mean[r * S:(r + 1) * S]
+                if not res["params_kept"]:
+                    raise AssertionError(f"{what}: rank {r}: the parameters changed; reduce_scatter_gradients must "
+                                         f"leave them (and unit.flat, unit.shard) untouched: write the reduce-scatter's "
+                                         f"output into a new tensor")
+                want = mean[r * S:(r + 1) * S]
                 if res["shard_grad"].shape != want.shape or not torch.allclose(res["shard_grad"], want, atol=1e-5):
                     hint = ""
                     if res["shard_grad"].shape == want.shape:
                         if torch.allclose(res["shard_grad"], n * want, atol=1e-5):
                             hint = " It is N times too large: divide the sum by the world size."
-                        elif torch.allclose(res["shard_grad"], want / 2, atol=1e-5):
-                            hint = " A second call must ADD to unit.shard.grad (gradient accumulation), not replace it."
-                    raise AssertionError(f"{what}: rank {r}: after two calls unit.shard.grad should be twice the "
-                                         f"average over ranks of shard {r} of the flat padded gradient.{hint}")
+                        elif missing is not None and missing < len(shapes) - 1:
+                            hint = (f" Parameter {missing} has no gradient: it must count as zeros AT ITS PLACE "
+                                    f"in the flat vector (unit.layout.flatten(..., like=unit.shard) does that).")
+                        else:
+                            hint = (" A second call must ADD to unit.shard.grad (gradient accumulation), not "
+                                    "replace it.")
+                    raise AssertionError(f"{what}: rank {r}: after two calls (two micro-batches with different "
+                                         f"gradients) unit.shard.grad should be the sum over both of the average over "
+                                         f"ranks of shard {r} of the flat padded gradient.{hint}")
+                if res["aliased"]:
+                    raise AssertionError(f"{what}: rank {r}: unit.shard.grad shares memory with the parameters "
+                                         f"(unit.flat): the next call overwrites the parameters")
                 if any(res["grads_left"]):
                     raise AssertionError(f"{what}: rank {r}: p.grad is still set after the reduce-scatter; set it to "
                                          f"None so that the full gradient's memory is released")

@@ -92,8 +92,9 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
     Returns ``params`` (flat, full), ``numel`` (trainable Ψ), ``events`` ([(op, payload
     bytes)] of the last step), ``traced`` ({op: payload bytes}), ``wire_bytes`` (ring-model
     bytes sent in the last step) and the trainer's ``extra``. With ``measure``: ``memory``
-    (model-state bytes after the last step) and ``memory_after_backward`` (right after the
-    last backward, before the step); with ``peak`` also ``peak_step_bytes`` (the absolute
+    (model-state bytes after the last step), ``memory_after_forward`` (between the last
+    forward and its backward) and ``memory_after_backward`` (right after the last backward,
+    before the step); with ``peak`` also ``peak_step_bytes`` (the absolute
     peak of live memory during the last step, from the profiler's allocation timeline).
     """
     rank, n = group_info(group)
@@ -113,7 +114,10 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
             quiet = use_no_sync and m < accum - 1
             with tr.no_sync() if quiet else contextlib.nullcontext():
                 xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-                (F.mse_loss(tr.forward(xm), ym) / accum).backward()   # mean of micro-means = local mean
+                loss = F.mse_loss(tr.forward(xm), ym) / accum          # mean of micro-means = local mean
+                if last and measure and m == accum - 1:    # between forward and backward (ZeRO-3: shards only)
+                    out["memory_after_forward"] = model_state_bytes(state(), tr.optimizer)
+                loss.backward()
         if last and (measure or peak):        # hooks that shard gradients must have done so by now
             out["memory_after_backward"] = model_state_bytes(state(), tr.optimizer)
         tr.after_backward()
