@@ -1,12 +1,15 @@
 """``python -m autograder grade``: grade a class, each submission in isolation, in parallel.
 
 Design (nbgrader has no parallel autograde, its issue #174):
-1. one *template* course is built once: ``nbgrader generate_assignment`` for every lab
-   graded, giving source/, release/ and a gradebook;
-2. each submission <student>/<lab>/ is graded by a child process
-   (``autograder.worker``) in its own course directory with its own copy of the
-   gradebook, in its own session, under a wall-clock limit; afterwards every process
-   it started is killed (``autograder.procs``);
+1. once per batch: a *template* course (``nbgrader generate_assignment`` for every lab graded,
+   giving source/, release/ and a gradebook, with the labs' due dates), a pristine copy of
+   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`);
+2. each submission <student>/<lab>/ is graded by a child process (``autograder.worker``) in
+   its own course directory with its own copy of the gradebook, in its own session, under a
+   wall-clock limit; its kernel and its confirmation run (:mod:`autograder.confirm`) are
+   sandboxed; afterwards every process it started is killed (``autograder.procs``). The child
+   reports through a pipe only (progress, then the result), which the parent checks: a
+   malformed or missing record costs that submission, with a reason, never the batch;
 3. the scores are merged into one nbgrader gradebook (``OUT/gradebook.db``) through
    nbgrader's Gradebook API, and ``grades.csv`` is written by nbgrader's CSV export.
 """
@@ -26,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import REPO, SUBMISSION_TIMEOUT
-from autograder.course import (all_labs, build_course, cell_timeout, kernel_argv, lab_cells,
-                               solutions_dir)
+from autograder.course import (all_labs, build_course, cell_timeout, due_dates, kernel_argv, lab_cells,
+                               load_config, solutions_dir)
 from autograder import worker
 from autograder.procs import TAG_VAR, kill_job
-from autograder.worker import fallback_cells, last_started
+from autograder.worker import fallback_cells, last_started, valid_record
 
 _CTX = None
 _CTX_LOCK = threading.Lock()
@@ -54,7 +57,9 @@ def _ctx():
         return _CTX
 
 RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
-                 "reason", "flags"]
+                 "reason", "flags", "confirmed", "sandbox"]
+STATUSES = {"pass", "fail", "error", "timeout", "manual"}
+MAX_RECORD_BYTES = 50 << 20
 
 
 @dataclass
@@ -104,12 +109,18 @@ class Progress:
             self.stream.flush()
 
 
-def discover(submissions: Path, labs: list[str] | None) -> tuple[list[tuple[str, str, Path | None]], list[str], list[str]]:
-    """[(student, lab, dir or None)], the labs graded, and ignored entries."""
+def discover(submissions: Path, labs: list[str] | None, only: list[str] | None = None
+             ) -> tuple[list[tuple[str, str, Path | None]], list[str], list[str]]:
+    """[(student, lab, dir or None)], the labs graded, and ignored entries (``only``: these students)."""
     known = all_labs()
     ignored = []
     students = sorted(p for p in submissions.iterdir()
                       if p.is_dir() and not p.name.startswith((".", "_")))
+    if only:
+        missing = sorted(set(only) - {p.name for p in students})
+        if missing:
+            raise SystemExit(f"no submission folder for student(s) {missing} under {submissions}")
+        students = [p for p in students if p.name in set(only)]
     if labs:
         unknown = [l for l in labs if l not in known]
         if unknown:
@@ -138,7 +149,7 @@ def _warm_forkserver():
         pass
 
 
-def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> Job:
+def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, batch: dict) -> Job:
     t0 = time.time()
     job.job_dir.mkdir(parents=True, exist_ok=True)
     cells_meta = lab_cells(template, job.lab)
@@ -146,49 +157,140 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> 
         reason = "no submission for this lab"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
                       "failure": reason, "submitted": False,
-                      "cells": fallback_cells(cells_meta, job.job_dir / "none", {n: reason for n in cells_meta}, reason)}
+                      "cells": fallback_cells(cells_meta, [], {n: reason for n in cells_meta}, reason)}
         return job
-    spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
-            "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout}
-    spec_path = job.job_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec))
     tag = uuid.uuid4().hex
+    spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
+            "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout, "wall": wall,
+            "tag_var": TAG_VAR, **batch}
     env = dict(env, **{TAG_VAR: tag})
-    proc = _ctx().Process(target=worker.child_entry,
-                          args=(str(spec_path), env, str(job.job_dir / "worker.log")),
-                          name=f"grade-{job.student}-{job.lab}", daemon=False)
+    ctx = _ctx()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=worker.child_entry,
+                       args=(spec, env, str(job.job_dir / "worker.log"), send),
+                       name=f"grade-{job.student}-{job.lab}", daemon=False)
     proc.start()
-    proc.join(timeout=wall)
-    timed_out = proc.exitcode is None
+    send.close()
+    records, result, error, unreadable = [], None, None, 0
+    deadline = t0 + wall
+    timed_out = False
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            timed_out = proc.exitcode is None
+            break
+        try:
+            if not recv.poll(min(left, 0.5)):
+                if proc.exitcode is not None and not recv.poll(0.2):
+                    break
+                continue
+            raw = recv.recv_bytes(MAX_RECORD_BYTES)
+        except (EOFError, OSError):
+            break
+        except Exception:            # an oversized or broken message: this job's problem only
+            unreadable += 1
+            continue
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            unreadable += 1
+            continue
+        if not isinstance(msg, dict):
+            unreadable += 1
+        elif msg.get("type") == "progress" and valid_record(msg):
+            records.append(msg)
+        elif msg.get("type") == "result":
+            result = msg.get("result")
+        elif msg.get("type") == "error":
+            error = str(msg.get("error", ""))
+        else:
+            unreadable += 1
     # while the worker lives its pid names its group/session/descendants; once it has
     # exited (and been reaped) the pid may be reused, so only the tag is trusted
-    kill_job(tag, proc.pid if timed_out else None)
+    if proc.exitcode is None:
+        proc.join(timeout=2 if not timed_out else 0)
+        timed_out = timed_out or proc.exitcode is None
+    kill_job(tag, proc.pid if proc.exitcode is None else None)
     proc.join()
-    res_path = job.job_dir / "result.json"
-    if res_path.is_file() and not timed_out:
-        job.result = json.loads(res_path.read_text())
-    else:
-        progress = job.job_dir / "progress.jsonl"
-        stuck = last_started(progress)
+    recv.close()
+    problem = None
+    if result is not None and not timed_out:
+        try:
+            job.result = checked_result(result, job, cells_meta)
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            problem = f"grading record unreadable ({type(err).__name__}: {str(err)[:120]})"
+    if job.result == {} or problem:
+        stuck = last_started(records)
         if timed_out:
             reason = f"submission exceeded the {wall:g} s wall-clock limit" + \
                 (f" while running cell {stuck!r}" if stuck else "") + "; killed"
+        elif problem:
+            reason = problem
         else:
-            err = job.job_dir / "worker_error.txt"
-            tail = err.read_text().strip().split("\n")[-1][:200] if err.is_file() else \
-                f"worker exited with code {proc.exitcode}"
+            tail = error.strip().split("\n")[-1][:200] if error else f"worker exited with code {proc.exitcode}"
             reason = f"grading failed: {tail}"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
                       "failure": reason,
-                      "cells": fallback_cells(cells_meta, progress, {}, reason,
+                      "cells": fallback_cells(cells_meta, records, {}, reason,
                                               status_unrun="timeout" if timed_out else "error")}
+    if unreadable:
+        job.result.setdefault("notes", []).append(f"{unreadable} unreadable record(s) from the worker ignored")
     job.result.setdefault("submitted", True)
     job.seconds = time.time() - t0
     return job
 
 
+def checked_result(result, job: Job, cells_meta: dict) -> dict:
+    """The worker's result, checked against the template: every test of every notebook present,
+    points numbers clamped to [0, the template's maximum], statuses known, texts short."""
+    if not isinstance(result, dict) or not isinstance(result.get("cells"), dict):
+        raise ValueError("no per-test results")
+    cells = {}
+    for nb, metas in cells_meta.items():
+        got = result["cells"].get(nb)
+        if not isinstance(got, dict):
+            raise ValueError(f"no results for notebook {nb!r}")
+        rows = {}
+        for meta in metas:
+            row = got.get(meta["name"])
+            if not isinstance(row, dict):
+                raise ValueError(f"no result for test {meta['name']!r}")
+            status = str(row.get("status"))
+            if status not in STATUSES:
+                raise ValueError(f"unknown status {status!r}")
+            pts = row.get("points")
+            if status == "manual" and pts is None:
+                pass
+            else:
+                pts = float(pts or 0.0)
+                if pts != pts:                                  # NaN
+                    pts = 0.0
+                pts = min(max(pts, 0.0), float(meta["max_score"]))
+            flags = row.get("flags") or []
+            rows[meta["name"]] = {"points": pts, "max_points": float(meta["max_score"]), "status": status,
+                                  "reason": str(row.get("reason", ""))[:400].replace("\n", " "),
+                                  "flags": [str(f)[:400] for f in flags][:20] if isinstance(flags, list) else [],
+                                  "confirmed": str(row.get("confirmed", ""))[:300]}
+        cells[nb] = rows
+    notes = result.get("notes") or []
+    late = result.get("late_penalty") or {}
+    out = {"student": job.student, "lab": job.lab, "graded": bool(result.get("graded")),
+           "failure": None if result.get("failure") is None else str(result["failure"])[:400],
+           "notes": [str(n)[:600] for n in notes][:40] if isinstance(notes, list) else [],
+           "cells": cells, "submitted": True,
+           "timestamp": result.get("timestamp") if isinstance(result.get("timestamp"), str) else None,
+           "late_penalty": {str(k): max(0.0, float(v)) for k, v in late.items()
+                            if k in cells_meta and isinstance(v, (int, float))} if isinstance(late, dict) else {},
+           "confirmation": result.get("confirmation") if isinstance(result.get("confirmation"), dict) else {}}
+    for nb, info in (out["confirmation"].get("notebooks") or {}).items():
+        if isinstance(info, dict):
+            out["notes"] += [str(n)[:600] for n in info.get("notes", [])][:6]
+    return out
+
+
 def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
-    """One nbgrader gradebook for the whole class, then nbgrader's CSV export."""
+    """One nbgrader gradebook for the whole class, then nbgrader's CSV export. Scores of
+    autograded tests are the (confirmed, clamped) points; a manual score is never kept for them."""
     from nbgrader.api import Gradebook
 
     db = out / "gradebook.db"
@@ -207,17 +309,43 @@ def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
             kw = {}
             if j.result.get("timestamp"):
                 from nbgrader.utils import parse_utc
-                kw["timestamp"] = parse_utc(j.result["timestamp"])
+                try:
+                    kw["timestamp"] = parse_utc(j.result["timestamp"])
+                except Exception:
+                    pass
             gb.update_or_create_submission(j.lab, j.student, **kw)
             for nb, rows in j.result["cells"].items():
                 for cell, row in rows.items():
                     g = gb.find_grade(cell, nb, j.lab, j.student)
                     if row["status"] == "manual":
                         continue
-                    g.auto_score = float(row["points"] or 0.0)
+                    g.auto_score = min(float(row["points"] or 0.0), float(g.max_score))
+                    g.manual_score = None
                     g.needs_manual_grade = False
+                penalty = (j.result.get("late_penalty") or {}).get(nb)
+                if penalty:
+                    snb = gb.find_submission_notebook(nb, j.lab, j.student)
+                    snb.late_submission_penalty = min(float(penalty), float(snb.score))
             gb.db.commit()
     return db
+
+
+def set_due_dates(template: Path, dates: dict[str, str]) -> dict[str, str]:
+    """Write the labs' due dates into the template gradebook (every job's copy and the merged one
+    inherit them): nbgrader then computes how late each submission is from its timestamp."""
+    from nbgrader.api import Gradebook
+    from nbgrader.utils import parse_utc
+    done = {}
+    with Gradebook("sqlite:///" + str(template / "gradebook.db")) as gb:
+        for lab, date in dates.items():
+            try:
+                gb.find_assignment(lab)
+            except Exception:
+                continue
+            when = parse_utc(date)
+            gb.update_or_create_assignment(lab, duedate=when)
+            done[lab] = when.isoformat()
+    return done
 
 
 def export_csv(db: Path, dest: Path) -> None:
@@ -231,6 +359,7 @@ def export_csv(db: Path, dest: Path) -> None:
 
 def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
     rows = []
+    sandbox = meta.get("sandbox") or "none"
     for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
         notes = j.result.get("notes", [])
         for nb, cells in j.result["cells"].items():
@@ -238,7 +367,8 @@ def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
                 rows.append({"student": j.student, "lab": j.lab, "notebook": nb, "cell": cell,
                              "points": float(r["points"] or 0.0), "max_points": r["max_points"],
                              "status": r["status"], "reason": r["reason"],
-                             "flags": "; ".join(r.get("flags", []) + notes)})
+                             "flags": "; ".join(r.get("flags", []) + notes),
+                             "confirmed": r.get("confirmed", ""), "sandbox": sandbox})
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
         w.writeheader()
@@ -251,11 +381,35 @@ def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
         subs.append({"student": j.student, "lab": j.lab, "score": score, "max_score": mx,
                      "graded_by_nbgrader": j.result.get("graded", False),
                      "failure": j.result.get("failure"), "notes": j.result.get("notes", []),
-                     "seconds": round(j.seconds, 2),
+                     "seconds": round(j.seconds, 2), "submitted": j.result.get("submitted", True),
+                     "timestamp": j.result.get("timestamp"), "late_penalty": j.result.get("late_penalty", {}),
                      "tests": [dict(notebook=nb, cell=c, **r) for nb, cs in cells.items()
                                for c, r in cs.items()]})
     (out / "results.json").write_text(json.dumps(dict(meta, submissions=subs), indent=1))
     return rows
+
+
+def load_previous(out: Path) -> list[Job]:
+    """The jobs recorded in an earlier OUT/results.json (for ``grade --student``)."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"--student merges into an earlier run, but {path} does not exist")
+    data = json.loads(path.read_text())
+    jobs = []
+    for sub in data.get("submissions", []):
+        cells: dict = {}
+        for t in sub.get("tests", []):
+            t = dict(t)
+            nb, cell = t.pop("notebook"), t.pop("cell")
+            cells.setdefault(nb, {})[cell] = t
+        j = Job(sub["student"], sub["lab"], None, out / "_work" / "none")
+        j.result = {"student": sub["student"], "lab": sub["lab"], "graded": sub.get("graded_by_nbgrader", False),
+                    "failure": sub.get("failure"), "notes": sub.get("notes", []), "cells": cells,
+                    "submitted": sub.get("submitted", True), "timestamp": sub.get("timestamp"),
+                    "late_penalty": sub.get("late_penalty", {})}
+        j.seconds = float(sub.get("seconds") or 0)
+        jobs.append(j)
+    return jobs
 
 
 def _summary_html(j: Job) -> str:
@@ -283,47 +437,88 @@ def _summary_html(j: Job) -> str:
 def write_feedback(out: Path, j: Job) -> list[Path]:
     """OUT/feedback/<student>/<lab>/<notebook>.html (nbgrader's feedback + a summary)."""
     dest = out / "feedback" / j.student / j.lab
+    shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True, exist_ok=True)
     summary = _summary_html(j)
     made = []
     src = j.job_dir / "course" / "feedback" / j.student / j.lab
     for nb in j.result["cells"]:
         f = src / f"{nb}.html"
-        if j.result.get("graded") and f.is_file():
-            text = f.read_text()
+        text = None
+        if j.result.get("graded") and f.is_file() and not f.is_symlink():
+            text = f.read_text(errors="replace")
             i = text.find("<body")
             i = text.find(">", i) + 1 if i >= 0 else 0
             text = text[:i] + summary + text[i:]
-        else:
+        if text is None:
             text = ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
                     f"<title>{html.escape(j.student)} {html.escape(j.lab)}</title></head>"
                     f"<body>{summary}</body></html>")
         (dest / f"{nb}.html").write_text(text)
         made.append(dest / f"{nb}.html")
     ag = j.job_dir / "course" / "autograded" / j.student / j.lab
+    shutil.rmtree(out / "autograded" / j.student / j.lab, ignore_errors=True)
     if ag.is_dir():  # instructor copy (contains hidden tests): not for students
-        shutil.copytree(ag, out / "autograded" / j.student / j.lab, dirs_exist_ok=True)
+        shutil.copytree(ag, out / "autograded" / j.student / j.lab, dirs_exist_ok=True, symlinks=True)
     return made
+
+
+def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:
+    """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
+    a home whose matplotlib font cache is built."""
+    from autograder import confirm as confirm_mod
+    from autograder import sandbox as sb
+    pristine = confirm_mod.copy_pristine(work / "pristine")
+    skeleton = sb.build_skeleton(work / "skeleton")
+    if sandbox is False:
+        backend, what = None, "sandbox turned off (--no-sandbox)"
+    else:
+        backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
+                                         str(solutions_dir())])
+        if backend is None and sandbox is True:
+            raise SystemExit(f"--sandbox: {what}")
+    return {"pristine": str(pristine), "skeleton": str(skeleton), "confirm": bool(confirm),
+            "sandbox": {"name": backend.name, "exe": backend.exe} if backend else None,
+            "sandbox_text": what}
 
 
 def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
           cell_timeout_s: int | None = None, wall_s: float | None = None,
-          progress: bool = True, keep_work: bool = False) -> dict:
+          progress: bool = True, keep_work: bool = False, confirm: bool = True,
+          sandbox: bool | None = None, students: list[str] | None = None,
+          due: dict[str, str] | None = None, stream=None) -> dict:
+    """Grade SUBMISSIONS into OUT. ``confirm``: confirmation runs (default on); ``sandbox``: None
+    = where possible, True = required, False = off; ``students``: grade only these and merge
+    into the results already in OUT; ``due``: {lab or "*": date}, over the course config."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():
         raise SystemExit(f"no such directory: {submissions}")
+    stream = stream if stream is not None else sys.stderr
     kernel_argv()
     ctimeout = int(cell_timeout_s or cell_timeout())
     wall = float(wall_s or SUBMISSION_TIMEOUT)
-    entries, graded, ignored = discover(submissions, labs)
+    entries, graded, ignored = discover(submissions, labs, students)
+    previous = load_previous(out) if students else []
     out.mkdir(parents=True, exist_ok=True)
     work = out / "_work"
     shutil.rmtree(work, ignore_errors=True)
-    for sub in ("feedback", "autograded"):
-        shutil.rmtree(out / sub, ignore_errors=True)
+    if not students:
+        for sub in ("feedback", "autograded"):
+            shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
     threading.Thread(target=_warm_forkserver, daemon=True).start()
+    batch = prepare_batch(work, confirm, sandbox, out)
+    if batch["sandbox"] is None:
+        print(f"autograder: {batch['sandbox_text']}: kernels run with the grading user's access "
+              f"(see autograder/README.md, security)", file=stream)
+    dates = dict(due_dates())
+    for lab, date in (due or {}).items():
+        if lab == "*":
+            dates.update({l: date for l in graded})
+        else:
+            dates[lab] = date
     template = build_course(graded, work / "template") if graded else None
+    dues = set_due_dates(template, {l: d for l, d in dates.items() if l in graded and d}) if template else {}
     cpus = os.cpu_count() or 1
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, jobs)))
@@ -333,21 +528,36 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     bar = Progress(len(todo), enabled=progress)
     done: list[Job] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futs = [ex.submit(run_job, j, template, ctimeout, wall, env) for j in todo]
+        futs = [ex.submit(run_job, j, template, ctimeout, wall, env, batch) for j in todo]
         for f in as_completed(futs):
-            j = f.result()
+            try:
+                j = f.result()
+            except Exception as err:          # one submission, never the batch
+                j = next(t for t, ff in zip(todo, futs) if ff is f)
+                reason = f"grading failed: {type(err).__name__}: {str(err)[:200]}"
+                j.result = {"student": j.student, "lab": j.lab, "graded": False, "notes": [reason],
+                            "failure": reason, "submitted": True,
+                            "cells": fallback_cells(lab_cells(template, j.lab), [], {}, reason)}
             done.append(j)
             bar.step(f"{j.student}/{j.lab}")
     bar.close()
+    regraded = {(j.student, j.lab) for j in done}
+    everyone = done + [j for j in previous if (j.student, j.lab) not in regraded]
     meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": ctimeout, "wall_clock_limit_s": wall,
-            "ignored": ignored, "seconds": None}
+            "ignored": ignored, "seconds": None, "sandbox": str(batch["sandbox_text"]) if batch["sandbox"] else
+            f"none: {batch['sandbox_text']}", "confirmation": bool(confirm), "due_dates": dues,
+            "regraded": sorted({j.student for j in done}) if students else None}
     if template is not None:
-        db = merge_gradebook(template, out, done)
+        all_labs_graded = sorted({j.lab for j in everyone})
+        if set(all_labs_graded) - set(graded):      # an earlier run graded more labs: a template for all
+            template = build_course(all_labs_graded, work / "template-all")
+            set_due_dates(template, {l: d for l, d in dates.items() if l in all_labs_graded and d})
+        db = merge_gradebook(template, out, everyone)
         export_csv(db, out / "grades.csv")
     for j in done:
         write_feedback(out, j)
     meta["seconds"] = round(time.time() - t0, 2)
-    rows = write_results(out, done, meta)
+    rows = write_results(out, everyone, meta)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
-    return {"jobs": done, "rows": rows, "meta": meta, "out": out}
+    return {"jobs": done, "rows": rows, "meta": meta, "out": out, "all_jobs": everyone}

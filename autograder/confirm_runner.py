@@ -1,0 +1,405 @@
+"""The confirmation run: a submission's graded tests again, in a fresh interpreter that student
+code did not prepare (started by :mod:`autograder.confirm`, inside the sandbox, as
+``python -I confirm_runner.py``; it imports nothing from the autograder).
+
+What it runs, in notebook order: the lab's own setup and given cells (locked cells, from the
+instructor's source notebook), the student's solution cells (the only student code that enters),
+and the test cells with their hidden tests (from the source notebook). Notebook cells the
+student added or changed outside the solution cells never run here.
+
+What it guards:
+
+* pristine bindings: once the setup cells have imported minidist's checks and torch, the
+  attributes of every loaded minidist module, of torch's comparison and communication modules
+  and of their classes are recorded (and the code, defaults and closures of their functions).
+  Before every test they are put back; a change found after a test fails that test
+  ("changed during the test"), a change made by the solution cells is put back and reported;
+* an audit hook, installed before anything else and impossible to remove from Python: it
+  refuses, when called from student code, ``ctypes``, the garbage collector's object graph,
+  frame and code introspection, ``sys.settrace``/``setprofile`` (which would switch off the
+  refusal of library answers), new audit hooks, and assigning ``__code__`` or attributes of
+  minidist's and torch's classes; file access outside the working folder is reported;
+* the report channel: results go to a file descriptor the student code does not know, each
+  line carrying a token it cannot read.
+
+Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}],
+``timeout``, ``workdir``); JSON lines on the inherited descriptor named by ``--fd``.
+"""
+import ast
+import io
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+_local = threading.local()
+_events: list = []             # (event, detail) reported to the grader as flags
+_STUDENT_PREFIX = "<solution "
+_BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
+          "ctypes.string_at", "ctypes.wstring_at", "ctypes.create_string_buffer", "ctypes.PyObj_FromPtr",
+          "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys.settrace",
+          "sys.setprofile", "sys.addaudithook", "sys._current_frames", "function.__new__", "code.__new__",
+          "object.__getattr__"}
+_FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
+         "os.rename", "shutil.rmtree", "os.chmod"}
+_OWNED = ("minidist", "torch")
+
+
+def _is_student(filename: str) -> bool:
+    return filename.startswith(_STUDENT_PREFIX)
+
+
+import sysconfig  # noqa: E402
+
+_STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + "/" for k in ("stdlib", "platstdlib")} |
+                {sysconfig.get_paths()[k] + "/" for k in ("stdlib", "platstdlib")})
+
+
+def _student_caller(depth=2):
+    """The student frame that caused the event, or None: the nearest caller outside the standard
+    library (so that ``ctypes.string_at`` or ``inspect.currentframe`` called by student code count
+    as the student's, while minidist's or torch's own calls do not)."""
+    f = sys._getframe(depth)
+    while f is not None and (f.f_code.co_filename.startswith(_STDLIB) or f.f_code.co_filename.startswith("<frozen")):
+        f = f.f_back
+    return f if f is not None and _is_student(f.f_code.co_filename) else None
+
+
+def _owned(obj) -> bool:
+    mod = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, types.ModuleType):
+        mod = obj.__name__
+    return mod.split(".")[0] in _OWNED
+
+
+def _audit(event, args):
+    if getattr(_local, "busy", False):
+        return
+    if event not in _BLOCK and event not in _FLAG and event != "object.__setattr__" and not event.startswith("ctypes."):
+        return
+    _local.busy = True
+    try:
+        caller = _student_caller(2)
+        if caller is None:
+            if event == "open" and args and isinstance(args[0], str) and _outside(args[0]):
+                f = sys._getframe(1)
+                while f is not None and not _is_student(f.f_code.co_filename):
+                    f = f.f_back
+                if f is not None:
+                    _events.append(("file access outside the working folder", f"{args[0]}"))
+            return
+        where = f"{caller.f_code.co_filename[len(_STUDENT_PREFIX):-1]}, line {caller.f_lineno}"
+        if event == "object.__setattr__":
+            obj, name = args[0], args[1]
+            if isinstance(obj, types.FunctionType) and name == "__code__":
+                _events.append(("__code__ assignment", where))
+                if _owned(obj):
+                    raise RuntimeError(f"refused in graded code: assigning {obj.__qualname__}.__code__")
+            elif isinstance(obj, type) and _owned(obj):
+                _events.append(("setattr on a class of minidist/torch", f"{obj.__qualname__}.{name} at {where}"))
+                raise RuntimeError(f"refused in graded code: setting {obj.__qualname__}.{name}")
+            return
+        if event == "object.__getattr__":
+            _events.append(("frame or code introspection", f"{args[1]} at {where}"))
+            raise RuntimeError(f"refused in graded code: reading .{args[1]}")
+        if event in _BLOCK or event.startswith("ctypes."):
+            what = {"gc": "gc", "ctypes": "ctypes", "sys": "sys"}.get(event.split(".")[0], event)
+            _events.append((f"{what}: {event}", where))
+            raise RuntimeError(f"refused in graded code: {event}")
+        if event == "open" and args and isinstance(args[0], str) and not _outside(args[0]):
+            return
+        _events.append((event, f"{args[0] if args else ''} at {where}"[:200]))
+    finally:
+        _local.busy = False
+
+
+_ALLOWED_ROOTS: tuple = ()
+
+
+def _outside(path) -> bool:
+    try:
+        p = os.path.abspath(path)
+    except Exception:
+        return True
+    return not p.startswith(_ALLOWED_ROOTS)
+
+
+# ----------------------------------------------------------------------------- pristine bindings
+_TORCH_MODULES = ("torch", "torch.testing", "torch.distributed", "torch.distributed.distributed_c10d",
+                  "torch.nn", "torch.nn.functional", "torch.autograd", "torch.optim", "builtins", "math",
+                  "operator", "functools", "copy")
+_TORCH_CLASSES = ("torch.Tensor", "torch.nn.Module", "torch.nn.Parameter", "torch.nn.Linear",
+                  "torch.optim.Optimizer", "torch.autograd.Function")
+_CONTAINERS = (dict, list, set)
+
+
+class Snapshot:
+    """Attribute bindings of modules and classes, and the insides of their functions."""
+
+    def __init__(self):
+        self.spaces = {}          # key -> (owner, {name: value})
+        self.inner = {}           # id(fn) -> (fn, code, defaults, kwdefaults, closure contents)
+        self.contents = {}        # id(container) -> (container, copy)
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and (name == "minidist" or name.startswith("minidist.") or name in _TORCH_MODULES):
+                self._space(f"module {name}", mod)
+                if name.startswith("minidist"):
+                    for attr, value in list(vars(mod).items()):
+                        if isinstance(value, type) and getattr(value, "__module__", "").startswith("minidist"):
+                            self._space(f"class {value.__module__}.{value.__qualname__}", value)
+                        elif isinstance(value, _CONTAINERS) and not attr.startswith("_"):   # tables, not caches
+                            self.contents[id(value)] = (value, self._copy(value))
+        for dotted in _TORCH_CLASSES:
+            mod, _, attr = dotted.rpartition(".")
+            cls = getattr(sys.modules.get(mod), attr, None)
+            if isinstance(cls, type):
+                self._space(f"class {dotted}", cls)
+
+    @staticmethod
+    def _copy(c):
+        return dict(c) if isinstance(c, dict) else list(c) if isinstance(c, list) else set(c)
+
+    def _space(self, key, owner):
+        try:
+            items = dict(vars(owner))
+        except TypeError:
+            return
+        self.spaces[key] = (owner, items)
+        for value in items.values():
+            fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if isinstance(fn, types.FunctionType) and id(fn) not in self.inner:
+                cells = tuple(c.cell_contents if _filled(c) else _EMPTY for c in (fn.__closure__ or ()))
+                self.inner[id(fn)] = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells)
+
+    def diff_and_restore(self) -> list[str]:
+        """What changed since the snapshot (each put back)."""
+        changed = []
+        for key, (owner, items) in self.spaces.items():
+            now = vars(owner)
+            for name, value in items.items():
+                if name not in now or now[name] is not value:
+                    changed.append(f"{key}.{name}" if name in now else f"{key}.{name} deleted")
+                    _set(owner, name, value)
+            for name in [n for n in list(now) if n not in items]:
+                value = now[name]
+                if isinstance(value, types.ModuleType) and key.startswith("module ") and \
+                        value.__name__ == f"{key[7:]}.{name}":
+                    continue          # a submodule imported since: not a change
+                if key.startswith("module ") and name in ("__warningregistry__", "__loader__"):
+                    continue
+                changed.append(f"{key}.{name} added")
+                _del(owner, name)
+        for fn, code, defaults, kwdefaults, cells in self.inner.values():
+            if fn.__code__ is not code:
+                changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
+                fn.__code__ = code
+            if fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+                changed.append(f"{fn.__module__}.{fn.__qualname__} defaults")
+                fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
+            for c, v in zip(fn.__closure__ or (), cells):
+                if v is not _EMPTY and (not _filled(c) or c.cell_contents is not v):
+                    changed.append(f"{fn.__module__}.{fn.__qualname__} closure")
+                    c.cell_contents = v
+        for container, saved in self.contents.values():
+            if (isinstance(container, dict) and (container.keys() != saved.keys() or
+                                                 any(container[k] is not v for k, v in saved.items()))) or \
+                    (not isinstance(container, dict) and container != saved):
+                changed.append(f"contents of a minidist table ({type(container).__name__} of {len(saved)})")
+                container.clear()
+                container.update(saved) if not isinstance(container, list) else container.extend(saved)
+        return changed
+
+
+_EMPTY = object()
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _set(owner, name, value):
+    if isinstance(owner, types.ModuleType):
+        vars(owner)[name] = value
+    else:
+        type.__setattr__(owner, name, value)
+
+
+def _del(owner, name):
+    if isinstance(owner, types.ModuleType):
+        vars(owner).pop(name, None)
+    else:
+        try:
+            type.__delattr__(owner, name)
+        except (AttributeError, TypeError):
+            pass
+
+
+# ----------------------------------------------------------------------------- running cells
+class _Capture(io.TextIOBase):
+    def __init__(self, limit=20000):
+        self.parts, self.size, self.limit = [], 0, limit
+
+    def write(self, s):
+        s = str(s)
+        if self.size < self.limit:
+            self.parts.append(s[: self.limit - self.size])
+        self.size += len(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+    def text(self):
+        return "".join(self.parts)
+
+
+def _transform(source: str) -> str:
+    if not any(line.lstrip().startswith(("%", "!")) for line in source.splitlines()):
+        return source
+    from IPython.core.inputtransformer2 import TransformerManager
+    return TransformerManager().transform_cell(source)
+
+
+class _Shell:
+    """Enough of ``get_ipython()`` for magics in a solution cell: cell magics run their body."""
+
+    def __init__(self, ns):
+        self.ns = ns
+
+    def run_line_magic(self, name, line, *_):
+        return None
+
+    def run_cell_magic(self, name, line, cell, *_):
+        if name in ("time", "timeit", "capture", "prun"):
+            exec(compile(_transform(cell), self.ns.get("__cell_name__", "<cell>"), "exec"), self.ns)
+
+    def system(self, *a, **k):
+        return None
+
+    getoutput = system
+
+
+class CellTimeout(BaseException):
+    pass
+
+
+def _alarm(_sig, _frame):
+    raise CellTimeout("cell timed out")
+
+
+def run_cell(ns, cell, filename, timeout=None):
+    """Exec a cell like IPython: the value of a final expression is returned (it may score partial
+    credit, as in nbgrader). Returns (value, error, stdout, stderr)."""
+    out, err = _Capture(), _Capture()
+    value, error = None, None
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    if timeout:
+        signal.signal(signal.SIGALRM, _alarm)
+        signal.alarm(int(timeout))
+    try:
+        tree = ast.parse(_transform(cell["source"]), filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, filename, "exec"), ns)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), filename, "eval"), ns)
+    except CellTimeout:
+        error = ("CellTimeoutError", f"the cell did not finish within {timeout} s")
+    except BaseException as e:  # noqa: BLE001  (SystemExit and KeyboardInterrupt are errors of the cell too)
+        error = (type(e).__name__, str(e)[:2000])
+    finally:
+        if timeout:
+            signal.alarm(0)
+        sys.stdout, sys.stderr = saved
+    return value, error, out.text(), err.text()
+
+
+def _number(value):
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return repr(value)[:200]
+    except Exception:
+        return "<unprintable>"
+
+
+def main():
+    global _ALLOWED_ROOTS
+    sys.addaudithook(_audit)
+    fd = int(sys.argv[sys.argv.index("--fd") + 1])
+    spec = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    os.close(0)
+    out = os.fdopen(os.dup(fd), "w", buffering=1)
+    os.close(fd)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)           # stray writes to fd 1/2 cannot reach the grader
+    os.dup2(os.open(spec.get("log", os.devnull), os.O_WRONLY | os.O_CREAT | os.O_APPEND), 2)
+    token = spec["token"]
+
+    def send(**msg):
+        out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
+
+    sys.path[:0] = spec.get("path", [])
+    workdir = spec.get("workdir") or os.getcwd()
+    os.chdir(workdir)
+    _ALLOWED_ROOTS = tuple(p.rstrip("/") + "/" for p in [workdir, "/tmp", "/proc/self", "/dev"]) + \
+        tuple(p.rstrip("/") + "/" for p in spec.get("path", [])) + (sys.prefix + "/", sys.base_prefix + "/")
+    os.environ.update(spec.get("env", {}))
+    ns = {"__name__": "__main__", "__builtins__": __builtins__}
+    ns["get_ipython"] = lambda: _Shell(ns)
+    snapshot = None
+    protected = {"__builtins__": ns["__builtins__"], "get_ipython": ns["get_ipython"]}
+    t_start = time.time()
+    for cell in spec["cells"]:
+        kind, cid = cell["kind"], cell["id"]
+        if kind in ("setup", "given", "test"):
+            filename = f"<grader {cid}>"
+        else:
+            filename = f"{_STUDENT_PREFIX}{cid}>"
+        if kind == "test" and snapshot is None:
+            snapshot = Snapshot()
+        if kind == "solution" and snapshot is None:
+            snapshot = Snapshot()                 # the pristine state: before any student code
+        if kind == "test":
+            rebound = [name for name, value in protected.items() if ns.get(name, _EMPTY) is not value]
+            for name in rebound:
+                ns[name] = protected[name]
+            before = snapshot.diff_and_restore() + [f"the notebook's name {n!r}" for n in rebound]
+            if before:
+                send(event="restored", cell=cid, changes=before[:20])
+            t0 = time.time()
+            value, error, stdout, stderr = run_cell(ns, cell, filename, spec.get("timeout"))
+            after = snapshot.diff_and_restore()
+            send(event="test", cell=cid, error=error, stderr=stderr[:2000], value=_number(value),
+                 changed=after[:20], seconds=round(time.time() - t0, 2))
+        else:
+            ns["__cell_name__"] = filename
+            had = dict(ns)
+            value, error, stdout, stderr = run_cell(ns, cell, filename, spec.get("timeout"))
+            send(event="cell", cell=cid, kind=kind, error=error)
+            if kind != "solution":     # what the lab's own cells bind from minidist and torch stays bound
+                for name, value in ns.items():
+                    if had.get(name, _EMPTY) is not value and (isinstance(value, types.ModuleType) or _owned(value)):
+                        protected[name] = value
+        if _events:
+            send(event="flags", items=[list(e) for e in _events[:50]])
+            _events.clear()
+    send(event="done", seconds=round(time.time() - t_start, 2))
+    out.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(3)
