@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.course import grade_id, nbg, read_nb
+from autograder.course import grade_id, nbg
 from autograder.notebooks import DEMO_TAG
 
 RUNNER = Path(__file__).resolve().with_name("confirm_runner.py")
@@ -188,5 +188,64 @@ def copy_pristine(dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     shutil.copytree(src, dest / "minidist", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    shutil.copy2(RUNNER, dest / RUNNER.name)
+    for f in (RUNNER, RUNNER.with_name("confirm_bindings.py")):
+        shutil.copy2(f, dest / f.name)
     return dest
+
+
+def confirm_cells(cells: dict, runs: dict, start, deadline) -> dict:
+    """Apply the confirmation to the notebook's per-test results (in place); returns a summary."""
+    from autograder.confirm import NOT_CONFIRMED, confirmed_points
+    summary = {"ran": True, "notebooks": {}}
+    for name, run in runs.items():
+        run.wait()
+        res = run.results()
+        rows = cells.get(name, {})
+        unconfirmed = _unconfirmed(rows, res, confirmed_points)
+        attempts = 1
+        if unconfirmed and time.time() < deadline - 10:       # once more, alone: a loaded machine is no tamperer
+            retry = start(name, only=set(unconfirmed), attempt=2)
+            retry.wait()
+            res2 = retry.results()
+            attempts = 2
+            for cid in unconfirmed:
+                if cid in res2["tests"]:
+                    res["tests"][cid] = res2["tests"][cid]
+            res["flags"] += res2["flags"]
+            unconfirmed = _unconfirmed(rows, res, confirmed_points)
+        for cid, row in rows.items():
+            if row["status"] == "manual":
+                continue
+            pts, why = confirmed_points(res["tests"].get(cid), row["max_points"])
+            if not res["done"] and cid not in res["tests"]:
+                why = f"the confirmation run stopped before this test (exit {res['exit']})"
+            row["confirmed"] = why if pts >= float(row["points"] or 0) else f"failed: {why}"
+            if float(row["points"] or 0) > pts:
+                row["flags"].append(f"{NOT_CONFIRMED} (passed in the notebook; in a fresh interpreter: {why})")
+                row["points"] = pts
+                row["status"] = "fail"
+                row["reason"] = f"{NOT_CONFIRMED}: {why}"[:300]
+        notes = []
+        if res["restored"]:
+            notes.append("the solution cells changed minidist/torch (put back before the tests): "
+                         + "; ".join(res["restored"][:6]))
+        if res["flags"]:
+            seen = []
+            for f in res["flags"]:
+                if f not in seen:
+                    seen.append(f)
+            notes.append("the confirmation run saw (no score change): " + "; ".join(": ".join(f) for f in seen[:10]))
+        summary["notebooks"][name] = {"attempts": attempts, "done": res["done"], "notes": notes,
+                                      "unconfirmed": unconfirmed}
+    return summary
+
+
+def _unconfirmed(rows, res, confirmed_points) -> list[str]:
+    out = []
+    for cid, row in rows.items():
+        if row["status"] == "manual":
+            continue
+        pts, _ = confirmed_points(res["tests"].get(cid), row["max_points"])
+        if float(row["points"] or 0) > pts:
+            out.append(cid)
+    return out

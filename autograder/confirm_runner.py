@@ -1,6 +1,6 @@
 """The confirmation run: a submission's graded tests again, in a fresh interpreter that student
 code did not prepare (started by :mod:`autograder.confirm`, inside the sandbox, as
-``python -I confirm_runner.py``; it imports nothing from the autograder).
+``python -I confirm_runner.py``; it imports nothing from the autograder but its sibling).
 
 What it runs, in notebook order: the lab's own setup and given cells (locked cells, from the
 instructor's source notebook), the student's solution cells (the only student code that enters),
@@ -9,11 +9,9 @@ student added or changed outside the solution cells never run here.
 
 What it guards:
 
-* pristine bindings: once the setup cells have imported minidist's checks and torch, the
-  attributes of every loaded minidist module, of torch's comparison and communication modules
-  and of their classes are recorded (and the code, defaults and closures of their functions).
-  Before every test they are put back; a change found after a test fails that test
-  ("changed during the test"), a change made by the solution cells is put back and reported;
+* pristine bindings (:mod:`autograder.confirm_bindings`, its sibling): recorded once the setup
+  cells have imported minidist's checks and torch; a change made by the solution cells is put
+  back before the tests and reported, a change found after a test fails that test;
 * an audit hook, installed before anything else and impossible to remove from Python: it
   refuses, when called from student code, ``ctypes``, the garbage collector's object graph,
   frame and code introspection, ``sys.settrace``/``setprofile`` (which would switch off the
@@ -36,6 +34,10 @@ import time
 import traceback
 import types
 
+# the runner's sibling (copied next to it with the pristine minidist; -I leaves its folder off the path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from confirm_bindings import EMPTY, Snapshot  # noqa: E402
+
 _local = threading.local()
 _events: list = []             # (event, detail) reported to the grader as flags
 _STUDENT_PREFIX = "<solution "
@@ -46,11 +48,15 @@ _BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "
           "object.__getattr__"}
 _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
          "os.rename", "shutil.rmtree", "os.chmod"}
+_FILE_EVENTS = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod"}
 _OWNED = ("minidist", "torch")
 
 
+_STUDENT_FILES: tuple = ()      # the working folder: files handed in next to the notebook are student code
+
+
 def _is_student(filename: str) -> bool:
-    return filename.startswith(_STUDENT_PREFIX)
+    return filename.startswith(_STUDENT_PREFIX) or (bool(_STUDENT_FILES) and filename.startswith(_STUDENT_FILES))
 
 
 import sysconfig  # noqa: E402
@@ -92,7 +98,9 @@ def _audit(event, args):
                 if f is not None:
                     _events.append(("file access outside the working folder", f"{args[0]}"))
             return
-        where = f"{caller.f_code.co_filename[len(_STUDENT_PREFIX):-1]}, line {caller.f_lineno}"
+        fname = caller.f_code.co_filename
+        cell = fname[len(_STUDENT_PREFIX):-1] if fname.startswith(_STUDENT_PREFIX) else os.path.basename(fname)
+        where = f"{cell}, line {caller.f_lineno}"
         if event == "object.__setattr__":
             obj, name = args[0], args[1]
             if isinstance(obj, types.FunctionType) and name == "__code__":
@@ -110,8 +118,9 @@ def _audit(event, args):
             what = {"gc": "gc", "ctypes": "ctypes", "sys": "sys"}.get(event.split(".")[0], event)
             _events.append((f"{what}: {event}", where))
             raise RuntimeError(f"refused in graded code: {event}")
-        if event == "open" and args and isinstance(args[0], str) and not _outside(args[0]):
-            return
+        if event in _FILE_EVENTS and not (args and isinstance(args[0], (str, bytes, os.PathLike))
+                                          and _outside(os.fsdecode(args[0]))):
+            return                   # a descriptor, or a path inside the working folder, /tmp, the packages
         _events.append((event, f"{args[0] if args else ''} at {where}"[:200]))
     finally:
         _local.busy = False
@@ -126,120 +135,6 @@ def _outside(path) -> bool:
     except Exception:
         return True
     return not p.startswith(_ALLOWED_ROOTS)
-
-
-# ----------------------------------------------------------------------------- pristine bindings
-_TORCH_MODULES = ("torch", "torch.testing", "torch.distributed", "torch.distributed.distributed_c10d",
-                  "torch.nn", "torch.nn.functional", "torch.autograd", "torch.optim", "builtins", "math",
-                  "operator", "functools", "copy")
-_TORCH_CLASSES = ("torch.Tensor", "torch.nn.Module", "torch.nn.Parameter", "torch.nn.Linear",
-                  "torch.optim.Optimizer", "torch.autograd.Function")
-_CONTAINERS = (dict, list, set)
-
-
-class Snapshot:
-    """Attribute bindings of modules and classes, and the insides of their functions."""
-
-    def __init__(self):
-        self.spaces = {}          # key -> (owner, {name: value})
-        self.inner = {}           # id(fn) -> (fn, code, defaults, kwdefaults, closure contents)
-        self.contents = {}        # id(container) -> (container, copy)
-        for name, mod in list(sys.modules.items()):
-            if mod is not None and (name == "minidist" or name.startswith("minidist.") or name in _TORCH_MODULES):
-                self._space(f"module {name}", mod)
-                if name.startswith("minidist"):
-                    for attr, value in list(vars(mod).items()):
-                        if isinstance(value, type) and getattr(value, "__module__", "").startswith("minidist"):
-                            self._space(f"class {value.__module__}.{value.__qualname__}", value)
-                        elif isinstance(value, _CONTAINERS) and not attr.startswith("_"):   # tables, not caches
-                            self.contents[id(value)] = (value, self._copy(value))
-        for dotted in _TORCH_CLASSES:
-            mod, _, attr = dotted.rpartition(".")
-            cls = getattr(sys.modules.get(mod), attr, None)
-            if isinstance(cls, type):
-                self._space(f"class {dotted}", cls)
-
-    @staticmethod
-    def _copy(c):
-        return dict(c) if isinstance(c, dict) else list(c) if isinstance(c, list) else set(c)
-
-    def _space(self, key, owner):
-        try:
-            items = dict(vars(owner))
-        except TypeError:
-            return
-        self.spaces[key] = (owner, items)
-        for value in items.values():
-            fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-            if isinstance(fn, types.FunctionType) and id(fn) not in self.inner:
-                cells = tuple(c.cell_contents if _filled(c) else _EMPTY for c in (fn.__closure__ or ()))
-                self.inner[id(fn)] = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells)
-
-    def diff_and_restore(self) -> list[str]:
-        """What changed since the snapshot (each put back)."""
-        changed = []
-        for key, (owner, items) in self.spaces.items():
-            now = vars(owner)
-            for name, value in items.items():
-                if name not in now or now[name] is not value:
-                    changed.append(f"{key}.{name}" if name in now else f"{key}.{name} deleted")
-                    _set(owner, name, value)
-            for name in [n for n in list(now) if n not in items]:
-                value = now[name]
-                if isinstance(value, types.ModuleType) and key.startswith("module ") and \
-                        value.__name__ == f"{key[7:]}.{name}":
-                    continue          # a submodule imported since: not a change
-                if key.startswith("module ") and name in ("__warningregistry__", "__loader__"):
-                    continue
-                changed.append(f"{key}.{name} added")
-                _del(owner, name)
-        for fn, code, defaults, kwdefaults, cells in self.inner.values():
-            if fn.__code__ is not code:
-                changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
-                fn.__code__ = code
-            if fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
-                changed.append(f"{fn.__module__}.{fn.__qualname__} defaults")
-                fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
-            for c, v in zip(fn.__closure__ or (), cells):
-                if v is not _EMPTY and (not _filled(c) or c.cell_contents is not v):
-                    changed.append(f"{fn.__module__}.{fn.__qualname__} closure")
-                    c.cell_contents = v
-        for container, saved in self.contents.values():
-            if (isinstance(container, dict) and (container.keys() != saved.keys() or
-                                                 any(container[k] is not v for k, v in saved.items()))) or \
-                    (not isinstance(container, dict) and container != saved):
-                changed.append(f"contents of a minidist table ({type(container).__name__} of {len(saved)})")
-                container.clear()
-                container.update(saved) if not isinstance(container, list) else container.extend(saved)
-        return changed
-
-
-_EMPTY = object()
-
-
-def _filled(cell):
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:
-        return False
-
-
-def _set(owner, name, value):
-    if isinstance(owner, types.ModuleType):
-        vars(owner)[name] = value
-    else:
-        type.__setattr__(owner, name, value)
-
-
-def _del(owner, name):
-    if isinstance(owner, types.ModuleType):
-        vars(owner).pop(name, None)
-    else:
-        try:
-            type.__delattr__(owner, name)
-        except (AttributeError, TypeError):
-            pass
 
 
 # ----------------------------------------------------------------------------- running cells
@@ -332,7 +227,7 @@ def _number(value):
 
 
 def main():
-    global _ALLOWED_ROOTS
+    global _ALLOWED_ROOTS, _STUDENT_FILES
     sys.addaudithook(_audit)
     fd = int(sys.argv[sys.argv.index("--fd") + 1])
     spec = json.loads(sys.stdin.read())
@@ -347,9 +242,12 @@ def main():
     def send(**msg):
         out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
 
+
     sys.path[:0] = spec.get("path", [])
     workdir = spec.get("workdir") or os.getcwd()
     os.chdir(workdir)
+    sys.path.append(workdir)              # helper modules handed in: importable, after minidist and torch
+    _STUDENT_FILES = (os.path.realpath(workdir) + "/", workdir.rstrip("/") + "/")
     _ALLOWED_ROOTS = tuple(p.rstrip("/") + "/" for p in [workdir, "/tmp", "/proc/self", "/dev"]) + \
         tuple(p.rstrip("/") + "/" for p in spec.get("path", [])) + (sys.prefix + "/", sys.base_prefix + "/")
     os.environ.update(spec.get("env", {}))
@@ -369,7 +267,7 @@ def main():
         if kind == "solution" and snapshot is None:
             snapshot = Snapshot()                 # the pristine state: before any student code
         if kind == "test":
-            rebound = [name for name, value in protected.items() if ns.get(name, _EMPTY) is not value]
+            rebound = [name for name, value in protected.items() if ns.get(name, EMPTY) is not value]
             for name in rebound:
                 ns[name] = protected[name]
             before = snapshot.diff_and_restore() + [f"the notebook's name {n!r}" for n in rebound]
@@ -387,7 +285,7 @@ def main():
             send(event="cell", cell=cid, kind=kind, error=error)
             if kind != "solution":     # what the lab's own cells bind from minidist and torch stays bound
                 for name, value in ns.items():
-                    if had.get(name, _EMPTY) is not value and (isinstance(value, types.ModuleType) or _owned(value)):
+                    if had.get(name, EMPTY) is not value and (isinstance(value, types.ModuleType) or _owned(value)):
                         protected[name] = value
         if _events:
             send(event="flags", items=[list(e) for e in _events[:50]])

@@ -15,8 +15,6 @@ Design (nbgrader has no parallel autograde, its issue #174):
 """
 from __future__ import annotations
 
-import csv
-import html
 import json
 import os
 import shutil
@@ -25,15 +23,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import REPO, SUBMISSION_TIMEOUT
 from autograder.course import (all_labs, build_course, cell_timeout, due_dates, kernel_argv, lab_cells,
-                               load_config, solutions_dir)
+                               solutions_dir)
 from autograder import worker
 from autograder.procs import TAG_VAR, kill_job
-from autograder.worker import fallback_cells, last_started, valid_record
+from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
+from autograder.records import Job, checked_result, fallback_cells, last_started, valid_record
+from autograder.report import load_previous, write_feedback, write_results
 
 _CTX = None
 _CTX_LOCK = threading.Lock()
@@ -56,20 +55,7 @@ def _ctx():
             _CTX = ctx
         return _CTX
 
-RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
-                 "reason", "flags", "confirmed", "sandbox"]
-STATUSES = {"pass", "fail", "error", "timeout", "manual"}
 MAX_RECORD_BYTES = 50 << 20
-
-
-@dataclass
-class Job:
-    student: str
-    lab: str
-    submission_dir: Path | None
-    job_dir: Path
-    result: dict = field(default_factory=dict)
-    seconds: float = 0.0
 
 
 class Progress:
@@ -238,229 +224,6 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
     job.result.setdefault("submitted", True)
     job.seconds = time.time() - t0
     return job
-
-
-def checked_result(result, job: Job, cells_meta: dict) -> dict:
-    """The worker's result, checked against the template: every test of every notebook present,
-    points numbers clamped to [0, the template's maximum], statuses known, texts short."""
-    if not isinstance(result, dict) or not isinstance(result.get("cells"), dict):
-        raise ValueError("no per-test results")
-    cells = {}
-    for nb, metas in cells_meta.items():
-        got = result["cells"].get(nb)
-        if not isinstance(got, dict):
-            raise ValueError(f"no results for notebook {nb!r}")
-        rows = {}
-        for meta in metas:
-            row = got.get(meta["name"])
-            if not isinstance(row, dict):
-                raise ValueError(f"no result for test {meta['name']!r}")
-            status = str(row.get("status"))
-            if status not in STATUSES:
-                raise ValueError(f"unknown status {status!r}")
-            pts = row.get("points")
-            if status == "manual" and pts is None:
-                pass
-            else:
-                pts = float(pts or 0.0)
-                if pts != pts:                                  # NaN
-                    pts = 0.0
-                pts = min(max(pts, 0.0), float(meta["max_score"]))
-            flags = row.get("flags") or []
-            rows[meta["name"]] = {"points": pts, "max_points": float(meta["max_score"]), "status": status,
-                                  "reason": str(row.get("reason", ""))[:400].replace("\n", " "),
-                                  "flags": [str(f)[:400] for f in flags][:20] if isinstance(flags, list) else [],
-                                  "confirmed": str(row.get("confirmed", ""))[:300]}
-        cells[nb] = rows
-    notes = result.get("notes") or []
-    late = result.get("late_penalty") or {}
-    out = {"student": job.student, "lab": job.lab, "graded": bool(result.get("graded")),
-           "failure": None if result.get("failure") is None else str(result["failure"])[:400],
-           "notes": [str(n)[:600] for n in notes][:40] if isinstance(notes, list) else [],
-           "cells": cells, "submitted": True,
-           "timestamp": result.get("timestamp") if isinstance(result.get("timestamp"), str) else None,
-           "late_penalty": {str(k): max(0.0, float(v)) for k, v in late.items()
-                            if k in cells_meta and isinstance(v, (int, float))} if isinstance(late, dict) else {},
-           "confirmation": result.get("confirmation") if isinstance(result.get("confirmation"), dict) else {}}
-    for nb, info in (out["confirmation"].get("notebooks") or {}).items():
-        if isinstance(info, dict):
-            out["notes"] += [str(n)[:600] for n in info.get("notes", [])][:6]
-    return out
-
-
-def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
-    """One nbgrader gradebook for the whole class, then nbgrader's CSV export. Scores of
-    autograded tests are the (confirmed, clamped) points; a manual score is never kept for them."""
-    from nbgrader.api import Gradebook
-
-    db = out / "gradebook.db"
-    if db.exists():
-        db.unlink()
-    shutil.copy(template / "gradebook.db", db)
-    url = "sqlite:///" + str(db)
-    import warnings
-    with warnings.catch_warnings(), Gradebook(url) as gb:
-        warnings.simplefilter("ignore")  # SQLAlchemy autoflush notes from nbgrader's API
-        for s in sorted({j.student for j in jobs}):
-            gb.update_or_create_student(s)
-        for j in jobs:
-            if not j.result.get("submitted", True):
-                continue
-            kw = {}
-            if j.result.get("timestamp"):
-                from nbgrader.utils import parse_utc
-                try:
-                    kw["timestamp"] = parse_utc(j.result["timestamp"])
-                except Exception:
-                    pass
-            gb.update_or_create_submission(j.lab, j.student, **kw)
-            for nb, rows in j.result["cells"].items():
-                for cell, row in rows.items():
-                    g = gb.find_grade(cell, nb, j.lab, j.student)
-                    if row["status"] == "manual":
-                        continue
-                    g.auto_score = min(float(row["points"] or 0.0), float(g.max_score))
-                    g.manual_score = None
-                    g.needs_manual_grade = False
-                penalty = (j.result.get("late_penalty") or {}).get(nb)
-                if penalty:
-                    snb = gb.find_submission_notebook(nb, j.lab, j.student)
-                    snb.late_submission_penalty = min(float(penalty), float(snb.score))
-            gb.db.commit()
-    return db
-
-
-def set_due_dates(template: Path, dates: dict[str, str]) -> dict[str, str]:
-    """Write the labs' due dates into the template gradebook (every job's copy and the merged one
-    inherit them): nbgrader then computes how late each submission is from its timestamp."""
-    from nbgrader.api import Gradebook
-    from nbgrader.utils import parse_utc
-    done = {}
-    with Gradebook("sqlite:///" + str(template / "gradebook.db")) as gb:
-        for lab, date in dates.items():
-            try:
-                gb.find_assignment(lab)
-            except Exception:
-                continue
-            when = parse_utc(date)
-            gb.update_or_create_assignment(lab, duedate=when)
-            done[lab] = when.isoformat()
-    return done
-
-
-def export_csv(db: Path, dest: Path) -> None:
-    from nbgrader.api import Gradebook
-    from nbgrader.plugins.export import CsvExportPlugin
-
-    with Gradebook("sqlite:///" + str(db)) as gb:
-        plugin = CsvExportPlugin(to=str(dest))
-        plugin.export(gb)
-
-
-def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
-    rows = []
-    sandbox = meta.get("sandbox") or "none"
-    for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
-        notes = j.result.get("notes", [])
-        for nb, cells in j.result["cells"].items():
-            for cell, r in cells.items():
-                rows.append({"student": j.student, "lab": j.lab, "notebook": nb, "cell": cell,
-                             "points": float(r["points"] or 0.0), "max_points": r["max_points"],
-                             "status": r["status"], "reason": r["reason"],
-                             "flags": "; ".join(r.get("flags", []) + notes),
-                             "confirmed": r.get("confirmed", ""), "sandbox": sandbox})
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    subs = []
-    for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
-        cells = j.result["cells"]
-        score = sum(float(r["points"] or 0) for c in cells.values() for r in c.values())
-        mx = sum(r["max_points"] for c in cells.values() for r in c.values())
-        subs.append({"student": j.student, "lab": j.lab, "score": score, "max_score": mx,
-                     "graded_by_nbgrader": j.result.get("graded", False),
-                     "failure": j.result.get("failure"), "notes": j.result.get("notes", []),
-                     "seconds": round(j.seconds, 2), "submitted": j.result.get("submitted", True),
-                     "timestamp": j.result.get("timestamp"), "late_penalty": j.result.get("late_penalty", {}),
-                     "tests": [dict(notebook=nb, cell=c, **r) for nb, cs in cells.items()
-                               for c, r in cs.items()]})
-    (out / "results.json").write_text(json.dumps(dict(meta, submissions=subs), indent=1))
-    return rows
-
-
-def load_previous(out: Path) -> list[Job]:
-    """The jobs recorded in an earlier OUT/results.json (for ``grade --student``)."""
-    path = out / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"--student merges into an earlier run, but {path} does not exist")
-    data = json.loads(path.read_text())
-    jobs = []
-    for sub in data.get("submissions", []):
-        cells: dict = {}
-        for t in sub.get("tests", []):
-            t = dict(t)
-            nb, cell = t.pop("notebook"), t.pop("cell")
-            cells.setdefault(nb, {})[cell] = t
-        j = Job(sub["student"], sub["lab"], None, out / "_work" / "none")
-        j.result = {"student": sub["student"], "lab": sub["lab"], "graded": sub.get("graded_by_nbgrader", False),
-                    "failure": sub.get("failure"), "notes": sub.get("notes", []), "cells": cells,
-                    "submitted": sub.get("submitted", True), "timestamp": sub.get("timestamp"),
-                    "late_penalty": sub.get("late_penalty", {})}
-        j.seconds = float(sub.get("seconds") or 0)
-        jobs.append(j)
-    return jobs
-
-
-def _summary_html(j: Job) -> str:
-    esc = html.escape
-    notes = j.result.get("notes", [])
-    parts = ['<div id="autograder-summary" style="font-family:sans-serif;margin:1em;'
-             'padding:1em;border:1px solid #888">',
-             f"<h2>Autograder results: {esc(j.student)} / {esc(j.lab)}</h2>"]
-    if j.result.get("failure"):
-        parts.append(f"<p><b>Problem:</b> {esc(j.result['failure'])}</p>")
-    if notes:
-        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
-    parts.append("<table border=1 cellpadding=4><tr><th>notebook</th><th>test</th><th>points</th>"
-                 "<th>status</th><th>reason</th><th>notes</th></tr>")
-    for nb, cells in j.result["cells"].items():
-        for c, r in cells.items():
-            parts.append(f"<tr><td>{esc(nb)}</td><td>{esc(c)}</td>"
-                         f"<td>{float(r['points'] or 0):g} / {r['max_points']:g}</td>"
-                         f"<td>{esc(r['status'])}</td><td>{esc(r['reason'])}</td>"
-                         f"<td>{esc('; '.join(r.get('flags', [])))}</td></tr>")
-    parts.append("</table></div>")
-    return "\n".join(parts)
-
-
-def write_feedback(out: Path, j: Job) -> list[Path]:
-    """OUT/feedback/<student>/<lab>/<notebook>.html (nbgrader's feedback + a summary)."""
-    dest = out / "feedback" / j.student / j.lab
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True, exist_ok=True)
-    summary = _summary_html(j)
-    made = []
-    src = j.job_dir / "course" / "feedback" / j.student / j.lab
-    for nb in j.result["cells"]:
-        f = src / f"{nb}.html"
-        text = None
-        if j.result.get("graded") and f.is_file() and not f.is_symlink():
-            text = f.read_text(errors="replace")
-            i = text.find("<body")
-            i = text.find(">", i) + 1 if i >= 0 else 0
-            text = text[:i] + summary + text[i:]
-        if text is None:
-            text = ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-                    f"<title>{html.escape(j.student)} {html.escape(j.lab)}</title></head>"
-                    f"<body>{summary}</body></html>")
-        (dest / f"{nb}.html").write_text(text)
-        made.append(dest / f"{nb}.html")
-    ag = j.job_dir / "course" / "autograded" / j.student / j.lab
-    shutil.rmtree(out / "autograded" / j.student / j.lab, ignore_errors=True)
-    if ag.is_dir():  # instructor copy (contains hidden tests): not for students
-        shutil.copytree(ag, out / "autograded" / j.student / j.lab, dirs_exist_ok=True, symlinks=True)
-    return made
 
 
 def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from autograder.course import grade_id, lab_cells, load_config, read_nb, run_converter, write_nb
 from autograder.notebooks import classify, load, locate, repair, skip_demos
+from autograder.records import fallback_cells, last_started
 
 MAX_EXTRA_BYTES = 20 << 20          # files handed in next to the notebook: at most this much is copied
 MAX_EXTRA_FILES = 200
@@ -85,8 +86,8 @@ def copy_extra_files(sub_dir: Path, dest: Path, notebooks: set[Path]) -> list[st
             total += size
     notes = []
     if copied:
-        notes.append("files handed in next to the notebook (available to the kernel, not to the graded "
-                     "code): " + ", ".join(copied[:20]) + (" ..." if len(copied) > 20 else ""))
+        notes.append("files handed in next to the notebook (importable by the graded code, in the kernel "
+                     "and in the confirmation, after minidist): " + ", ".join(copied[:20]) + (" ..." if len(copied) > 20 else ""))
     if skipped:
         notes.append("files handed in but not copied: " + ", ".join(skipped[:10]))
     return notes
@@ -96,7 +97,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     from nbgrader.api import Gradebook
     from nbgrader.converters import Autograde, GenerateFeedback
 
-    from autograder import confirm, nbext, sandbox
+    from autograder import confirm, gradebook, nbext, sandbox
     from autograder.flags import notebook_flags
 
     t_start = time.time()
@@ -167,6 +168,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     def start_confirmation(name, only=None, attempt=1):
         wd = job / "confirm" / f"{name}-{attempt}"
         chome = sandbox.prepare_home(wd, skeleton)
+        copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
         env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
                    JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
         return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
@@ -205,7 +207,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
 
     # --- confirmation: combine, retry what was not confirmed once, alone
     if confirming:
-        result["confirmation"] = confirm_cells(result["cells"], runs, start_confirmation, deadline)
+        result["confirmation"] = confirm.confirm_cells(result["cells"], runs, start_confirmation, deadline)
     else:
         result["confirmation"] = {"ran": False}
 
@@ -222,7 +224,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             gb.db.commit()
             sub = gb.find_submission(lab, student)
             result["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else None
-            result["late_penalty"] = late_penalties(gb, course, lab, student, sub, list(result["cells"]))
+            result["late_penalty"] = gradebook.late_penalties(gb, course, lab, student, sub, list(result["cells"]))
             if result["late_penalty"]:
                 result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
                                        + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
@@ -233,28 +235,6 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
     shutil.rmtree(home, ignore_errors=True)
     return result
-
-
-def late_penalties(gb, course, lab, student, sub, names) -> dict:
-    """nbgrader's late-submission plugin (the course config's), on the final (confirmed) scores."""
-    if not sub.total_seconds_late or sub.total_seconds_late <= 0:
-        return {}
-    from traitlets.utils.importstring import import_item
-    c = load_config(root=course)
-    cls = c.AssignLatePenalties.plugin_class if "plugin_class" in c.AssignLatePenalties else None
-    cls = import_item(cls) if isinstance(cls, str) else cls
-    if cls is None:
-        from nbgrader.plugins import LateSubmissionPlugin as cls
-    plugin = cls(config=c)
-    out = {}
-    for name in names:
-        snb = gb.find_submission_notebook(name, lab, student)
-        penalty = plugin.late_submission_penalty(student, snb.score, sub.total_seconds_late)
-        snb.late_submission_penalty = None if penalty is None else min(max(float(penalty), 0.0), float(snb.score))
-        if snb.late_submission_penalty:
-            out[name] = snb.late_submission_penalty
-    gb.db.commit()
-    return out
 
 
 def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags, cell_timeout) -> dict:
@@ -297,64 +277,6 @@ def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_fla
     return out
 
 
-def confirm_cells(cells: dict, runs: dict, start, deadline) -> dict:
-    """Apply the confirmation to the notebook's per-test results (in place); returns a summary."""
-    from autograder.confirm import NOT_CONFIRMED, confirmed_points
-    summary = {"ran": True, "notebooks": {}}
-    for name, run in runs.items():
-        run.wait()
-        res = run.results()
-        rows = cells.get(name, {})
-        unconfirmed = _unconfirmed(rows, res, confirmed_points)
-        attempts = 1
-        if unconfirmed and time.time() < deadline - 10:       # once more, alone: a loaded machine is no tamperer
-            retry = start(name, only=set(unconfirmed), attempt=2)
-            retry.wait()
-            res2 = retry.results()
-            attempts = 2
-            for cid in unconfirmed:
-                if cid in res2["tests"]:
-                    res["tests"][cid] = res2["tests"][cid]
-            res["flags"] += res2["flags"]
-            unconfirmed = _unconfirmed(rows, res, confirmed_points)
-        for cid, row in rows.items():
-            if row["status"] == "manual":
-                continue
-            pts, why = confirmed_points(res["tests"].get(cid), row["max_points"])
-            if not res["done"] and cid not in res["tests"]:
-                why = f"the confirmation run stopped before this test (exit {res['exit']})"
-            row["confirmed"] = why if pts >= float(row["points"] or 0) else f"failed: {why}"
-            if float(row["points"] or 0) > pts:
-                row["flags"].append(f"{NOT_CONFIRMED} (passed in the notebook; in a fresh interpreter: {why})")
-                row["points"] = pts
-                row["status"] = "fail"
-                row["reason"] = f"{NOT_CONFIRMED}: {why}"[:300]
-        notes = []
-        if res["restored"]:
-            notes.append("the solution cells changed minidist/torch (put back before the tests): "
-                         + "; ".join(res["restored"][:6]))
-        if res["flags"]:
-            seen = []
-            for f in res["flags"]:
-                if f not in seen:
-                    seen.append(f)
-            notes.append("the confirmation run saw (no score change): " + "; ".join(": ".join(f) for f in seen[:10]))
-        summary["notebooks"][name] = {"attempts": attempts, "done": res["done"], "notes": notes,
-                                      "unconfirmed": unconfirmed}
-    return summary
-
-
-def _unconfirmed(rows, res, confirmed_points) -> list[str]:
-    out = []
-    for cid, row in rows.items():
-        if row["status"] == "manual":
-            continue
-        pts, _ = confirmed_points(res["tests"].get(cid), row["max_points"])
-        if float(row["points"] or 0) > pts:
-            out.append(cid)
-    return out
-
-
 def failure_reason(log: str, records: list[dict]) -> str:
     """One line: why nbgrader could not finish, and in which cell."""
     last = last_started(records)
@@ -368,51 +290,7 @@ def failure_reason(log: str, records: list[dict]) -> str:
     return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
-def valid_record(r) -> bool:
-    """A progress record as ProgressExecute makes it (anything else is ignored)."""
-    return (isinstance(r, dict) and r.get("event") in ("start", "done") and isinstance(r.get("index"), int)
-            and (r.get("grade_id") is None or isinstance(r.get("grade_id"), str)))
-
-
-def last_started(records: list[dict]):
-    """Label of the cell that was started last and never finished (or None)."""
-    recs = [r for r in records if valid_record(r)]
-    done = {r["index"] for r in recs if r["event"] == "done"}
-    started = [r for r in recs if r["event"] == "start" and r["index"] not in done]
-    if not started:
-        return None
-    r = started[-1]
-    return r.get("grade_id") or f"#{r['index'] + 1}"
-
-
-def fallback_cells(cells_meta, records: list[dict], unusable: dict, reason: str, cell_flags=None,
-                   status_unrun: str = "error") -> dict:
-    """Per-cell results when nbgrader never finished: cells that completed keep the score
-    nbgrader's rules gave them; the rest get 0 with ``reason``."""
-    done = {}
-    for r in records:
-        if valid_record(r) and r["event"] == "done" and r.get("grade_id") and isinstance(r.get("points"), (int, float)):
-            done[r["grade_id"]] = r
-    out = {}
-    for name, cells in cells_meta.items():
-        rows = {}
-        for meta in cells:
-            d = done.get(meta["name"])
-            flags = (cell_flags or {}).get(name, {}).get(meta["name"], [])
-            if name in unusable:
-                row = (0.0, "error", unusable[name])
-            elif d is not None:
-                row = (min(max(float(d["points"]), 0.0), meta["max_score"]), str(d.get("status", "fail"))[:20],
-                       str(d.get("reason", ""))[:300])
-            else:  # never finished: the stuck cell or one after it
-                row = (0.0, status_unrun, reason or "not run")
-            rows[meta["name"]] = {"points": row[0], "max_points": meta["max_score"],
-                                  "status": row[1], "reason": row[2], "flags": list(flags)}
-        out[name] = rows
-    return out
-
-
-PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm",
+PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",
            "autograder.flags", "nbgrader.converters", "nbgrader.api", "nbgrader.coursedir",
            "nbgrader.preprocessors", "nbconvert.exporters", "jupyter_client.manager", "nbclient"]
 
