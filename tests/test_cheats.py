@@ -4,10 +4,13 @@ gains nothing, the batch always finishes, and every honest submission gets its e
 
 One cheat per class of autograder/README.md's security section: checks replaced in the
 kernel, torch's comparisons replaced, a module swapped in sys.modules, a check's ``__code__``
-rewritten, the patches moved into a solution cell (they run in the confirmation too), a
-library answer, code outside the solution cells, a fake minidist handed in next to the
-notebook, the answer key and the grader's records searched for, another student's job and
-the gradebook written to, the batch's processes killed, the installed minidist edited.
+rewritten (with gc), the patches moved into a solution cell (they run in the confirmation too),
+a library answer, code outside the solution cells, a fake minidist handed in next to the
+notebook, the answer key searched for, JSON/JSONL records, other students' jobs and the
+gradebooks written to before the kernel kills itself (the trial that once stopped a batch), the
+batch's processes killed (only in a sandbox: without one it would kill the test runner), the
+installed minidist edited. And honest submissions, one of them importing a helper module handed
+in next to its notebook (it must work in both runs).
 """
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ import csv
 import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 from nbformat.v4 import new_code_cell
@@ -58,7 +60,7 @@ for p in found[:3]:
     print(open(p, errors="ignore").read()[:20000])
 '''
 VANDAL = r'''
-import os, glob, json, signal, sqlite3
+import os, glob, sqlite3
 up = os.path.abspath(os.path.join(os.getcwd(), *[".."] * 6))
 for pattern in ["**/*.json", "**/*.jsonl", "**/*.db", "**/*.ipynb", "**/*.html", "**/*.csv"]:
     for p in glob.glob(os.path.join(up, pattern), recursive=True)[:400]:
@@ -74,6 +76,10 @@ for pattern in ["**/*.json", "**/*.jsonl", "**/*.db", "**/*.ipynb", "**/*.html",
                     f.write('\n{"event": "done", "grade_id": "test_add", "points": 1000}\n')
         except Exception:
             pass
+os._exit(0)
+'''
+KILLER = r'''
+import os, signal
 for pid in os.listdir("/proc"):
     if pid.isdigit() and int(pid) > 1 and int(pid) != os.getpid():
         try:
@@ -82,7 +88,6 @@ for pid in os.listdir("/proc"):
                 os.kill(int(pid), signal.SIGKILL)
         except Exception:
             pass
-os._exit(0)
 '''
 EDIT_MINIDIST = r'''
 import minidist.checks.collectives as m
@@ -125,10 +130,12 @@ def cheat_bank(sol, release):
                               ["test_allsum"]),
         "library_answer": (_set(sol, "allsum", LIBRARY), {}, 1.0, []),
         "outside_solution": (_with_cell(release, FAKE_ADD, after="add"), {}, 0.0, ["test_add"]),
-        "fake_minidist": (release, FAKE_MINIDIST, 0.0, ["test_allsum"]),
+        "fake_minidist": (release, FAKE_MINIDIST, 0.0, []),        # the kernel imports the installed one
         "snoop": (_with_cell(sol, SNOOP), {}, 3.0, []),
-        "vandal": (_with_cell(sol, VANDAL, after="test_add"), {}, 1.0, []),
+        "vandal": (_with_cell(sol, VANDAL, after="test_add"), {}, 1.0, []),       # then kills its kernel
+        "killer": (_with_cell(sol, KILLER, after="test_add"), {}, 3.0, []),
         "edit_minidist": (_with_cell(release, EDIT_MINIDIST), {}, 0.0, []),
+        "honest_helper": (_set(sol, "add", "from my_helpers import add\n"), {"my_helpers.py": FAKE_ADD}, 3.0, []),
         "honest2": (sol, {}, 3.0, []),
     }
 
@@ -146,8 +153,9 @@ def batch(tmp_path_factory):
         src = read_nb(root / "source" / LAB / f"{LAB}.ipynb")
         rel = read_nb(root / "release" / LAB / f"{LAB}.ipynb")
         bank = cheat_bank(solution_submission(src, rel), rel)
-        if probe()[0] is None:      # without a sandbox the vandal would kill the test runner itself
-            bank.pop("vandal")
+        if probe()[0] is None:      # without a sandbox these would kill the test runner / edit this checkout
+            bank.pop("killer")
+            bank.pop("edit_minidist")
         subs = tmp_path_factory.mktemp("subs")
         write_class(subs, {s: nb for s, (nb, _, _, _) in bank.items()})
         for s, (_, files, _, _) in bank.items():
@@ -208,24 +216,25 @@ def test_instructor_flags(batch):
     assert "touches __code__" in flags["code_rewritten"] and "uses gc" in flags["code_rewritten"]
     assert "files handed in next to the notebook" in flags["fake_minidist"] and "minidist/checks" in flags["fake_minidist"]
     assert "not confirmed" not in flags["honest1"] and "suspicious" not in flags["honest1"]
-    if "vandal" in batch["bank"]:
-        assert "sys.modules" not in flags["vandal"]
 
 
 def test_the_answer_key_and_the_grader_are_out_of_reach(batch):
-    from autograder.course import hidden_test_lines
-    hidden = hidden_test_lines(batch["source"])
+    if batch["meta"]["sandbox"].startswith("none"):
+        pytest.skip("no sandbox on this machine: the answer key is readable (README, security)")
+    from autograder import REPO
+    from autograder.course import hidden_test_lines, read_nb
+    # the answer keys within reach of a kernel without a sandbox: this course's and the repository's
+    # (notebooks of installed packages, e.g. nbgrader's own test files, are public)
+    keys = [batch["source"]] + [read_nb(p) for p in sorted((REPO / "solutions").glob("*/*.ipynb"))]
+    hidden = {line for nb in keys for line in hidden_test_lines(nb)}
+    assert len(hidden) > 10
     for student in ("snoop", "vandal"):
         if student not in batch["bank"]:
             continue
         for f in (batch["out"] / "autograded" / student / LAB).glob("*.ipynb"):
-            text = f.read_text()
-            assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text.split('"source"')[0]
-            outputs = json.dumps([c.get("outputs", []) for c in json.loads(text)["cells"]])
-            for line in hidden:
-                assert line not in outputs, (student, line)
-    if batch["meta"]["sandbox"].startswith("none"):
-        pytest.skip("no sandbox on this machine: the answer key is readable (README, security)")
+            outputs = json.dumps([c.get("outputs", []) for c in json.loads(f.read_text())["cells"]])
+            leaked = [line for line in hidden if json.dumps(line)[1:-1] in outputs]
+            assert not leaked, (student, leaked[:3])
 
 
 def test_sandbox_is_reported(batch):
