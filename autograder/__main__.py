@@ -76,7 +76,7 @@ def cmd_feedback(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from autograder.grade import export_csv
+    from autograder.gradebook import export_csv
     out = Path(a.out)
     dest = Path(a.to) if a.to else out / "grades.csv"
     export_csv(out / "gradebook.db", dest)
@@ -93,7 +93,7 @@ def cmd_selftest(a) -> int:
 
 def cmd_bench(a) -> int:
     from autograder.bench import bench
-    bench(lab=a.lab, n=a.n, jobs=a.jobs)
+    bench(lab=a.lab, n=a.n, jobs=a.jobs, repeat=a.repeat)
     return 0
 
 
@@ -159,9 +159,11 @@ def main(argv=None) -> int:
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 
-    s = sub.add_parser("bench", help="seconds per submission, and --jobs 1 vs 2 on N submissions")
+    s = sub.add_parser("bench", help="seconds per submission with confirmation + sandbox and without, "
+                                     "and --jobs 1 vs 2 on N submissions")
     s.add_argument("--lab", default=None, help="default: the first lab under solutions/")
-    s.add_argument("-n", type=int, default=8)
+    s.add_argument("-n", type=int, default=8, help="copies graded with each --jobs value (0: skip)")
+    s.add_argument("--repeat", type=int, default=1, help="grade the single submission this often per mode")
     s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     s.set_defaults(fn=cmd_bench)
 
