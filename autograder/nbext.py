@@ -12,15 +12,17 @@ They extend nbgrader's own classes (no reimplementation of its grading logic):
   hidden-test source and the traceback lines that would quote it, keeping the
   error name and message (pass/fail stays visible);
 * ``TruncateOutput``: caps the size of each output (megabytes of output on one line
-  slip past nbgrader's line-based ``LimitOutput``).
+  slip past nbgrader's line-based ``LimitOutput``);
+* ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method.
 """
 from __future__ import annotations
 
 import time
 
+from nbgrader.plugins import LateSubmissionPlugin
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
 from nbgrader.utils import determine_grade, is_grade
-from traitlets import Integer
+from traitlets import Enum, Float, Integer
 
 from autograder.notebooks import classify
 
@@ -89,10 +91,6 @@ class TruncateOutput(NbGraderPreprocessor):
                     if isinstance(v, str) and len(v) > self.max_chars:
                         o["data"][k] = _trim(v, self.max_chars)
         return cell, resources
-
-
-from nbgrader.plugins import LateSubmissionPlugin  # noqa: E402
-from traitlets import Enum, Float  # noqa: E402
 
 
 class LatePenalty(LateSubmissionPlugin):
