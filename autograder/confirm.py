@@ -249,3 +249,15 @@ def _unconfirmed(rows, res, confirmed_points) -> list[str]:
         if float(row["points"] or 0) > pts:
             out.append(cid)
     return out
+
+
+def report_points(runs: dict, cells_meta: dict, send) -> None:
+    """As each notebook's confirmation run ends, send its points per test to the grader
+    (``{"type": "confirmation", ...}``): if the worker is then killed at the wall-clock limit, the
+    grader keeps a test's notebook points only as far as these confirm them."""
+    for name, run in runs.items():
+        run.wait()
+        res = run.results()
+        send({"type": "confirmation", "notebook": name,
+              "points": {m["name"]: confirmed_points(res["tests"].get(m["name"]), m["max_score"])[0]
+                         for m in cells_meta.get(name, []) if m["kind"] != "manual"}})

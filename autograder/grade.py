@@ -31,7 +31,8 @@ from autograder.course import (all_labs, build_course, cell_timeout, due_dates, 
 from autograder import worker
 from autograder.procs import TAG_VAR, kill_job
 from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
-from autograder.records import Job, checked_result, fallback_cells, last_started, valid_record
+from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
+                                last_started, valid_record)
 from autograder.report import load_previous, write_feedback, write_results
 
 _CTX = None
@@ -157,7 +158,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
                        name=f"grade-{job.student}-{job.lab}", daemon=False)
     proc.start()
     send.close()
-    records, result, error, unreadable = [], None, None, 0
+    records, result, error, unreadable, confirmed = [], None, None, 0, {}
     deadline = t0 + wall
     timed_out = False
     while True:
@@ -185,6 +186,9 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
             unreadable += 1
         elif msg.get("type") == "progress" and valid_record(msg):
             records.append(msg)
+        elif msg.get("type") == "confirmation" and checked_confirmation(msg):
+            nb, points = checked_confirmation(msg)
+            confirmed[nb] = points
         elif msg.get("type") == "result":
             result = msg.get("result")
         elif msg.get("type") == "error":
@@ -219,6 +223,8 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
                       "failure": reason,
                       "cells": fallback_cells(cells_meta, records, {}, reason,
                                               status_unrun="timeout" if timed_out else "error")}
+        if batch.get("confirm"):
+            confirmed_only(job.result["cells"], confirmed)
     if unreadable:
         job.result.setdefault("notes", []).append(f"{unreadable} unreadable record(s) from the worker ignored")
     job.result.setdefault("submitted", True)

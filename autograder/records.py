@@ -59,6 +59,36 @@ def fallback_cells(cells_meta, records: list[dict], unusable: dict, reason: str,
     return out
 
 
+def confirmed_only(cells: dict, confirmed: dict) -> None:
+    """The grader's fallback rows (the worker was killed or failed before its result) when the
+    batch confirms: a test keeps its notebook points only as far as the confirmation's own report
+    (``confirmed``: {notebook: {test: points}}, received before the worker ended) confirms them;
+    without a report it keeps none. Otherwise a submission could pass patched tests in the
+    kernel and then stall past the wall-clock limit, before its confirmation was applied."""
+    from autograder.confirm import NOT_CONFIRMED
+    for nb, rows in cells.items():
+        got = confirmed.get(nb)
+        for cid, row in rows.items():
+            pts = float(row["points"] or 0.0)
+            if row["status"] == "manual" or pts <= 0:
+                continue
+            if got is None:
+                row.update(points=0.0, status="error",
+                           reason="not confirmed: the submission was stopped before its confirmation run ended")
+            elif float(got.get(cid, 0.0)) < pts:
+                row["flags"].append(f"{NOT_CONFIRMED} (passed in the notebook, not in a fresh interpreter)")
+                row.update(points=float(got.get(cid, 0.0)), status="fail", reason=NOT_CONFIRMED)
+
+
+def checked_confirmation(msg) -> tuple[str, dict] | None:
+    """(notebook, {test: points}) from a worker's confirmation report, or None if malformed."""
+    nb, points = msg.get("notebook"), msg.get("points")
+    if not isinstance(nb, str) or not isinstance(points, dict):
+        return None
+    return nb, {str(k): max(0.0, float(v)) for k, v in points.items()
+                if isinstance(v, (int, float)) and v == v}
+
+
 def checked_result(result, job: Job, cells_meta: dict) -> dict:
     """The worker's result, checked against the template: every test of every notebook present,
     points numbers clamped to [0, the template's maximum], statuses known, texts short."""

@@ -5,6 +5,7 @@ tests assert on its outputs, to keep the suite fast.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import html
 import json
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nbformat.v4 import new_code_cell
 
 from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
@@ -273,18 +275,27 @@ def test_wall_clock_limit_kills_everything(course, tmp_path):
     marker = f"{300 + (os.getpid() % 1000) / 1000:.3f}"
     spawn = ("import subprocess\n"
              f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
+    # the staller patches the check in its kernel, passes test_allsum there, then sleeps past the
+    # limit: the points its notebook earned are not confirmed, so it keeps none
+    staller = copy.deepcopy(course["release"])
+    i = next(k for k, c in enumerate(staller.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    staller.cells.insert(i + 1, new_code_cell("checks.check_all_reduce = lambda *a, **k: None"))
+    staller.cells.append(new_code_cell("import time\ntime.sleep(1000)"))
     subs = write_class(tmp_path / "subs", {
         "orphan": set_code(course["solution"], "add", spawn + "def add(a, b):\n    return a + b"),
         "sleeper": set_code(course["solution"], "add", spawn + "import time\ntime.sleep(1000)"),
+        "staller": staller,
     })
     t0 = time.time()
-    r = grade(subs, tmp_path / "out", jobs=2, labs=[LAB], cell_timeout_s=300, wall_s=20,
+    r = grade(subs, tmp_path / "out", jobs=3, labs=[LAB], cell_timeout_s=300, wall_s=25,
               progress=False)
     assert time.time() - t0 < 90
     res = {(j.student, c): rr for j in r["jobs"] for c, rr in j.result["cells"][LAB].items()}
     assert res[("orphan", "test_add")]["status"] == "pass"       # so its sleep was started
     s = res[("sleeper", "test_add")]
     assert s["status"] == "timeout" and "wall-clock" in s["reason"] and "'add'" in s["reason"], s
+    s = res[("staller", "test_allsum")]
+    assert s["points"] == 0.0 and "not confirmed" in s["reason"], s
     time.sleep(0.5)
     assert _processes_with(marker) == [], "an orphan survived grading"
 
