@@ -48,6 +48,7 @@ _BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "
           "object.__getattr__"}
 _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
          "os.rename", "shutil.rmtree", "os.chmod"}
+_NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
 _FILE_EVENTS = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod"}
 _OWNED = ("minidist", "torch")
 
@@ -65,12 +66,21 @@ _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + "/" for k in ("std
                 {sysconfig.get_paths()[k] + "/" for k in ("stdlib", "platstdlib")})
 
 
-def _student_caller(depth=2):
-    """The student frame that caused the event, or None: the nearest caller outside the standard
-    library (so that ``ctypes.string_at`` or ``inspect.currentframe`` called by student code count
-    as the student's, while minidist's or torch's own calls do not)."""
-    f = sys._getframe(depth)
-    while f is not None and (f.f_code.co_filename.startswith(_STDLIB) or f.f_code.co_filename.startswith("<frozen")):
+_INSPECT = tuple(p + "inspect.py" for p in _STDLIB)
+_CTYPES = tuple(p + "ctypes/" for p in _STDLIB)
+
+
+def _student_caller(event):
+    """The student frame that caused the event, or None. The frames skipped on the way up depend
+    on the event: for frame and object-graph introspection (``sys.*``, ``gc.*``) only ``inspect``'s
+    (``inspect.currentframe()`` called by student code is the student's, while ``typing``,
+    ``dataclasses`` or ``logging`` reading frames for themselves are not); for ``ctypes`` the
+    ``ctypes`` package's; for the rest (file access, processes, setting attributes) the whole
+    standard library's, so that ``shutil.copy`` or ``unittest.mock.patch`` called by student
+    code count as the student's."""
+    skip = _INSPECT if event.startswith(_NARROW) else _CTYPES if event.startswith("ctypes.") else _STDLIB
+    f = sys._getframe(2)          # 0: here, 1: _audit, 2: the Python frame the event came from
+    while f is not None and (f.f_code.co_filename.startswith(skip) or f.f_code.co_filename.startswith("<frozen")):
         f = f.f_back
     return f if f is not None and _is_student(f.f_code.co_filename) else None
 
@@ -89,7 +99,7 @@ def _audit(event, args):
         return
     _local.busy = True
     try:
-        caller = _student_caller(2)
+        caller = _student_caller(event)
         if caller is None:
             if event == "open" and args and isinstance(args[0], str) and _outside(args[0]):
                 f = sys._getframe(1)
