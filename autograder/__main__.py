@@ -30,10 +30,22 @@ def cmd_release(a) -> int:
     return 0
 
 
+def _due(values) -> dict:
+    out = {}
+    for v in values or []:
+        lab, sep, date = v.partition("=")
+        if sep and not lab[:1].isdigit():
+            out[lab.strip()] = date.strip()
+        else:
+            out["*"] = v.strip()
+    return out
+
+
 def cmd_grade(a) -> int:
     from autograder.grade import grade
     r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
-              wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work)
+              wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work, confirm=a.confirm,
+              sandbox=a.sandbox, students=a.student, due=_due(a.due))
     subs = []
     for j in sorted(r["jobs"], key=lambda j: (j.student, j.lab)):
         cells = [c for nb in j.result["cells"].values() for c in nb.values()]
@@ -44,7 +56,10 @@ def cmd_grade(a) -> int:
                      "problem": (j.result.get("failure") or "; ".join(j.result.get("notes", [])))[:80]})
     print(_table(subs, ["student", "lab", "score", "seconds", "problem"]))
     out = r["out"]
-    print(f"\n{len(subs)} submissions in {r['meta']['seconds']:.1f} s with --jobs {a.jobs}")
+    print(f"\n{len(subs)} submissions in {r['meta']['seconds']:.1f} s with --jobs {a.jobs}"
+          f" (sandbox: {r['meta']['sandbox']}; confirmation {'on' if r['meta']['confirmation'] else 'OFF'})")
+    if a.student:
+        print(f"re-graded {', '.join(r['meta']['regraded'])}; merged with the {len(r['all_jobs'])} results in {r['out']}")
     print(f"grades:   {out / 'grades.csv'}\nresults:  {out / 'results.csv'}, {out / 'results.json'}\n"
           f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html")
     return 0
@@ -61,7 +76,7 @@ def cmd_feedback(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from autograder.grade import export_csv
+    from autograder.gradebook import export_csv
     out = Path(a.out)
     dest = Path(a.to) if a.to else out / "grades.csv"
     export_csv(out / "gradebook.db", dest)
@@ -78,7 +93,7 @@ def cmd_selftest(a) -> int:
 
 def cmd_bench(a) -> int:
     from autograder.bench import bench
-    bench(lab=a.lab, n=a.n, jobs=a.jobs)
+    bench(lab=a.lab, n=a.n, jobs=a.jobs, repeat=a.repeat)
     return 0
 
 
@@ -108,6 +123,18 @@ def main(argv=None) -> int:
     s.add_argument("--jobs", type=int, default=1)
     s.add_argument("--lab", action="append", help="grade only this lab (repeatable)")
     s.add_argument("--keep-work", action="store_true", help="keep OUT/_work (per-job course dirs)")
+    s.add_argument("--student", nargs="+", metavar="ID",
+                   help="re-grade only these students and merge into the results already in --out")
+    s.add_argument("--due", action="append", metavar="[LAB=]DATE",
+                   help="due date (ISO 8601 with time zone) of LAB, or of every lab graded; over the course "
+                        "config (c.Minidist.due_dates); late penalties follow c.LatePenalty")
+    s.add_argument("--no-confirm", dest="confirm", action="store_false",
+                   help="skip the confirmation run (tests again outside the kernel); for measurements only")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--sandbox", dest="sandbox", action="store_const", const=True, default=None,
+                   help="require a sandbox (fail if none is possible); default: use one where possible")
+    g.add_argument("--no-sandbox", dest="sandbox", action="store_const", const=False,
+                   help="run kernels unsandboxed (for measurements only)")
     timing(s)
     s.set_defaults(fn=cmd_grade)
 
@@ -132,9 +159,11 @@ def main(argv=None) -> int:
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 
-    s = sub.add_parser("bench", help="seconds per submission, and --jobs 1 vs 2 on N submissions")
+    s = sub.add_parser("bench", help="seconds per submission with confirmation + sandbox and without, "
+                                     "and --jobs 1 vs 2 on N submissions")
     s.add_argument("--lab", default=None, help="default: the first lab under solutions/")
-    s.add_argument("-n", type=int, default=8)
+    s.add_argument("-n", type=int, default=8, help="copies graded with each --jobs value (0: skip)")
+    s.add_argument("--repeat", type=int, default=1, help="grade the single submission this often per mode")
     s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     s.set_defaults(fn=cmd_bench)
 

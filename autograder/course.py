@@ -63,6 +63,13 @@ def cell_timeout() -> int:
     return int(load_config().Execute.timeout)
 
 
+def due_dates() -> dict[str, str]:
+    """{lab: due date} from the course configuration (``c.Minidist.due_dates``)."""
+    c = load_config()
+    dates = c.Minidist.due_dates if "Minidist" in c and "due_dates" in c.Minidist else {}
+    return {str(k): str(v) for k, v in dict(dates).items() if v}
+
+
 # --------------------------------------------------------------------------- kernel
 def kernel_argv() -> list[str]:
     """Make sure the pinned kernel exists and can import minidist; return its argv.

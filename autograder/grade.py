@@ -1,19 +1,20 @@
 """``python -m autograder grade``: grade a class, each submission in isolation, in parallel.
 
 Design (nbgrader has no parallel autograde, its issue #174):
-1. one *template* course is built once: ``nbgrader generate_assignment`` for every lab
-   graded, giving source/, release/ and a gradebook;
-2. each submission <student>/<lab>/ is graded by a child process
-   (``autograder.worker``) in its own course directory with its own copy of the
-   gradebook, in its own session, under a wall-clock limit; afterwards every process
-   it started is killed (``autograder.procs``);
+1. once per batch: a *template* course (``nbgrader generate_assignment`` for every lab graded,
+   giving source/, release/ and a gradebook, with the labs' due dates), a pristine copy of
+   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`);
+2. each submission <student>/<lab>/ is graded by a child process (``autograder.worker``) in
+   its own course directory with its own copy of the gradebook, in its own session, under a
+   wall-clock limit; its kernel and its confirmation run (:mod:`autograder.confirm`) are
+   sandboxed; afterwards every process it started is killed (``autograder.procs``). The child
+   reports through a pipe only (progress, then the result), which the parent checks: a
+   malformed or missing record costs that submission, with a reason, never the batch;
 3. the scores are merged into one nbgrader gradebook (``OUT/gradebook.db``) through
    nbgrader's Gradebook API, and ``grades.csv`` is written by nbgrader's CSV export.
 """
 from __future__ import annotations
 
-import csv
-import html
 import json
 import os
 import shutil
@@ -22,15 +23,17 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import REPO, SUBMISSION_TIMEOUT
-from autograder.course import (all_labs, build_course, cell_timeout, kernel_argv, lab_cells,
+from autograder.course import (all_labs, build_course, cell_timeout, due_dates, kernel_argv, lab_cells,
                                solutions_dir)
 from autograder import worker
 from autograder.procs import TAG_VAR, kill_job
-from autograder.worker import fallback_cells, last_started
+from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
+from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
+                                last_started, valid_record)
+from autograder.report import load_previous, write_feedback, write_results
 
 _CTX = None
 _CTX_LOCK = threading.Lock()
@@ -53,18 +56,7 @@ def _ctx():
             _CTX = ctx
         return _CTX
 
-RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
-                 "reason", "flags"]
-
-
-@dataclass
-class Job:
-    student: str
-    lab: str
-    submission_dir: Path | None
-    job_dir: Path
-    result: dict = field(default_factory=dict)
-    seconds: float = 0.0
+MAX_RECORD_BYTES = 50 << 20
 
 
 class Progress:
@@ -104,12 +96,18 @@ class Progress:
             self.stream.flush()
 
 
-def discover(submissions: Path, labs: list[str] | None) -> tuple[list[tuple[str, str, Path | None]], list[str], list[str]]:
-    """[(student, lab, dir or None)], the labs graded, and ignored entries."""
+def discover(submissions: Path, labs: list[str] | None, only: list[str] | None = None
+             ) -> tuple[list[tuple[str, str, Path | None]], list[str], list[str]]:
+    """[(student, lab, dir or None)], the labs graded, and ignored entries (``only``: these students)."""
     known = all_labs()
     ignored = []
     students = sorted(p for p in submissions.iterdir()
                       if p.is_dir() and not p.name.startswith((".", "_")))
+    if only:
+        missing = sorted(set(only) - {p.name for p in students})
+        if missing:
+            raise SystemExit(f"no submission folder for student(s) {missing} under {submissions}")
+        students = [p for p in students if p.name in set(only)]
     if labs:
         unknown = [l for l in labs if l not in known]
         if unknown:
@@ -138,7 +136,7 @@ def _warm_forkserver():
         pass
 
 
-def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> Job:
+def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, batch: dict) -> Job:
     t0 = time.time()
     job.job_dir.mkdir(parents=True, exist_ok=True)
     cells_meta = lab_cells(template, job.lab)
@@ -146,184 +144,150 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict) -> 
         reason = "no submission for this lab"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
                       "failure": reason, "submitted": False,
-                      "cells": fallback_cells(cells_meta, job.job_dir / "none", {n: reason for n in cells_meta}, reason)}
+                      "cells": fallback_cells(cells_meta, [], {n: reason for n in cells_meta}, reason)}
         return job
-    spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
-            "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout}
-    spec_path = job.job_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec))
     tag = uuid.uuid4().hex
+    spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
+            "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout, "wall": wall,
+            "tag_var": TAG_VAR, **batch}
     env = dict(env, **{TAG_VAR: tag})
-    proc = _ctx().Process(target=worker.child_entry,
-                          args=(str(spec_path), env, str(job.job_dir / "worker.log")),
-                          name=f"grade-{job.student}-{job.lab}", daemon=False)
+    ctx = _ctx()
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=worker.child_entry,
+                       args=(spec, env, str(job.job_dir / "worker.log"), send),
+                       name=f"grade-{job.student}-{job.lab}", daemon=False)
     proc.start()
-    proc.join(timeout=wall)
-    timed_out = proc.exitcode is None
+    send.close()
+    records, result, error, unreadable, confirmed = [], None, None, 0, {}
+    deadline = t0 + wall
+    timed_out = False
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            timed_out = proc.exitcode is None
+            break
+        try:
+            if not recv.poll(min(left, 0.5)):
+                if proc.exitcode is not None and not recv.poll(0.2):
+                    break
+                continue
+            raw = recv.recv_bytes(MAX_RECORD_BYTES)
+        except (EOFError, OSError):
+            break
+        except Exception:            # an oversized or broken message: this job's problem only
+            unreadable += 1
+            continue
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            unreadable += 1
+            continue
+        if not isinstance(msg, dict):
+            unreadable += 1
+        elif msg.get("type") == "progress" and valid_record(msg):
+            records.append(msg)
+        elif msg.get("type") == "confirmation" and checked_confirmation(msg):
+            nb, points = checked_confirmation(msg)
+            confirmed[nb] = points
+        elif msg.get("type") == "result":
+            result = msg.get("result")
+        elif msg.get("type") == "error":
+            error = str(msg.get("error", ""))
+        else:
+            unreadable += 1
     # while the worker lives its pid names its group/session/descendants; once it has
     # exited (and been reaped) the pid may be reused, so only the tag is trusted
-    kill_job(tag, proc.pid if timed_out else None)
+    if proc.exitcode is None:
+        proc.join(timeout=2 if not timed_out else 0)
+        timed_out = timed_out or proc.exitcode is None
+    kill_job(tag, proc.pid if proc.exitcode is None else None)
     proc.join()
-    res_path = job.job_dir / "result.json"
-    if res_path.is_file() and not timed_out:
-        job.result = json.loads(res_path.read_text())
-    else:
-        progress = job.job_dir / "progress.jsonl"
-        stuck = last_started(progress)
+    recv.close()
+    problem = None
+    if result is not None and not timed_out:
+        try:
+            job.result = checked_result(result, job, cells_meta)
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            problem = f"grading record unreadable ({type(err).__name__}: {str(err)[:120]})"
+    if job.result == {} or problem:
+        stuck = last_started(records)
         if timed_out:
             reason = f"submission exceeded the {wall:g} s wall-clock limit" + \
                 (f" while running cell {stuck!r}" if stuck else "") + "; killed"
+        elif problem:
+            reason = problem
         else:
-            err = job.job_dir / "worker_error.txt"
-            tail = err.read_text().strip().split("\n")[-1][:200] if err.is_file() else \
-                f"worker exited with code {proc.exitcode}"
+            tail = error.strip().split("\n")[-1][:200] if error else f"worker exited with code {proc.exitcode}"
             reason = f"grading failed: {tail}"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
                       "failure": reason,
-                      "cells": fallback_cells(cells_meta, progress, {}, reason,
+                      "cells": fallback_cells(cells_meta, records, {}, reason,
                                               status_unrun="timeout" if timed_out else "error")}
+        if batch.get("confirm"):
+            confirmed_only(job.result["cells"], confirmed)
+    if unreadable:
+        job.result.setdefault("notes", []).append(f"{unreadable} unreadable record(s) from the worker ignored")
     job.result.setdefault("submitted", True)
     job.seconds = time.time() - t0
     return job
 
 
-def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
-    """One nbgrader gradebook for the whole class, then nbgrader's CSV export."""
-    from nbgrader.api import Gradebook
-
-    db = out / "gradebook.db"
-    if db.exists():
-        db.unlink()
-    shutil.copy(template / "gradebook.db", db)
-    url = "sqlite:///" + str(db)
-    import warnings
-    with warnings.catch_warnings(), Gradebook(url) as gb:
-        warnings.simplefilter("ignore")  # SQLAlchemy autoflush notes from nbgrader's API
-        for s in sorted({j.student for j in jobs}):
-            gb.update_or_create_student(s)
-        for j in jobs:
-            if not j.result.get("submitted", True):
-                continue
-            kw = {}
-            if j.result.get("timestamp"):
-                from nbgrader.utils import parse_utc
-                kw["timestamp"] = parse_utc(j.result["timestamp"])
-            gb.update_or_create_submission(j.lab, j.student, **kw)
-            for nb, rows in j.result["cells"].items():
-                for cell, row in rows.items():
-                    g = gb.find_grade(cell, nb, j.lab, j.student)
-                    if row["status"] == "manual":
-                        continue
-                    g.auto_score = float(row["points"] or 0.0)
-                    g.needs_manual_grade = False
-            gb.db.commit()
-    return db
-
-
-def export_csv(db: Path, dest: Path) -> None:
-    from nbgrader.api import Gradebook
-    from nbgrader.plugins.export import CsvExportPlugin
-
-    with Gradebook("sqlite:///" + str(db)) as gb:
-        plugin = CsvExportPlugin(to=str(dest))
-        plugin.export(gb)
-
-
-def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
-    rows = []
-    for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
-        notes = j.result.get("notes", [])
-        for nb, cells in j.result["cells"].items():
-            for cell, r in cells.items():
-                rows.append({"student": j.student, "lab": j.lab, "notebook": nb, "cell": cell,
-                             "points": float(r["points"] or 0.0), "max_points": r["max_points"],
-                             "status": r["status"], "reason": r["reason"],
-                             "flags": "; ".join(r.get("flags", []) + notes)})
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
-        w.writeheader()
-        w.writerows(rows)
-    subs = []
-    for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
-        cells = j.result["cells"]
-        score = sum(float(r["points"] or 0) for c in cells.values() for r in c.values())
-        mx = sum(r["max_points"] for c in cells.values() for r in c.values())
-        subs.append({"student": j.student, "lab": j.lab, "score": score, "max_score": mx,
-                     "graded_by_nbgrader": j.result.get("graded", False),
-                     "failure": j.result.get("failure"), "notes": j.result.get("notes", []),
-                     "seconds": round(j.seconds, 2),
-                     "tests": [dict(notebook=nb, cell=c, **r) for nb, cs in cells.items()
-                               for c, r in cs.items()]})
-    (out / "results.json").write_text(json.dumps(dict(meta, submissions=subs), indent=1))
-    return rows
-
-
-def _summary_html(j: Job) -> str:
-    esc = html.escape
-    notes = j.result.get("notes", [])
-    parts = ['<div id="autograder-summary" style="font-family:sans-serif;margin:1em;'
-             'padding:1em;border:1px solid #888">',
-             f"<h2>Autograder results: {esc(j.student)} / {esc(j.lab)}</h2>"]
-    if j.result.get("failure"):
-        parts.append(f"<p><b>Problem:</b> {esc(j.result['failure'])}</p>")
-    if notes:
-        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
-    parts.append("<table border=1 cellpadding=4><tr><th>notebook</th><th>test</th><th>points</th>"
-                 "<th>status</th><th>reason</th><th>notes</th></tr>")
-    for nb, cells in j.result["cells"].items():
-        for c, r in cells.items():
-            parts.append(f"<tr><td>{esc(nb)}</td><td>{esc(c)}</td>"
-                         f"<td>{float(r['points'] or 0):g} / {r['max_points']:g}</td>"
-                         f"<td>{esc(r['status'])}</td><td>{esc(r['reason'])}</td>"
-                         f"<td>{esc('; '.join(r.get('flags', [])))}</td></tr>")
-    parts.append("</table></div>")
-    return "\n".join(parts)
-
-
-def write_feedback(out: Path, j: Job) -> list[Path]:
-    """OUT/feedback/<student>/<lab>/<notebook>.html (nbgrader's feedback + a summary)."""
-    dest = out / "feedback" / j.student / j.lab
-    dest.mkdir(parents=True, exist_ok=True)
-    summary = _summary_html(j)
-    made = []
-    src = j.job_dir / "course" / "feedback" / j.student / j.lab
-    for nb in j.result["cells"]:
-        f = src / f"{nb}.html"
-        if j.result.get("graded") and f.is_file():
-            text = f.read_text()
-            i = text.find("<body")
-            i = text.find(">", i) + 1 if i >= 0 else 0
-            text = text[:i] + summary + text[i:]
-        else:
-            text = ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-                    f"<title>{html.escape(j.student)} {html.escape(j.lab)}</title></head>"
-                    f"<body>{summary}</body></html>")
-        (dest / f"{nb}.html").write_text(text)
-        made.append(dest / f"{nb}.html")
-    ag = j.job_dir / "course" / "autograded" / j.student / j.lab
-    if ag.is_dir():  # instructor copy (contains hidden tests): not for students
-        shutil.copytree(ag, out / "autograded" / j.student / j.lab, dirs_exist_ok=True)
-    return made
+def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:
+    """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
+    a home whose matplotlib font cache is built."""
+    from autograder import confirm as confirm_mod
+    from autograder import sandbox as sb
+    pristine = confirm_mod.copy_pristine(work / "pristine")
+    skeleton = sb.build_skeleton(work / "skeleton")
+    if sandbox is False:
+        backend, what = None, "sandbox turned off (--no-sandbox)"
+    else:
+        backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
+                                         str(solutions_dir())])
+        if backend is None and sandbox is True:
+            raise SystemExit(f"--sandbox: {what}")
+    return {"pristine": str(pristine), "skeleton": str(skeleton), "confirm": bool(confirm),
+            "sandbox": {"name": backend.name, "exe": backend.exe} if backend else None,
+            "sandbox_text": what}
 
 
 def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
           cell_timeout_s: int | None = None, wall_s: float | None = None,
-          progress: bool = True, keep_work: bool = False) -> dict:
+          progress: bool = True, keep_work: bool = False, confirm: bool = True,
+          sandbox: bool | None = None, students: list[str] | None = None,
+          due: dict[str, str] | None = None, stream=None) -> dict:
+    """Grade SUBMISSIONS into OUT. ``confirm``: confirmation runs (default on); ``sandbox``: None
+    = where possible, True = required, False = off; ``students``: grade only these and merge
+    into the results already in OUT; ``due``: {lab or "*": date}, over the course config."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():
         raise SystemExit(f"no such directory: {submissions}")
+    stream = stream if stream is not None else sys.stderr
     kernel_argv()
     ctimeout = int(cell_timeout_s or cell_timeout())
     wall = float(wall_s or SUBMISSION_TIMEOUT)
-    entries, graded, ignored = discover(submissions, labs)
+    entries, graded, ignored = discover(submissions, labs, students)
+    previous = load_previous(out) if students else []
     out.mkdir(parents=True, exist_ok=True)
     work = out / "_work"
     shutil.rmtree(work, ignore_errors=True)
-    for sub in ("feedback", "autograded"):
-        shutil.rmtree(out / sub, ignore_errors=True)
+    if not students:
+        for sub in ("feedback", "autograded"):
+            shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
     threading.Thread(target=_warm_forkserver, daemon=True).start()
+    batch = prepare_batch(work, confirm, sandbox, out)
+    if batch["sandbox"] is None:
+        print(f"autograder: {batch['sandbox_text']}: kernels run with the grading user's access "
+              f"(see autograder/README.md, security)", file=stream)
+    dates = dict(due_dates())
+    for lab, date in (due or {}).items():
+        if lab == "*":
+            dates.update({l: date for l in graded})
+        else:
+            dates[lab] = date
     template = build_course(graded, work / "template") if graded else None
+    dues = set_due_dates(template, {l: d for l, d in dates.items() if l in graded and d}) if template else {}
     cpus = os.cpu_count() or 1
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, jobs)))
@@ -333,21 +297,36 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     bar = Progress(len(todo), enabled=progress)
     done: list[Job] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futs = [ex.submit(run_job, j, template, ctimeout, wall, env) for j in todo]
+        futs = [ex.submit(run_job, j, template, ctimeout, wall, env, batch) for j in todo]
         for f in as_completed(futs):
-            j = f.result()
+            try:
+                j = f.result()
+            except Exception as err:          # one submission, never the batch
+                j = next(t for t, ff in zip(todo, futs) if ff is f)
+                reason = f"grading failed: {type(err).__name__}: {str(err)[:200]}"
+                j.result = {"student": j.student, "lab": j.lab, "graded": False, "notes": [reason],
+                            "failure": reason, "submitted": True,
+                            "cells": fallback_cells(lab_cells(template, j.lab), [], {}, reason)}
             done.append(j)
             bar.step(f"{j.student}/{j.lab}")
     bar.close()
+    regraded = {(j.student, j.lab) for j in done}
+    everyone = done + [j for j in previous if (j.student, j.lab) not in regraded]
     meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": ctimeout, "wall_clock_limit_s": wall,
-            "ignored": ignored, "seconds": None}
+            "ignored": ignored, "seconds": None, "sandbox": str(batch["sandbox_text"]) if batch["sandbox"] else
+            f"none: {batch['sandbox_text']}", "confirmation": bool(confirm), "due_dates": dues,
+            "regraded": sorted({j.student for j in done}) if students else None}
     if template is not None:
-        db = merge_gradebook(template, out, done)
+        all_labs_graded = sorted({j.lab for j in everyone})
+        if set(all_labs_graded) - set(graded):      # an earlier run graded more labs: a template for all
+            template = build_course(all_labs_graded, work / "template-all")
+            set_due_dates(template, {l: d for l, d in dates.items() if l in all_labs_graded and d})
+        db = merge_gradebook(template, out, everyone)
         export_csv(db, out / "grades.csv")
     for j in done:
         write_feedback(out, j)
     meta["seconds"] = round(time.time() - t0, 2)
-    rows = write_results(out, done, meta)
+    rows = write_results(out, everyone, meta)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
-    return {"jobs": done, "rows": rows, "meta": meta, "out": out}
+    return {"jobs": done, "rows": rows, "meta": meta, "out": out, "all_jobs": everyone}

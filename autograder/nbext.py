@@ -2,23 +2,27 @@
 
 They extend nbgrader's own classes (no reimplementation of its grading logic):
 
-* ``ProgressExecute`` = nbgrader's ``Execute`` + a progress log (one JSON line per
-  cell started / finished) so that a submission whose kernel dies or that is killed
-  at the wall-clock limit still gets per-test results for the cells that ran;
+* ``ProgressExecute`` = nbgrader's ``Execute`` + a progress record per cell started /
+  finished (with the points nbgrader's rules give a finished test cell, computed here in the
+  grader's process from the kernel's reply), handed to ``PROGRESS_SINK``: the worker keeps
+  them and sends them to the parent through a pipe, so a submission whose kernel dies or that
+  is killed at the wall-clock limit still gets per-test results for the cells that ran, and
+  nothing the kernel can write decides a score;
 * ``HideHiddenTests`` = nbgrader's ``ClearHiddenTests`` for *feedback*: removes the
   hidden-test source and the traceback lines that would quote it, keeping the
   error name and message (pass/fail stays visible);
 * ``TruncateOutput``: caps the size of each output (megabytes of output on one line
-  slip past nbgrader's line-based ``LimitOutput``).
+  slip past nbgrader's line-based ``LimitOutput``);
+* ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method.
 """
 from __future__ import annotations
 
-import json
 import time
 
+from nbgrader.plugins import LateSubmissionPlugin
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
 from nbgrader.utils import determine_grade, is_grade
-from traitlets import Integer, Unicode
+from traitlets import Enum, Float, Integer
 
 from autograder.notebooks import classify
 
@@ -32,15 +36,16 @@ def _trim(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
         + text[-limit // 2:]
 
 
+#: where ProgressExecute's records go (set by the worker): a callable taking one dict
+PROGRESS_SINK = None
+
+
 class ProgressExecute(Execute):
-    progress_file = Unicode("", help="append one JSON line per executed cell here").tag(config=True)
 
     def _log_progress(self, **rec):
-        if not self.progress_file:
-            return
         rec["t"] = time.time()
-        with open(self.progress_file, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        if PROGRESS_SINK is not None:
+            PROGRESS_SINK(rec)
 
     def on_cell_start(self, cell=None, cell_index=None, **_):
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -86,3 +91,22 @@ class TruncateOutput(NbGraderPreprocessor):
                     if isinstance(v, str) and len(v) > self.max_chars:
                         o["data"][k] = _trim(v, self.max_chars)
         return cell, resources
+
+
+class LatePenalty(LateSubmissionPlugin):
+    """nbgrader's late-submission plugin with one more method, ``per_day``: a fraction of the
+    score per started day late (``per_day``), at most ``max_fraction`` of it. Configured in
+    ``nbgrader_config.py`` (``c.LatePenalty.penalty_method``)."""
+
+    penalty_method = Enum(("none", "zero", "per_day"), default_value="none",
+                          help="'none', 'zero' (nbgrader's), or 'per_day'").tag(config=True)
+    per_day = Float(0.1, help="fraction of the score lost per started day late").tag(config=True)
+    max_fraction = Float(1.0, help="the most a late submission can lose, as a fraction").tag(config=True)
+
+    def late_submission_penalty(self, student_id, score, total_seconds_late):
+        if self.penalty_method != "per_day":
+            return super().late_submission_penalty(student_id, score, total_seconds_late)
+        if not total_seconds_late or total_seconds_late <= 0 or not score:
+            return None
+        days = -(-float(total_seconds_late) // 86400)          # started days
+        return min(self.max_fraction, self.per_day * days) * float(score)

@@ -39,6 +39,17 @@ c.Execute.extra_arguments = [
 # Deleted grade/test cells are put back (the autograder also restores them
 # itself before nbgrader runs, and records that it did).
 c.OverwriteCells.add_missing_cells = True
+# Due dates per lab (ISO 8601 with a time zone, e.g. "2025-03-14 23:59:00 +0100"); a lab
+# without one has no due date. `python -m autograder grade --due LAB=DATE` overrides them.
+# A submission's time is its timestamp.txt (nbgrader's submitted layout).
+c.Minidist.due_dates = {}
+# Late penalties, through nbgrader's late-submission plugin (AssignLatePenalties): "none",
+# "zero" (nbgrader's), or "per_day": LatePenalty.per_day of the score per started day late,
+# at most LatePenalty.max_fraction of it.
+c.AssignLatePenalties.plugin_class = "autograder.nbext.LatePenalty"
+c.LatePenalty.penalty_method = "per_day"
+c.LatePenalty.per_day = 0.1
+c.LatePenalty.max_fraction = 1.0
 # Megabytes of output: keep the autograded notebooks and feedback small.
 c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60

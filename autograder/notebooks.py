@@ -156,6 +156,19 @@ def _one_line(text: str, limit: int = 240) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+def _launch_line(evalue: str) -> str:
+    """A LaunchError in one line: its first line and the first rank report (what was raised,
+    where a rank was blocked), which a check's prefix would otherwise push out."""
+    lines = [l.strip() for l in _ANSI.sub("", evalue).split("\n") if l.strip()]
+    if not lines:
+        return ""
+    rank = next((l for l in lines[1:] if re.match(r"rank \d+ (raised|failed|blocked|killed|exited|still)", l)
+                 or re.match(r"rank \d+: ", l)), None)
+    head = lines[0] if len(lines) == 1 or not lines[0].endswith(":") else f"{lines[0]} {lines[1]}"
+    s = f"{head} | {rank}" if rank and rank not in head else head
+    return s if len(s) <= 240 else s[:237] + "..."
+
+
 def classify(cell, points, max_points, cell_timeout) -> tuple[str, str]:
     """(status, one-line reason) for an executed graded code cell."""
     outputs = cell.get("outputs", []) if cell is not None else []
@@ -166,7 +179,9 @@ def classify(cell, points, max_points, cell_timeout) -> tuple[str, str]:
         if ename in ("CellTimeoutError", "KeyboardInterrupt"):
             return "timeout", f"cell did not finish within the {cell_timeout:g} s cell timeout (interrupted)"
         if ename == "LaunchError" and re.search(r"timed out|deadlock|stuck|still running", evalue):
-            return "timeout", "LaunchError: " + _one_line(evalue)
+            return "timeout", "LaunchError: " + _launch_line(evalue)
+        if ename == "LaunchError":
+            return "error", "LaunchError: " + _launch_line(evalue)
         if ename == "AssertionError":
             return "fail", "AssertionError" + (": " + _one_line(evalue) if evalue.strip() else "")
         return "error", f"{ename}: {_one_line(evalue)}".rstrip(": ")

@@ -1,9 +1,16 @@
 """Grade ONE submission in a private course directory (run as a child process).
 
-``python -m autograder.worker SPEC.json`` — started by ``autograder.grade`` in its
-own session, with a wall-clock limit; everything it starts is killed afterwards.
-Writes ``result.json`` (and feedback HTML, the autograded notebook, a private
-gradebook) into the job directory given in the spec.
+Started by ``autograder.grade`` in its own session, with a wall-clock limit; everything it
+starts is killed afterwards. It talks to the parent only through a pipe: progress records as
+cells run, then the result. Nothing a kernel can write (files in the job folder, the per-job
+gradebook) decides a score: notebook points are computed here, from the kernel's replies, as
+each cell finishes; confirmed points come from the confirmation run (:mod:`autograder.confirm`).
+
+Steps: copy the template course; find, parse and repair the notebook(s); copy the files handed
+in next to them (flagged); read the flags from the source; start the confirmation run; run
+``nbgrader autograde`` with the kernel in the sandbox; combine notebook and confirmation
+points; write them into the per-job gradebook (so nbgrader's feedback shows them); generate
+the feedback.
 """
 from __future__ import annotations
 
@@ -11,14 +18,21 @@ import json
 import os
 import shutil
 import sys
+import tempfile
+import threading
+import time
 import traceback
 from pathlib import Path
 
-from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
+from autograder.course import grade_id, lab_cells, load_config, read_nb, run_converter, write_nb
 from autograder.notebooks import classify, load, locate, repair, skip_demos
+from autograder.records import fallback_cells, last_started
+
+MAX_EXTRA_BYTES = 20 << 20          # files handed in next to the notebook: at most this much is copied
+MAX_EXTRA_FILES = 200
 
 
-def autograde_config(course: Path, progress: Path, cell_timeout: int):
+def autograde_config(course: Path, cell_timeout: int, sandboxed: bool):
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
@@ -27,10 +41,11 @@ def autograde_config(course: Path, progress: Path, cell_timeout: int):
 
     c = load_config(root=course)
     c.Execute.timeout = int(cell_timeout)
-    c.ProgressExecute.progress_file = str(progress)
     c.Autograde.autograde_preprocessors = [
         ProgressExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, TruncateOutput,
         SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+    if sandboxed:
+        c.ProgressExecute.kernel_manager_class = "autograder.sandbox.SandboxKernelManager"
     return c
 
 
@@ -47,10 +62,46 @@ def feedback_config(course: Path):
     return c
 
 
-def run(spec: dict) -> dict:
+def copy_extra_files(sub_dir: Path, dest: Path, notebooks: set[Path]) -> list[str]:
+    """Files handed in next to the notebook(s): copied into the kernel's working folder (regular
+    files only, no links, within size limits) and listed, so that the instructor sees them."""
+    copied, skipped, total = [], [], 0
+    for root, dirs, files in os.walk(sub_dir, followlinks=False):
+        dirs[:] = [d for d in dirs if d not in (".ipynb_checkpoints", "__pycache__") and
+                   not os.path.islink(os.path.join(root, d))]
+        for name in sorted(files):
+            path = Path(root) / name
+            rel = path.relative_to(sub_dir)
+            if path in notebooks or name == "timestamp.txt" or name.endswith(".ipynb"):
+                continue
+            if path.is_symlink() or not path.is_file():
+                skipped.append(f"{rel} (a link)")
+                continue
+            size = path.stat().st_size
+            if total + size > MAX_EXTRA_BYTES or len(copied) >= MAX_EXTRA_FILES:
+                skipped.append(f"{rel} (over the size limit)")
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, dest / rel)
+            copied.append(str(rel))
+            total += size
+    notes = []
+    if copied:
+        notes.append("files handed in next to the notebook (importable by the graded code, in the kernel "
+                     "and in the confirmation, after minidist): " + ", ".join(copied[:20]) + (" ..." if len(copied) > 20 else ""))
+    if skipped:
+        notes.append("files handed in but not copied: " + ", ".join(skipped[:10]))
+    return notes
+
+
+def run(spec: dict, send=lambda msg: None) -> dict:
     from nbgrader.api import Gradebook
     from nbgrader.converters import Autograde, GenerateFeedback
 
+    from autograder import confirm, gradebook, nbext, sandbox
+    from autograder.flags import notebook_flags
+
+    t_start = time.time()
     job = Path(spec["job_dir"])
     student, lab = spec["student"], spec["lab"]
     template = Path(spec["template"])
@@ -63,6 +114,7 @@ def run(spec: dict) -> dict:
     cells_meta = lab_cells(course, lab)
     names = list(cells_meta)
     release_nbs = {n: read_nb(course / "release" / lab / f"{n}.ipynb") for n in names}
+    source_nbs = {n: read_nb(course / "source" / lab / f"{n}.ipynb") for n in names}
 
     sub_dir = Path(spec["submission_dir"])
     dest = course / "submitted" / student / lab
@@ -70,20 +122,25 @@ def run(spec: dict) -> dict:
     if (sub_dir / "timestamp.txt").is_file():
         shutil.copy(sub_dir / "timestamp.txt", dest / "timestamp.txt")
     notes: list[str] = []
+    flags_static: list[str] = []
     cell_flags: dict[str, dict[str, list[str]]] = {}
     unusable: dict[str, str] = {}
+    graded_nbs: dict[str, object] = {}
+    used: set[Path] = set()
     for name in names:
         path, found_notes = locate(sub_dir, name, [n for n in names if n != name], release_nbs)
         notes += found_notes
         if path is None:
             unusable[name] = found_notes[0]
             continue
+        used.add(path)
         try:
             nb = load(path)
         except ValueError as e:
             unusable[name] = str(e)
             notes.append(str(e))
             continue
+        flags_static += notebook_flags(nb)
         nb, flags, nb_notes = repair(nb, release_nbs[name])
         notes += nb_notes
         graded_ids = {m["name"] for m in cells_meta[name]}
@@ -91,61 +148,141 @@ def run(spec: dict) -> dict:
             if gid not in graded_ids:
                 notes += [f"cell {gid!r}: {f}" for f in fl]
         cell_flags[name] = flags
+        graded_nbs[name] = nb
         write_nb(skip_demos(nb), dest / f"{name}.ipynb")
+    notes += copy_extra_files(sub_dir, dest, used)
+    if flags_static:
+        notes.append("suspicious code (for the instructor; no score change): " + "; ".join(flags_static[:12])
+                     + (f"; ... ({len(flags_static)} in all)" if len(flags_static) > 12 else ""))
 
+    # --- the sandbox's private home, and the confirmation runs (they need nothing from nbgrader's)
+    backend = sandbox.Backend(**spec["sandbox"]) if spec.get("sandbox") else None
+    home = Path(tempfile.mkdtemp(prefix="mdg-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    pristine = Path(spec["pristine"])
+    skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
+    sandbox.prepare_home(home, skeleton)
+    sandbox.SandboxKernelManager.settings = {"backend": backend, "home": str(home), "pristine": str(pristine),
+                                             "tag_var": spec["tag_var"]}
+    deadline = t_start + float(spec.get("wall", 600)) - 5
+    conf_env = sandbox.inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
+
+    def start_confirmation(name, only=None, attempt=1):
+        wd = job / "confirm" / f"{name}-{attempt}"
+        chome = sandbox.prepare_home(wd, skeleton)
+        copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
+        env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
+                   JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
+        return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
+                                    workdir=wd, sandbox=backend, env=env,
+                                    timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"],
+                                    log=job / f"confirm-{name}-{attempt}.log", only=only)
+
+    confirming = spec.get("confirm", True)
+    runs = {n: start_confirmation(n) for n in graded_nbs} if confirming else {}
+    if runs:      # the grader hears the confirmed points even if this worker never finishes
+        threading.Thread(target=confirm.report_points, args=(runs, cells_meta, send), daemon=True).start()
+
+    # --- nbgrader autograde, the kernel in the sandbox; scores from the progress records
+    records: list[dict] = []
+
+    def sink(rec):
+        records.append(rec)
+        send({"type": "progress", **rec})
+    nbext.PROGRESS_SINK = sink
     result = {"student": student, "lab": lab, "notes": notes, "cells": {}, "graded": False,
               "failure": None}
-    progress = job / "progress.jsonl"
-    if len(unusable) < len(names):
-        c = autograde_config(course, progress, spec["cell_timeout"])
-        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
-        (job / "autograde.log").write_text(r.get("log", "") + "\n" + r.get("error", ""))
-        if r["success"]:
-            result["graded"] = True
+    try:
+        if len(unusable) < len(names):
+            c = autograde_config(course, spec["cell_timeout"], backend is not None)
+            r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
+            (job / "autograde.log").write_text(r.get("log", "") + "\n" + r.get("error", ""))
+            if r["success"]:
+                result["graded"] = True
+            else:
+                result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), records)
+        if result["graded"]:
+            result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
+                                             spec["cell_timeout"])
         else:
-            result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), progress)
+            result["cells"] = fallback_cells(cells_meta, records, unusable, result["failure"] or "", cell_flags)
+    finally:
+        nbext.PROGRESS_SINK = None
+
+    # --- confirmation: combine, retry what was not confirmed once, alone
+    if confirming:
+        result["confirmation"] = confirm.confirm_cells(result["cells"], runs, start_confirmation, deadline)
+    else:
+        result["confirmation"] = {"ran": False}
 
     if result["graded"]:
         with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:
-            for name, cells in cells_meta.items():
-                try:
-                    ag = read_nb(course / "autograded" / student / lab / f"{name}.ipynb")
-                    by_id = {c.metadata.get("nbgrader", {}).get("grade_id"): c for c in ag.cells}
-                except Exception:
-                    by_id = {}
-                rows = {}
-                for meta in cells:
-                    g = gb.find_grade(meta["name"], name, lab, student)
-                    pts = g.auto_score if g.manual_score is None else g.manual_score
-                    if name in unusable:
-                        status, reason = "error", unusable[name]
-                        pts = 0.0
-                    elif meta["kind"] == "manual":
-                        status, reason = ("manual", "needs manual grading") if pts is None else \
-                            ("pass" if pts >= meta["max_score"] else "fail", "graded")
-                    else:
-                        status, reason = classify(by_id.get(meta["name"]), pts, meta["max_score"],
-                                                  spec["cell_timeout"])
-                    rows[meta["name"]] = {"points": pts, "max_points": meta["max_score"],
-                                          "status": status, "reason": reason,
-                                          "flags": cell_flags.get(name, {}).get(meta["name"], [])}
-                result["cells"][name] = rows
+            for name, rows in result["cells"].items():
+                for cell, row in rows.items():
+                    if row["status"] == "manual":
+                        continue
+                    g = gb.find_grade(cell, name, lab, student)
+                    g.auto_score = float(row["points"] or 0.0)
+                    g.manual_score = None
+                    g.needs_manual_grade = False
+            gb.db.commit()
             sub = gb.find_submission(lab, student)
             result["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else None
+            result["late_penalty"] = gradebook.late_penalties(gb, course, lab, student, sub, list(result["cells"]))
+            if result["late_penalty"]:
+                result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
+                                       + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
         c = feedback_config(course)
         fr = run_converter(GenerateFeedback, c, lab, student, force=True)
         if not fr["success"]:
             result["notes"].append("feedback generation failed")
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
-    else:
-        result["cells"] = fallback_cells(cells_meta, progress, unusable,
-                                         result["failure"] or "", cell_flags)
+    shutil.rmtree(home, ignore_errors=True)
     return result
 
 
-def failure_reason(log: str, progress: Path) -> str:
+def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags, cell_timeout) -> dict:
+    """Per test cell: the points nbgrader's rules give it, from the progress records (computed in
+    this process as the kernel replied), never from files a kernel could have written."""
+    from nbgrader.utils import determine_grade, is_grade
+    done = {}
+    for r in records:
+        if r.get("event") == "done" and r.get("grade_id") and "points" in r:
+            done[r["grade_id"]] = r
+    out = {}
+    for name, cells in cells_meta.items():
+        by_id = {}
+        if name not in unusable:
+            try:
+                ag = read_nb(course / "autograded" / student / lab / f"{name}.ipynb")
+                by_id = {grade_id(c): c for c in ag.cells}
+            except Exception:
+                by_id = {}
+        rows = {}
+        for meta in cells:
+            flags = cell_flags.get(name, {}).get(meta["name"], [])
+            mx = meta["max_score"]
+            if name in unusable:
+                pts, status, reason = 0.0, "error", unusable[name]
+            elif meta["kind"] == "manual":
+                pts, status, reason = None, "manual", "needs manual grading"
+            else:
+                d = done.get(meta["name"])
+                if d is not None:
+                    pts, status, reason = d["points"], d["status"], d["reason"]
+                else:                        # a cell nbgrader did not execute (should not happen)
+                    cell = by_id.get(meta["name"])
+                    pts = determine_grade(cell)[0] if cell is not None and is_grade(cell) else 0.0
+                    status, reason = classify(cell, pts, mx, cell_timeout)
+                pts = min(max(float(pts or 0.0), 0.0), mx)
+            rows[meta["name"]] = {"points": pts, "max_points": mx, "status": status, "reason": reason,
+                                  "flags": list(flags)}
+        out[name] = rows
+    return out
+
+
+def failure_reason(log: str, records: list[dict]) -> str:
     """One line: why nbgrader could not finish, and in which cell."""
-    last = last_started(progress)
+    last = last_started(records)
     where = f" while running cell {last!r}" if last else ""
     low = log.lower()
     if "kernel died" in low or "deadkernel" in low or "dead kernel" in low:
@@ -156,61 +293,15 @@ def failure_reason(log: str, progress: Path) -> str:
     return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
-def read_progress(progress: Path) -> list[dict]:
-    if not progress.is_file():
-        return []
-    out = []
-    for line in progress.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",
+           "autograder.flags", "nbgrader.converters", "nbgrader.api", "nbgrader.coursedir",
+           "nbgrader.preprocessors", "nbconvert.exporters", "jupyter_client.manager", "nbclient"]
 
 
-def last_started(progress: Path):
-    """Label of the cell that was started last and never finished (or None)."""
-    recs = read_progress(progress)
-    done = {r["index"] for r in recs if r["event"] == "done"}
-    started = [r for r in recs if r["event"] == "start" and r["index"] not in done]
-    if not started:
-        return None
-    r = started[-1]
-    return r.get("grade_id") or f"#{r['index'] + 1}"
-
-
-def fallback_cells(cells_meta, progress: Path, unusable: dict, reason: str, cell_flags=None,
-                   status_unrun: str = "error") -> dict:
-    """Per-cell results when nbgrader never finished: cells that completed keep the score
-    nbgrader's rules give them; the rest get 0 with ``reason``."""
-    done = {r["grade_id"]: r for r in read_progress(progress)
-            if r["event"] == "done" and r.get("grade_id") and "points" in r}
-    out = {}
-    for name, cells in cells_meta.items():
-        rows = {}
-        for meta in cells:
-            d = done.get(meta["name"])
-            flags = (cell_flags or {}).get(name, {}).get(meta["name"], [])
-            if name in unusable:
-                row = (0.0, "error", unusable[name])
-            elif d is not None and name not in unusable:
-                row = (d["points"] or 0.0, d["status"], d["reason"])
-            else:  # never finished: the stuck cell or one after it
-                row = (0.0, status_unrun, reason or "not run")
-            rows[meta["name"]] = {"points": row[0], "max_points": meta["max_score"],
-                                  "status": row[1], "reason": row[2], "flags": flags}
-        out[name] = rows
-    return out
-
-
-PRELOAD = ["autograder.worker", "autograder.nbext", "nbgrader.converters", "nbgrader.api",
-           "nbgrader.coursedir", "nbgrader.preprocessors", "nbconvert.exporters",
-           "jupyter_client.manager", "nbclient"]
-
-
-def child_entry(spec_path: str, env: dict, log_path: str) -> None:
-    """Entry point in a process forked from the forkserver (see autograder.grade):
-    a new session, the job's environment (with its kill tag), output to the job log."""
+def child_entry(spec: dict, env: dict, log_path: str, conn) -> None:
+    """Entry point in a process forked from the forkserver (see autograder.grade): a new
+    session, the job's environment (with its kill tag), output to the job log, and ``conn``,
+    the write end of the pipe to the parent: progress records, then the result, as JSON."""
     os.setsid()
     os.environ.clear()
     os.environ.update(env)
@@ -218,29 +309,27 @@ def child_entry(spec_path: str, env: dict, log_path: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+    lock = threading.Lock()           # progress (main thread) and confirmation reports share the pipe
+
+    def send(msg):
+        try:
+            data = json.dumps(msg, default=str).encode()
+            with lock:
+                conn.send_bytes(data)
+        except (OSError, ValueError):
+            pass
+    code = 0
     try:
-        main([spec_path])
+        result = run(spec, send)
+        send({"type": "result", "result": result})
     except BaseException:
-        sys.stderr.flush()
-        os._exit(1)
+        send({"type": "error", "error": traceback.format_exc()[-4000:]})
+        code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
-
-
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(argv[0]).read_text())
-    job = Path(spec["job_dir"])
     try:
-        result = run(spec)
-    except BaseException:
-        (job / "worker_error.txt").write_text(traceback.format_exc())
-        raise
-    tmp = job / "result.json.tmp"
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    tmp.rename(job / "result.json")
-
-
-if __name__ == "__main__":
-    main()
+        conn.close()
+    except OSError:
+        pass
+    os._exit(code)

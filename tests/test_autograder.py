@@ -5,6 +5,7 @@ tests assert on its outputs, to keep the suite fast.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import html
 import json
@@ -15,11 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
+from nbformat.v4 import new_code_cell
 
 from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
 
 REPO = Path(__file__).resolve().parent.parent
+# grade --due: sol2 hands in 25 h late (2 started days: 20 % off with the course's per-day penalty)
+DUE = "2025-01-10 12:00:00 +0000"
+TIMESTAMPS = {"sol2": "2025-01-11 13:00:00.000000 UTC", "sol3": "2025-01-10 11:00:00.000000 UTC"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -49,9 +54,13 @@ def course(tmp_path_factory, fixture_course):
 def graded(course, tmp_path_factory):
     from autograder.grade import grade
     subs = write_class(tmp_path_factory.mktemp("subs"), broken_class(course["solution"], course["release"]))
+    for student, when in TIMESTAMPS.items():
+        (subs / student / LAB / "timestamp.txt").write_text(when)
     out = tmp_path_factory.mktemp("out")
     t0 = time.time()
-    r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
+    r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False,
+              due={LAB: DUE})
+    r["subs"] = subs
     r["elapsed"] = time.time() - t0
     rows = list(csv.DictReader(open(out / "results.csv")))
     r["cells"] = {(row["student"], row["cell"]): row for row in rows}
@@ -100,6 +109,38 @@ def test_deterministic(graded):
     views = [[(c, row(graded, s, c)["points"], row(graded, s, c)["status"])
               for c in ("test_add", "test_allsum")] for s in ("sol1", "sol2", "sol3")]
     assert views[0] == views[1] == views[2]
+
+
+# ---------------------------------------------------------------- instructor workflow
+def test_due_date_and_late_penalty(graded):
+    g = graded["grades"]
+    assert g["sol1"]["duedate"].startswith("2025-01-10 12:00:00") and g["sol1"]["late_submission_penalty"] == "0.0"
+    assert g["sol3"]["late_submission_penalty"] == "0.0" and float(g["sol3"]["score"]) == 3.0
+    assert float(g["sol2"]["late_submission_penalty"]) == pytest.approx(0.6)
+    assert float(g["sol2"]["score"]) == pytest.approx(2.4) and float(g["sol2"]["raw_score"]) == 3.0
+
+
+def test_regrade_some_students_merges(graded, course, tmp_path):
+    """grade --student: the release student hands in the solution and is re-graded alone; everyone
+    else keeps their row, in results and in grades.csv."""
+    import shutil
+    from autograder.grade import grade
+    out = tmp_path / "out"
+    shutil.copytree(graded["out"], out)
+    subs = tmp_path / "subs"
+    shutil.copytree(graded["subs"], subs)
+    write_class(subs, {"release": course["solution"]})
+    r = grade(subs, out, jobs=1, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False,
+              students=["release"], due={LAB: DUE})
+    assert [j.student for j in r["jobs"]] == ["release"]
+    grades = {row["student_id"]: row for row in csv.DictReader(open(out / "grades.csv"))}
+    assert set(grades) == set(graded["grades"])
+    assert float(grades["release"]["score"]) == 3.0
+    for s, before in graded["grades"].items():
+        if s != "release":
+            assert grades[s] == before, s
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {(x["student"], x["cell"]) for x in rows} == set(graded["cells"])
 
 
 # ---------------------------------------------------------------- robustness
@@ -210,36 +251,53 @@ def test_feedback_command_finds_no_leak(graded, tmp_path):
 
 
 def test_export_reproduces_grades_csv(graded, tmp_path):
-    from autograder.grade import export_csv
+    from autograder.gradebook import export_csv
     export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
     assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
 
 
 # ---------------------------------------------------------------- wall clock, orphans
+def _processes_with(marker: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and marker.encode() in (p / "cmdline").read_bytes() and \
+                    "Z" not in (p / "stat").read_text().split()[2]:
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
 def test_wall_clock_limit_kills_everything(course, tmp_path):
+    # the orphans are found by their command line (a sandboxed kernel cannot write outside its folder)
     from autograder.grade import grade
-    pidfile = tmp_path / "orphans.txt"
+    marker = f"{300 + (os.getpid() % 1000) / 1000:.3f}"
     spawn = ("import subprocess\n"
-             "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
-             f"open({str(pidfile)!r}, 'a').write(str(p.pid) + '\\n')\n")
+             f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
+    # the staller patches the check in its kernel, passes test_allsum there, then sleeps past the
+    # limit: the points its notebook earned are not confirmed, so it keeps none
+    staller = copy.deepcopy(course["release"])
+    i = next(k for k, c in enumerate(staller.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    staller.cells.insert(i + 1, new_code_cell("checks.check_all_reduce = lambda *a, **k: None"))
+    staller.cells.append(new_code_cell("import time\ntime.sleep(1000)"))
     subs = write_class(tmp_path / "subs", {
         "orphan": set_code(course["solution"], "add", spawn + "def add(a, b):\n    return a + b"),
         "sleeper": set_code(course["solution"], "add", spawn + "import time\ntime.sleep(1000)"),
+        "staller": staller,
     })
     t0 = time.time()
-    r = grade(subs, tmp_path / "out", jobs=2, labs=[LAB], cell_timeout_s=300, wall_s=20,
+    r = grade(subs, tmp_path / "out", jobs=3, labs=[LAB], cell_timeout_s=300, wall_s=25,
               progress=False)
     assert time.time() - t0 < 90
     res = {(j.student, c): rr for j in r["jobs"] for c, rr in j.result["cells"][LAB].items()}
-    assert res[("orphan", "test_add")]["status"] == "pass"
+    assert res[("orphan", "test_add")]["status"] == "pass"       # so its sleep was started
     s = res[("sleeper", "test_add")]
     assert s["status"] == "timeout" and "wall-clock" in s["reason"] and "'add'" in s["reason"], s
-    pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(pids) == 2
+    s = res[("staller", "test_allsum")]
+    assert s["points"] == 0.0 and "not confirmed" in s["reason"], s
     time.sleep(0.5)
-    for pid in pids:
-        alive = Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
-        assert not alive, f"orphan {pid} survived grading"
+    assert _processes_with(marker) == [], "an orphan survived grading"
 
 
 # ---------------------------------------------------------------- release

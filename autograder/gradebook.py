@@ -1,0 +1,104 @@
+"""The class's nbgrader gradebook: due dates in, scores merged, late penalties, CSV out.
+
+Everything goes through nbgrader's Gradebook API and plugins. Scores of autograded tests are
+the grader's (confirmed, clamped) points: a manual score is never kept for them, whatever a
+per-job gradebook says.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from autograder.course import load_config
+from autograder.records import Job
+
+
+def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
+    """One nbgrader gradebook for the whole class, then nbgrader's CSV export. Scores of
+    autograded tests are the (confirmed, clamped) points; a manual score is never kept for them."""
+    from nbgrader.api import Gradebook
+
+    db = out / "gradebook.db"
+    if db.exists():
+        db.unlink()
+    shutil.copy(template / "gradebook.db", db)
+    url = "sqlite:///" + str(db)
+    import warnings
+    with warnings.catch_warnings(), Gradebook(url) as gb:
+        warnings.simplefilter("ignore")  # SQLAlchemy autoflush notes from nbgrader's API
+        for s in sorted({j.student for j in jobs}):
+            gb.update_or_create_student(s)
+        for j in jobs:
+            if not j.result.get("submitted", True):
+                continue
+            kw = {}
+            if j.result.get("timestamp"):
+                from nbgrader.utils import parse_utc
+                try:
+                    kw["timestamp"] = parse_utc(j.result["timestamp"])
+                except Exception:
+                    pass
+            gb.update_or_create_submission(j.lab, j.student, **kw)
+            for nb, rows in j.result["cells"].items():
+                for cell, row in rows.items():
+                    g = gb.find_grade(cell, nb, j.lab, j.student)
+                    if row["status"] == "manual":
+                        continue
+                    g.auto_score = min(float(row["points"] or 0.0), float(g.max_score))
+                    g.manual_score = None
+                    g.needs_manual_grade = False
+                penalty = (j.result.get("late_penalty") or {}).get(nb)
+                if penalty:
+                    snb = gb.find_submission_notebook(nb, j.lab, j.student)
+                    snb.late_submission_penalty = min(float(penalty), float(snb.score))
+            gb.db.commit()
+    return db
+
+
+def set_due_dates(template: Path, dates: dict[str, str]) -> dict[str, str]:
+    """Write the labs' due dates into the template gradebook (every job's copy and the merged one
+    inherit them): nbgrader then computes how late each submission is from its timestamp."""
+    from nbgrader.api import Gradebook
+    from nbgrader.utils import parse_utc
+    done = {}
+    with Gradebook("sqlite:///" + str(template / "gradebook.db")) as gb:
+        for lab, date in dates.items():
+            try:
+                gb.find_assignment(lab)
+            except Exception:
+                continue
+            when = parse_utc(date)
+            gb.update_or_create_assignment(lab, duedate=when)
+            done[lab] = when.isoformat()
+    return done
+
+
+def export_csv(db: Path, dest: Path) -> None:
+    from nbgrader.api import Gradebook
+    from nbgrader.plugins.export import CsvExportPlugin
+
+    with Gradebook("sqlite:///" + str(db)) as gb:
+        plugin = CsvExportPlugin(to=str(dest))
+        plugin.export(gb)
+
+
+def late_penalties(gb, course, lab, student, sub, names) -> dict:
+    """nbgrader's late-submission plugin (the course config's), on the final (confirmed) scores."""
+    if not sub.total_seconds_late or sub.total_seconds_late <= 0:
+        return {}
+    from traitlets.utils.importstring import import_item
+    c = load_config(root=course)
+    cls = c.AssignLatePenalties.plugin_class if "plugin_class" in c.AssignLatePenalties else None
+    cls = import_item(cls) if isinstance(cls, str) else cls
+    if cls is None:
+        from nbgrader.plugins import LateSubmissionPlugin as cls
+    plugin = cls(config=c)
+    out = {}
+    for name in names:
+        snb = gb.find_submission_notebook(name, lab, student)
+        penalty = plugin.late_submission_penalty(student, snb.score, sub.total_seconds_late)
+        snb.late_submission_penalty = None if penalty is None else min(max(float(penalty), 0.0), float(snb.score))
+        if snb.late_submission_penalty:
+            out[name] = snb.late_submission_penalty
+    gb.db.commit()
+    return out

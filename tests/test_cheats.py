@@ -1,0 +1,247 @@
+"""The cheat bank: submissions that try to buy grades or break the batch, graded in ONE batch
+(--jobs 2) with honest submissions of the fixture lab (tests/fixtures/course). Every cheat
+gains nothing, the batch always finishes, and every honest submission gets its exact score.
+
+One cheat per class of autograder/README.md's security section: checks replaced in the
+kernel, torch's comparisons replaced, a module swapped in sys.modules, a check's ``__code__``
+rewritten (with gc), the patches moved into a solution cell (they run in the confirmation too),
+a library answer, code outside the solution cells, a fake minidist handed in next to the
+notebook, the answer key searched for, JSON/JSONL records, other students' jobs and the
+gradebooks written to before the kernel kills itself (the trial that once stopped a batch), the
+batch's processes killed (only in a sandbox: without one it would kill the test runner), the
+installed minidist edited. And honest submissions, one of them importing a helper module handed
+in next to its notebook (it must work in both runs).
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import time
+
+import pytest
+from nbformat.v4 import new_code_cell
+
+from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, cell, write_class
+
+CELL_TIMEOUT, WALL = 20, 150
+
+PATCH_CHECKS = "checks.check_all_reduce = lambda *a, **k: None\ncheck = None\n"
+PATCH_TORCH = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
+               "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n")
+WRONG_ALLSUM = "def allsum(x):\n    return x.clone()          # no communication: wrong on 2 ranks\n"
+FAKE_ADD = "def add(a, b):\n    return a + b\n"
+SWAP_MODULE = ("import sys, types\nfake = types.SimpleNamespace(**vars(checks))\n"
+               "fake.check_all_reduce = lambda *a, **k: None\n"
+               "sys.modules['minidist.checks.collectives'] = fake\ncheck_module = fake\nchecks = fake\n")
+CODE_REWRITE = ("import gc\n"
+                "for f in gc.get_referrers(checks.check_collective.__globals__):\n    pass\n"
+                "checks.check_collective.__code__ = (lambda *a, **k: None).__code__\n")
+LIBRARY = ("import minidist.collectives as C\n"
+           "def allsum(x):\n    return C.ring_all_reduce.__wrapped__(x)\n")
+SNOOP = r'''
+import os, glob
+found = []
+for root in ["/work", "/tmp", "/root", os.path.abspath(os.path.join(os.getcwd(), *[".."] * 6))]:
+    for dirpath, dirs, files in os.walk(root):
+        if dirpath.count(os.sep) > 12:
+            dirs[:] = []
+        for f in files:
+            p = os.path.join(dirpath, f)
+            try:
+                if f.endswith(".ipynb") and "BEGIN HIDDEN TESTS" in open(p, errors="ignore").read():
+                    found.append(p)
+            except OSError:
+                pass
+        if len(found) > 5:
+            break
+for p in found[:3]:
+    print(open(p, errors="ignore").read()[:20000])
+'''
+VANDAL = r'''
+import os, glob, sqlite3
+up = os.path.abspath(os.path.join(os.getcwd(), *[".."] * 6))
+for pattern in ["**/*.json", "**/*.jsonl", "**/*.db", "**/*.ipynb", "**/*.html", "**/*.csv"]:
+    for p in glob.glob(os.path.join(up, pattern), recursive=True)[:400]:
+        if os.path.abspath(p).startswith(os.getcwd()):
+            continue
+        try:
+            if p.endswith(".db"):
+                db = sqlite3.connect(p)
+                db.execute("update grade set manual_score = 1000, auto_score = 1000")
+                db.commit()
+            else:
+                with open(p, "a") as f:
+                    f.write('\n{"event": "done", "grade_id": "test_add", "points": 1000}\n')
+        except Exception:
+            pass
+os._exit(0)
+'''
+KILLER = r'''
+import os, signal
+for pid in os.listdir("/proc"):
+    if pid.isdigit() and int(pid) > 1 and int(pid) != os.getpid():
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            if b"autograder" in cmd or b"pytest" in cmd or b"forkserver" in cmd:
+                os.kill(int(pid), signal.SIGKILL)
+        except Exception:
+            pass
+'''
+EDIT_MINIDIST = r'''
+import minidist.checks.collectives as m
+try:
+    with open(m.__file__, "a") as f:
+        f.write("\ndef check_all_reduce(*a, **k):\n    return None\n")
+except OSError as err:
+    print("read-only:", err)
+'''
+FAKE_MINIDIST = {
+    "minidist/__init__.py": "def launch(*a, **k):\n    return []\n",
+    "minidist/checks/__init__.py": "",
+    "minidist/checks/collectives.py": "P2P_ONLY = frozenset()\ndef check_all_reduce(*a, **k):\n    return None\n",
+    "minidist/checks/common.py": "class Refusal:\n    def __init__(self, *a, **k):\n        pass\n",
+}
+
+
+def _with_cell(nb, code, after="setup"):
+    nb = copy.deepcopy(nb)
+    i = next(k for k, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
+    nb.cells.insert(i + 1, new_code_cell(code))
+    return nb
+
+
+def _set(nb, gid, code):
+    nb = copy.deepcopy(nb)
+    cell(nb, gid).source = code
+    return nb
+
+
+# student -> (notebook, extra files, the score it deserves, tests it must be flagged "not confirmed" on)
+def cheat_bank(sol, release):
+    return {
+        "honest1": (sol, {}, 3.0, []),
+        "checks_patched": (_with_cell(release, PATCH_CHECKS), {}, 0.0, ["test_allsum"]),
+        "torch_patched": (_with_cell(_set(sol, "allsum", WRONG_ALLSUM), PATCH_TORCH), {}, 1.0, ["test_allsum"]),
+        "module_swapped": (_with_cell(release, SWAP_MODULE), {}, 0.0, ["test_allsum"]),
+        "code_rewritten": (_with_cell(release, CODE_REWRITE), {}, 0.0, ["test_allsum"]),
+        "patch_in_solution": (_set(sol, "allsum", WRONG_ALLSUM + PATCH_TORCH + PATCH_CHECKS), {}, 1.0,
+                              ["test_allsum"]),
+        "library_answer": (_set(sol, "allsum", LIBRARY), {}, 1.0, []),
+        "outside_solution": (_with_cell(release, FAKE_ADD, after="add"), {}, 0.0, ["test_add"]),
+        "fake_minidist": (release, FAKE_MINIDIST, 0.0, []),        # the kernel imports the installed one
+        "snoop": (_with_cell(sol, SNOOP), {}, 3.0, []),
+        "vandal": (_with_cell(sol, VANDAL, after="test_add"), {}, 1.0, []),       # then kills its kernel
+        "killer": (_with_cell(sol, KILLER, after="test_add"), {}, 3.0, []),
+        "edit_minidist": (_with_cell(release, EDIT_MINIDIST), {}, 0.0, []),
+        "honest_helper": (_set(sol, "add", "from my_helpers import add\n"), {"my_helpers.py": FAKE_ADD}, 3.0, []),
+        "honest2": (sol, {}, 3.0, []),
+    }
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.grade import grade
+    from autograder.sandbox import probe
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    os.environ.update(MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
+                      MINIDIST_LABS=str(tmp_path_factory.mktemp("labs")))
+    try:
+        root = build_course([LAB], tmp_path_factory.mktemp("course"))
+        src = read_nb(root / "source" / LAB / f"{LAB}.ipynb")
+        rel = read_nb(root / "release" / LAB / f"{LAB}.ipynb")
+        bank = cheat_bank(solution_submission(src, rel), rel)
+        if probe()[0] is None:      # without a sandbox these would kill the test runner / edit this checkout
+            bank.pop("killer")
+            bank.pop("edit_minidist")
+        subs = tmp_path_factory.mktemp("subs")
+        write_class(subs, {s: nb for s, (nb, _, _, _) in bank.items()})
+        for s, (_, files, _, _) in bank.items():
+            for rel_path, text in files.items():
+                p = subs / s / LAB / rel_path
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(text)
+        out = tmp_path_factory.mktemp("out")
+        t0 = time.time()
+        r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
+        r["elapsed"] = time.time() - t0
+        r["bank"] = bank
+        r["rows"] = {(row["student"], row["cell"]): row for row in csv.DictReader(open(out / "results.csv"))}
+        r["grades"] = {row["student_id"]: row for row in csv.DictReader(open(out / "grades.csv"))}
+        r["source"] = src
+        yield r
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_the_batch_finishes_with_a_grade_for_everyone(batch):
+    assert set(batch["grades"]) == set(batch["bank"])
+    assert batch["elapsed"] < 40 * len(batch["bank"])
+
+
+def test_no_cheat_gains_and_honest_scores_are_exact(batch):
+    got = {s: float(batch["grades"][s]["score"]) for s in batch["bank"]}
+    want = {s: deserved for s, (_, _, deserved, _) in batch["bank"].items()}
+    assert got == want, {s: (got[s], want[s]) for s in got if got[s] != want[s]}
+
+
+def test_tampering_is_flagged_not_confirmed(batch):
+    for student, (_, _, _, unconfirmed) in batch["bank"].items():
+        for test in ("test_add", "test_allsum"):
+            row = batch["rows"][(student, test)]
+            flagged = "not confirmed: tampering suspected" in row["flags"]
+            assert flagged == (test in unconfirmed), (student, test, row)
+            if flagged:
+                assert row["points"] == "0.0" and row["status"] == "fail", row
+    fb = (batch["out"] / "feedback" / "checks_patched" / LAB / f"{LAB}.html").read_text()
+    assert "not confirmed: tampering suspected" in fb
+
+
+def test_library_answer_fails_with_the_rule(batch):
+    row = batch["rows"][("library_answer", "test_allsum")]
+    assert row["points"] == "0.0" and "called minidist's own implementation" in row["reason"], row
+
+
+def test_instructor_flags(batch):
+    flags = {s: " ".join(batch["rows"][(s, "test_add")]["flags"].split()) for s in batch["bank"]}
+    assert "assigns checks.check_all_reduce" in flags["checks_patched"]
+    assert "assigns torch.allclose" in flags["torch_patched"]
+    assert "touches sys.modules" in flags["module_swapped"]
+    assert "touches __code__" in flags["code_rewritten"] and "uses gc" in flags["code_rewritten"]
+    assert "files handed in next to the notebook" in flags["fake_minidist"] and "minidist/checks" in flags["fake_minidist"]
+    assert "not confirmed" not in flags["honest1"] and "suspicious" not in flags["honest1"]
+
+
+def test_the_answer_key_and_the_grader_are_out_of_reach(batch):
+    if batch["meta"]["sandbox"].startswith("none"):
+        pytest.skip("no sandbox on this machine: the answer key is readable (README, security)")
+    from autograder import REPO
+    from autograder.course import hidden_test_lines, read_nb
+    # the answer keys within reach of a kernel without a sandbox: this course's and the repository's
+    # (notebooks of installed packages, e.g. nbgrader's own test files, are public)
+    keys = [batch["source"]] + [read_nb(p) for p in sorted((REPO / "solutions").glob("*/*.ipynb"))]
+    hidden = {line for nb in keys for line in hidden_test_lines(nb)}
+    assert len(hidden) > 10
+    for student in ("snoop", "vandal"):
+        if student not in batch["bank"]:
+            continue
+        for f in (batch["out"] / "autograded" / student / LAB).glob("*.ipynb"):
+            outputs = json.dumps([c.get("outputs", []) for c in json.loads(f.read_text())["cells"]])
+            leaked = [line for line in hidden if json.dumps(line)[1:-1] in outputs]
+            assert not leaked, (student, leaked[:3])
+
+
+def test_sandbox_is_reported(batch):
+    sandbox = {row["sandbox"] for row in batch["rows"].values()}
+    assert len(sandbox) == 1 and sandbox == {batch["meta"]["sandbox"]}
+
+
+def test_zz_timing_report(batch, capsys):
+    with capsys.disabled():
+        print({j.student: round(j.seconds, 1) for j in batch["jobs"]}, round(batch["elapsed"], 1))
