@@ -308,3 +308,23 @@ def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
             return fn(*args, **kwargs)
     except LibraryAnswer as err:
         raise AssertionError(str(err)) from None
+    except AssertionError as err:
+        # the student's own assert: say so, and where, so that it does not read as the check's verdict
+        raise StudentAssertion(f"{name} raised AssertionError itself ({_raised_at(err)}), not a check: "
+                               f"{err or '(no message)'}") from err
+
+
+class StudentAssertion(RuntimeError):
+    """An ``assert`` in the student's own code failed while a check called it."""
+
+
+def _raised_at(err: BaseException) -> str:
+    """'notebook cell, line 4' (or 'file.py, line 4') of the innermost student frame of ``err``."""
+    where, tb = "?", err.__traceback__
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if is_student_code(f):
+            where = (f"notebook cell, line {tb.tb_lineno}" if re.search(r"ipykernel_\d+|^<cell", f)
+                     else f"{os.path.basename(f)}, line {tb.tb_lineno}")
+        tb = tb.tb_next
+    return where
