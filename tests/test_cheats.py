@@ -241,7 +241,3 @@ def test_sandbox_is_reported(batch):
     sandbox = {row["sandbox"] for row in batch["rows"].values()}
     assert len(sandbox) == 1 and sandbox == {batch["meta"]["sandbox"]}
 
-
-def test_zz_timing_report(batch, capsys):
-    with capsys.disabled():
-        print({j.student: round(j.seconds, 1) for j in batch["jobs"]}, round(batch["elapsed"], 1))
