@@ -52,23 +52,6 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-def consecutive_groups(sizes, world_size: int) -> dict:
-    """Inside a rank: {t: (group, my rank in it, its size)} for blocks of t consecutive ranks
-    (t = 3 on 4 ranks leaves the last rank in a group of one; t = world_size is ``None``, the
-    default group). Every rank creates every group, as ``dist.new_group`` requires."""
-    out, rank = {}, dist.get_rank()
-    for t in sorted(set(sizes)):
-        if t == world_size:
-            out[t] = (None, rank, world_size)
-            continue
-        for start in range(0, world_size, t):
-            members = list(range(start, min(start + t, world_size)))
-            group = dist.new_group(members)
-            if rank in members:
-                out[t] = (group, rank - start, len(members))
-    return out
-
-
 def mark_case(progress: str, text: str) -> None:
     """Inside a rank: record the case this rank starts now (named if the launch fails)."""
     with open(os.path.join(progress, f"rank{dist.get_rank()}"), "w") as f:

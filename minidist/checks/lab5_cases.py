@@ -21,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.common import TOL, consecutive_groups
+from minidist.checks.common import TOL
+from minidist.checks.groups import consecutive_groups
 from minidist.models import GPTConfig, TinyGPT
 from minidist.tensor_parallel.comm import shard_range
 from minidist.trace import trace

@@ -27,6 +27,7 @@ import torch
 
 from minidist import cost
 from minidist.checks.common import Refusal, check_timeout, is_student_code, launch_named, mark_case, one_thread
+from minidist.checks.groups import describe_case, raise_first_group_problem
 from minidist.checks.lab5_cases import (B, CASE_RUNNERS, CFG, S, SEQ, WORLD, _compare_traffic, _groups, _part, _randn,
                                         _traffic)
 from minidist.checks.quiet import passes_quietly
@@ -84,10 +85,6 @@ def _stand_in(fn, name: str) -> None:
             names[other] = ref
 
 
-def _describe(case: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in case.items() if k != "t") or "default sizes"
-
-
 def _body(progress, fn, name, cases):
     _stand_in(fn, name)
     groups = _groups(c["t"] for c in cases)
@@ -95,7 +92,7 @@ def _body(progress, fn, name, cases):
     with one_thread():
         for case in cases:
             group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {_describe(case)}")
+            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
             result = CASE_RUNNERS[name](fn, name, case, r, t, group)
             errs, tr, want, extra = result
             problem = next((e for e in errs if e), None)
@@ -150,12 +147,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = TP_CHEC
     overflow exp without the max, GQA, heads that do not split)."""
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
-    for i, case in enumerate(cases):
-        for rank in range(WORLD):
-            r, t, problem = out[rank][i]
-            if problem:
-                raise AssertionError(f"{name} (t={t}, {_describe({k: v for k, v in case.items() if k != 't'})}), "
-                                     f"rank {rank} (rank {r} of its group): {problem}")
+    raise_first_group_problem(name, cases, out, WORLD)
 
 
 # ----------------------------------------------------------------------------- measurements (demo cells)

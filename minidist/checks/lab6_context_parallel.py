@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 
 from minidist import cost
-from minidist.checks.common import (Refusal, check_timeout, consecutive_groups, graded_call, is_student_code,
-                                    launch_named, mark_case, one_thread)
+from minidist.checks.common import (Refusal, check_timeout, graded_call, is_student_code, launch_named, mark_case,
+                                    one_thread)
+from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
 from minidist.checks.lab6_cases import (B, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases, merge_inputs,
                                         part, randn)
 from minidist.checks.quiet import passes_quietly
@@ -64,11 +65,6 @@ def _stand_in(fn, name: str) -> None:
             names[other] = ref
 
 
-def _describe(case: dict) -> str:
-    return ", ".join(f"{k}={getattr(v, '__name__', str(v).replace('torch.', ''))}" for k, v in case.items()
-                     if k != "t") or "default sizes"
-
-
 def _body(progress, fn, name, cases):
     _stand_in(fn, name)
     groups = consecutive_groups((c["t"] for c in cases), WORLD)
@@ -76,7 +72,7 @@ def _body(progress, fn, name, cases):
     with one_thread():
         for case in cases:
             group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {_describe(case)}")
+            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
             errs = CASE_RUNNERS[name](fn, case, r, t, group)
             out.append((r, t, next((e for e in errs if e), None)))
     return out
@@ -115,7 +111,7 @@ def _check_merge(fn, hidden: bool) -> None:
     for case in merge_cases(hidden):
         args, (want_out, want_lse) = merge_inputs(case)
         result = graded_call(_refusal(name), name, fn, *(a.clone() for a in args))
-        label = f"{name} ({_describe(case)})"
+        label = f"{name} ({describe_case(case)})"
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise AssertionError(f"{label}: must return (out, lse), got {type(result).__name__}")
         problem = err("out", result[0], want_out) or err("lse", result[1], want_lse)
@@ -136,12 +132,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
         return _check_merge(fn, hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
-    for i, case in enumerate(cases):
-        for rank in range(WORLD):
-            r, t, problem = out[rank][i]
-            if problem:
-                raise AssertionError(f"{name} (t={t}, {_describe({k: v for k, v in case.items() if k != 't'})}), "
-                                     f"rank {rank} (rank {r} of its group): {problem}")
+    raise_first_group_problem(name, cases, out, WORLD)
 
 
 # ----------------------------------------------------------------------------- measurements (demo cells)
