@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import nbformat
@@ -198,6 +199,9 @@ def build_course(labs: list[str], dest: Path, solutions: Path | None = None) -> 
     return dest
 
 
+_CONVERTER_LOCK = threading.Lock()
+
+
 def run_converter(cls, config, assignment_id: str, student_id: str | None = None, **attrs) -> dict:
     """Run one nbgrader converter (what ``nbgrader <command>`` runs) and capture its log.
 
@@ -214,7 +218,8 @@ def run_converter(cls, config, assignment_id: str, student_id: str | None = None
     app = cls(coursedir=coursedir, config=config)
     for k, v in attrs.items():
         setattr(app, k, v)
-    return capture_log(app)
+    with _CONVERTER_LOCK:       # a converter chdirs into its course: one at a time per process
+        return capture_log(app)
 
 
 def lab_cells(course: Path, lab: str) -> dict[str, list[dict]]:

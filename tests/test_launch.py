@@ -228,7 +228,10 @@ minidist.launch(record_pids_then_misbehave, 2, {pid_dir!r}, "sleep", timeout=120
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
 def test_interrupted_or_killed_parent_leaves_no_rank_behind(tmp_path, sig):
     script = PARENT_SCRIPT.format(tests=os.path.dirname(__file__), pid_dir=str(tmp_path))
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # A child inherits an ignored SIGINT (something earlier in a long pytest run may ignore it);
+    # the process under test must be one that Ctrl-C / a kernel's stop button reaches.
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
