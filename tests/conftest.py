@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from minidist.trace import trace
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -27,3 +29,14 @@ def load_slides_builder():
 def kernel_name():
     """The pinned Jupyter kernel (this venv's python), installed if `make install` did not."""
     return load_slides_builder().ensure_kernel()
+
+
+def attempt(fn):
+    """(exception name, message, collectives recorded before it): bad input must raise before any."""
+    with trace() as tr:
+        try:
+            fn()
+            raised = None
+        except Exception as err:    # noqa: BLE001  (reported, the test asserts the kind)
+            raised = err
+    return type(raised).__name__ if raised else None, str(raised), len(tr.comm())

@@ -35,6 +35,7 @@ from minidist.context_parallel import (all_to_all, heads_to_seq, hybrid_attentio
 from minidist.models import repeat_kv
 from minidist.tensor_parallel import new_tp_group
 from minidist.trace import trace
+from conftest import attempt
 
 B, H, D, LOCAL = 2, 12, 4, 6          # 12 heads: split or replicated kv for P = 1..4; shards of 6 tokens
 KV_HEADS = (12, 6, 4, 3, 2, 1)
@@ -109,17 +110,6 @@ def _ulysses_ok(n_kv, p):
     return n_kv % p == 0 or p % n_kv == 0
 
 
-def _attempt(fn):
-    """(exception name, collectives recorded before it)."""
-    with trace() as tr:
-        try:
-            fn()
-            raised = None
-        except Exception as err:    # noqa: BLE001  (reported, the test asserts the kind)
-            raised = err
-    return type(raised).__name__ if raised else None, str(raised), len(tr.comm())
-
-
 def _case_errors(group):
     p = dist.get_world_size(group)
     x = lambda *shape, dtype=torch.float32: torch.zeros(*shape, dtype=dtype)   # noqa: E731
@@ -144,7 +134,7 @@ def _case_errors(group):
                 x(B, 4, 12 * p, D), *(x(B, 4, {2: 3, 3: 2, 4: 6}[p], D),) * 2, group=group),
             "all_to_all indivisible": lambda: all_to_all(x(B, 4, p + 1, D), 2, 1, group),
         }
-    return {name: _attempt(fn) for name, fn in cases.items()}
+    return {name: attempt(fn) for name, fn in cases.items()}
 
 
 def _case_all_to_all(group):

@@ -37,6 +37,7 @@ from minidist.tensor_parallel import (ColumnParallelLinear, ParallelAttention, P
                                       torch_parallelize, vocab_parallel_cross_entropy)
 from minidist.tensor_parallel.comm import shard_range
 from minidist.trace import trace
+from conftest import attempt
 
 # Sizes divisible by 1, 2, 3 and 4 (12 heads of 2 dims, 12 tokens), so every t runs everything.
 CFG = GPTConfig(vocab=48, d_model=24, n_heads=12, d_ff=48, n_layers=2, seq_len=12)
@@ -342,17 +343,6 @@ def _case_dropout(group):
     return out
 
 
-def _attempt(fn):
-    """(exception name, message, collectives recorded before it)."""
-    with trace() as tr:
-        try:
-            fn()
-            raised = None
-        except Exception as err:    # noqa: BLE001  (reported, the test asserts the kind)
-            raised = err
-    return type(raised).__name__ if raised else None, str(raised), len(tr.comm())
-
-
 def _case_errors(group):
     t = dist.get_world_size(group)
     lin = nn.Linear(t * 4 + 1, t * 4 + 1)
@@ -384,7 +374,7 @@ def _case_errors(group):
     if t == 1:    # nothing to split: only the shape and range checks apply
         cases = {k: cases[k] for k in ("weight shard shape", "bias shard shape", "group larger than world",
                                        "ce vocab_size vs logits", "ce target out of range", "embedding ids out of range")}
-    return {name: _attempt(fn) for name, fn in cases.items()}
+    return {name: attempt(fn) for name, fn in cases.items()}
 
 
 def _case_torch(group, sp):
