@@ -6,7 +6,9 @@ Everything student code runs in (the Jupyter kernel nbgrader drives, and the con
 * read-only: the interpreter and its installed packages, the system's libraries, and the
   *pristine* minidist (a copy made when the batch starts, see :func:`pristine_minidist`);
 * read-write: its private working folder (and, for a kernel, its connection folder), a private
-  ``/tmp``;
+  ``/tmp``. A kernel's working folder is a copy of the *submitted* folder, mounted at the path
+  nbgrader gives it: nbgrader's own folder holds the notebook being graded with the hidden
+  tests already written back in, which a student cell could otherwise simply open;
 * nothing else: not ``solutions/``, not ``autograder/``, not the repository, no other job, no
   grader records, no network (a new network namespace with only loopback), no other process
   (a new PID namespace: when the sandbox's first process exits, everything in it dies).
@@ -66,8 +68,8 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env):
     cmd = [exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "--tmpfs", "/", "--tmpfs", "/tmp"]
     for p in ro:
         cmd += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
-    for p in rw:
-        cmd += ["--bind", p, p]
+    for src, dest in rw:
+        cmd += ["--bind", src, dest]
     cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/",
             "--chdir", cwd or "/tmp", "--clearenv"]
     for k, v in env.items():
@@ -77,11 +79,13 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env):
 
 def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str | None, env: dict,
             ro_extra: list[str] = (), spec_dir: str | None = None) -> list[str]:
-    """The argv that runs ``argv`` in a sandbox (``backend`` None: unchanged, unsandboxed)."""
+    """The argv that runs ``argv`` in a sandbox (``backend`` None: unchanged, unsandboxed).
+
+    ``rw`` holds paths, each seen at its own place, or ``(source, seen_at)`` pairs."""
     if backend is None:
         return list(argv)
     ro = ro_paths(ro_extra)
-    rw = [str(p) for p in rw]
+    rw = [(str(p[0]), str(p[1])) if isinstance(p, (tuple, list)) else (str(p), str(p)) for p in rw]
     if backend.name == "bwrap":
         return _bwrap_argv(backend.exe, argv, ro, rw, cwd, env)
     spec = {"root": ROOT_MOUNTPOINT, "ro": ro, "rw": rw, "cwd": cwd, "argv": list(argv), "env": env,
@@ -194,10 +198,10 @@ except ImportError:          # pragma: no cover  (jupyter is a dev dependency)
 class SandboxKernelManager(KernelManager):
     """nbclient's kernel manager, with the kernel started inside the sandbox.
 
-    The worker sets :attr:`settings` (backend, home, pristine, tag_var) before nbgrader runs.
-    The kernel talks to nbclient over Unix sockets in its private home (``transport="ipc"``),
-    because it has no network; its working folder (the notebook's) and its home are the only
-    writable places it sees."""
+    The worker sets :attr:`settings` (backend, home, pristine, tag_var, workdir) before nbgrader
+    runs. The kernel talks to nbclient over Unix sockets in its private home (``transport="ipc"``),
+    because it has no network; its working folder (``workdir``, a copy of the submission, seen at
+    the notebook's path) and its home are the only writable places it sees."""
 
     settings: dict = {}
 
@@ -215,7 +219,7 @@ class SandboxKernelManager(KernelManager):
             return await super()._async_launch_kernel(kernel_cmd, **kw)
         cwd = str(kw.get("cwd") or os.getcwd())
         env = inner_env(kw.get("env") or os.environ, s["home"], s["pristine"], s["tag_var"])
-        argv = command(s["backend"], kernel_cmd, rw=[cwd, s["home"]], cwd=cwd, env=env,
+        argv = command(s["backend"], kernel_cmd, rw=[(s["workdir"], cwd), s["home"]], cwd=cwd, env=env,
                        ro_extra=[s["pristine"]], spec_dir=s["home"])
         kw["env"] = outer_env(dict(kw.get("env") or os.environ), s["tag_var"])
         return await super()._async_launch_kernel(argv, **kw)

@@ -5,7 +5,7 @@ It builds the sandbox's file system and then runs the command it was given:
 
 * a new root on a tmpfs holding only what the spec names: read-only binds (the interpreter,
   the installed packages, the pristine minidist copy, system libraries) and read-write binds
-  (the kernel's private working folder, its connection folder);
+  (the kernel's private working folder, its connection folder), each ``[source, seen at]``;
 * a private ``/tmp`` (tmpfs), a fresh ``/proc`` for the new PID namespace, ``/dev`` with a
   private ``/dev/shm``; the old root is detached, so nothing else of the machine is reachable;
 * the loopback interface up (gloo's ranks talk over it; no other interface exists);
@@ -88,8 +88,8 @@ def build(spec):
             os.symlink(os.readlink(path), dest)
         elif os.path.exists(path):
             bind(path, root + path, readonly=True)
-    for path in spec["rw"]:
-        bind(path, root + path, readonly=False)
+    for src, dest in spec["rw"]:                     # [source, seen at]
+        bind(src, root + dest, readonly=False)
     os.makedirs(root + "/proc", exist_ok=True)
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV)
     bind("/dev", root + "/dev", readonly=False)

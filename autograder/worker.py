@@ -161,8 +161,9 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     pristine = Path(spec["pristine"])
     skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
     sandbox.prepare_home(home, skeleton)
+    kernel_cwd = shutil.copytree(dest, job / "kernel-cwd")     # what the student handed in, no hidden tests
     sandbox.SandboxKernelManager.settings = {"backend": backend, "home": str(home), "pristine": str(pristine),
-                                             "tag_var": spec["tag_var"]}
+                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd)}
     deadline = t_start + float(spec.get("wall", 600)) - 5
     conf_env = sandbox.inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
 

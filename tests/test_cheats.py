@@ -43,7 +43,8 @@ LIBRARY = ("import minidist.collectives as C\n"
 SNOOP = r'''
 import os, glob
 found = []
-for root in ["/work", "/tmp", "/root", os.path.abspath(os.path.join(os.getcwd(), *[".."] * 6))]:
+# its own folder first: there nbgrader keeps the notebook being graded, hidden tests written back in
+for root in [os.getcwd(), "/work", "/tmp", "/root", os.path.abspath(os.path.join(os.getcwd(), *[".."] * 6))]:
     for dirpath, dirs, files in os.walk(root):
         if dirpath.count(os.sep) > 12:
             dirs[:] = []
@@ -57,7 +58,7 @@ for root in ["/work", "/tmp", "/root", os.path.abspath(os.path.join(os.getcwd(),
         if len(found) > 5:
             break
 for p in found[:3]:
-    print(open(p, errors="ignore").read()[:20000])
+    print(p, open(p, errors="ignore").read()[:20000])
 '''
 VANDAL = r'''
 import os, glob, sqlite3
