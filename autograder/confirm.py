@@ -11,8 +11,9 @@ A test keeps its notebook score only if the confirmation gives at least as much;
 passed in the notebook and fails here scores the confirmation's points (0 for a failed test)
 and is flagged ``not confirmed: tampering suspected``. Honest submissions score the same in
 both runs, so they keep exactly their notebook scores. A confirmation that fails to confirm a
-test is retried once, alone, before the verdict (a loaded machine can make a timing check or
-a launch time out once).
+test is retried once, alone, before the verdict, with every launch timeout ×
+``RETRY_TIMEOUT_SCALE``: a loaded machine can make an honest launch time out, and a deadlock
+still times out at any scale.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from autograder.notebooks import DEMO_TAG
 
 RUNNER = Path(__file__).resolve().with_name("confirm_runner.py")
 NOT_CONFIRMED = "not confirmed: tampering suspected"
+RETRY_TIMEOUT_SCALE = 3       # MINIDIST_TIMEOUT_SCALE of the retry (minidist.runtime.launcher)
 
 
 def plan(source_nb, submission_nb) -> list[dict]:

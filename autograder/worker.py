@@ -173,9 +173,11 @@ def run(spec: dict, send=lambda msg: None) -> dict:
         copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
         env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
                    JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
+        retry_scale = confirm.RETRY_TIMEOUT_SCALE if attempt > 1 else 1   # what timed out under load gets more time
+        env["MINIDIST_TIMEOUT_SCALE"] = f"{float(conf_env.get('MINIDIST_TIMEOUT_SCALE') or 1) * retry_scale:g}"
         return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
                                     workdir=wd, sandbox=backend, env=env,
-                                    timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"],
+                                    timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * retry_scale,
                                     log=job / f"confirm-{name}-{attempt}.log", only=only)
 
     confirming = spec.get("confirm", True)
