@@ -4,7 +4,8 @@ A full selftest grades each bug as its own nbgrader submission (a fresh kernel a
 notebook, ~30 s each), which is the authoritative check and takes many minutes per lab.
 Here a kernel runs the solution notebook (with its hidden tests) once; then, for each bug,
 it re-runs the broken solution cell and the test cells the bug must fail, scores them with
-nbgrader's own ``determine_grade``, and restores the correct cell. The bank is shared between
+nbgrader's own ``determine_grade``, and restores the correct cell. A correct alternative goes
+the same way, except that its tests must pass. The bank is shared between
 two such kernels (see ``KERNELS``).
 
 That is faithful as long as test cells call the graded functions (the labs' convention:
@@ -81,19 +82,26 @@ class _Kernel:
                 failing.append(f"{grade_id(cell)} fails on the solution")
         return failing
 
-    def check(self, name, bug, inject, index) -> tuple[list[str], float]:
+    def check(self, name, entry, inject, index) -> tuple[list[str], float]:
+        """A bug (the tests of ``catches`` must fail) or a correct alternative (those of
+        ``must_pass`` must pass): returns the tests that did otherwise, and the seconds taken."""
         start = time.perf_counter()
-        broken = inject(bug, {name: self.nb})[name]
-        i = index[bug["cell"]]
-        self.run(broken.cells[i], i)
-        missed = [t for t in bug["catches"] if _passes(self.run(self.nb.cells[index[t]], index[t]))]
-        self.run(self.nb.cells[i], i)     # the correct cell again, for the next bug
-        return missed, time.perf_counter() - start
+        changed = inject(entry, {name: self.nb})[name]
+        i = index[entry["cell"]]
+        self.run(changed.cells[i], i)
+        should_pass = "must_pass" in entry
+        tests = entry["must_pass"] if should_pass else entry["catches"]
+        wrong = [t for t in tests if _passes(self.run(self.nb.cells[index[t]], index[t])) != should_pass]
+        if wrong and should_pass:     # honest code, maybe slowed by a loaded machine: once more
+            wrong = [t for t in wrong if not _passes(self.run(self.nb.cells[index[t]], index[t]))]
+        self.run(self.nb.cells[i], i)     # the correct cell again, for the next entry
+        return wrong, time.perf_counter() - start
 
 
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
                ) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
-    """Run ``nb`` once, then each bug. Returns (baseline problems, {bug: (tests it did not fail, seconds)}).
+    """Run ``nb`` once, then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline
+    problems, {name: (tests that did not fail / pass as they should, seconds)}).
     ``baseline_done`` is set once the solution's tests have run (the CPU-bound part is over)."""
     kernel_argv()   # installs the pinned kernel if it is missing
     nb = skip_demos(copy.deepcopy(nb))

@@ -26,10 +26,19 @@ class BankError(ValueError):
 def load_bank(lab: str) -> dict:
     path = bugbank_dir() / f"{lab}.py"
     if not path.is_file():
-        return {"BUGS": [], "NOT_GRADED": [], "RELEASE_MAY_PASS": [], "path": None}
+        return {"BUGS": [], "ALTERNATIVES": [], "NOT_GRADED": [], "RELEASE_MAY_PASS": [], "path": None}
     ns = runpy.run_path(str(path))
-    return {"BUGS": list(ns.get("BUGS", [])), "NOT_GRADED": list(ns.get("NOT_GRADED", [])),
+    return {"BUGS": list(ns.get("BUGS", [])), "ALTERNATIVES": list(ns.get("ALTERNATIVES", [])),
+            "NOT_GRADED": list(ns.get("NOT_GRADED", [])),
             "RELEASE_MAY_PASS": list(ns.get("RELEASE_MAY_PASS", [])), "path": path}
+
+
+def alternative_tests(bank: dict, alt: dict) -> list[str]:
+    """The tests an alternative must pass in the quick selftest: its own ``tests``, else every
+    test a bug of the same cell must fail (the tests that depend on that cell)."""
+    if alt.get("tests"):
+        return list(alt["tests"])
+    return sorted({t for b in bank["BUGS"] if b.get("cell") == alt.get("cell") for t in b.get("catches", [])})
 
 
 def inject(bug: dict, solution_nbs: dict) -> dict:
@@ -63,8 +72,15 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
                  if nbg(c).get("solution") and c.cell_type == "code"}
     tests = {grade_id(c) for nb in source_nbs.values() for c in nb.cells
              if nbg(c).get("grade") and not nbg(c).get("solution")}
-    names = Counter(b.get("name") for b in bank["BUGS"])
-    problems += [f"duplicate bug name {n!r}" for n, k in names.items() if k > 1]
+    names = Counter(b.get("name") for b in bank["BUGS"] + bank["ALTERNATIVES"])
+    problems += [f"duplicate bug or alternative name {n!r}" for n, k in names.items() if k > 1]
+    alts = Counter()
+    for a in bank["ALTERNATIVES"]:
+        if a.get("cell") not in sol_cells or "name" not in a:
+            problems.append(f"alternative {a.get('name')!r}: {a.get('cell')!r} is not a code solution cell")
+        problems += [f"alternative {a.get('name')!r}: {t!r} is not a test cell"
+                     for t in alternative_tests(bank, a) if t not in tests]
+        alts[a.get("function", a.get("cell"))] += 1
     per_fn = Counter()
     for b in bank["BUGS"]:
         for key in ("name", "cell", "catches"):
@@ -79,6 +95,8 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
     for cell in sorted(sol_cells - set(bank["NOT_GRADED"])):
         if per_fn[cell] < 3:
             problems.append(f"graded function {cell!r} has {per_fn[cell]} bugs in the bank (need >= 3)")
+        if alts[cell] < 2:
+            problems.append(f"graded function {cell!r} has {alts[cell]} correct alternatives in the bank (need >= 2)")
     return problems
 
 
@@ -112,22 +130,24 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             for n in names:
                 write_nb(solution[n], subs / "solution" / lab / f"{n}.ipynb")
                 write_nb(release[n], subs / "release" / lab / f"{n}.ipynb")
-            for b in ([] if quick else bank["BUGS"]):
+            for kind, b in [] if quick else [("bug", b) for b in bank["BUGS"]] + \
+                    [("alternative", a) for a in bank["ALTERNATIVES"]]:
                 try:
                     nbs = inject(b, solution)
                 except (BankError, KeyError, TypeError) as e:
                     problems.append(str(e))
                     continue
-                student = f"bug-{b['name']}"
-                plan[student] = ("bug", b)
+                student = f"{'bug' if kind == 'bug' else 'alt'}-{b['name']}"
+                plan[student] = (kind, b)
                 for n, nb in nbs.items():
                     write_nb(nb, subs / student / lab / f"{n}.ipynb")
             for p in problems:
                 report.append((lab, "bug bank", "FAIL", p))
                 ok = False
             if not problems:
-                report.append((lab, "bug bank", "ok", f"{len(bank['BUGS'])} bugs, every graded "
-                                                     "function has >= 3"))
+                report.append((lab, "bug bank", "ok", f"{len(bank['BUGS'])} bugs and "
+                                                     f"{len(bank['ALTERNATIVES'])} correct alternatives, every "
+                                                     "graded function has >= 3 and >= 2"))
             dest = (out / lab) if out else tmp / "out" / lab
             with ThreadPoolExecutor(1) as pool:
                 bug_rows = None
@@ -153,7 +173,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                 j = by_student[student]
                 rows = {c: row for cells in j.result["cells"].values() for c, row in cells.items()}
                 fails = []
-                if kind == "solution":
+                if kind in ("solution", "alternative"):
                     fails = [f"{c}: {row['status']} ({row['reason']})" for c, row in rows.items()
                              if row["status"] != "manual" and
                              (float(row["points"] or 0) < row["max_points"] or row["status"] != "pass")]
@@ -201,18 +221,23 @@ def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threadi
     rows = []
     try:
         for k, name in enumerate(source):
-            bugs = [b for b in bank["BUGS"] if b.get("notebook") in (None, name)]
+            entries = [b for b in bank["BUGS"] if b.get("notebook") in (None, name)]
+            entries += [dict(a, must_pass=alternative_tests(bank, a)) for a in bank["ALTERNATIVES"]
+                        if a.get("notebook") in (None, name)]
             done = baseline_done if k == len(source) - 1 else None
-            baseline, results = check_bugs(name, graded_notebook(source[name], solution[name]), bugs, inject,
+            baseline, results = check_bugs(name, graded_notebook(source[name], solution[name]), entries, inject,
                                            str(workdir), done)
             rows += [(lab, "bugs (kernels)", "FAIL", p) for p in baseline]
-            for b in bugs:
+            for b in entries:
                 if b["name"] not in results:
                     continue
-                missed, seconds = results[b["name"]]
-                what = "loses points on " + ", ".join(b["catches"])
-                rows.append((lab, f"bug-{b['name']}", "FAIL" if missed else "ok",
-                             what + (f" -- still full marks on {', '.join(missed)}" if missed else "") + f" ({seconds:.0f} s)"))
+                wrong, seconds = results[b["name"]]
+                if "must_pass" in b:
+                    who, what, why = f"alt-{b['name']}", "full marks on " + ", ".join(b["must_pass"]), "lost points on"
+                else:
+                    who, what, why = f"bug-{b['name']}", "loses points on " + ", ".join(b["catches"]), "still full marks on"
+                rows.append((lab, who, "FAIL" if wrong else "ok",
+                             what + (f" -- {why} {', '.join(wrong)}" if wrong else "") + f" ({seconds:.0f} s)"))
     finally:
         baseline_done.set()     # even when a notebook fails early: grading waits on it
     return rows

@@ -361,13 +361,18 @@ def test_cell_timeout_exceeds_launch_timeouts():
 
 # ---------------------------------------------------------------- selftest
 def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys):
-    """A bank with one real bug, one bug no test can see, and too few bugs per function."""
+    """A bank with one real bug, one bug no test can see, a correct alternative, a wrong one,
+    and too few bugs and alternatives per function: graded as submissions, and in a kernel."""
     (tmp_path / f"{LAB}.py").write_text(
         "BUGS = [\n"
         "  dict(name='subtracts', cell='add', replace=[('return a + b', 'return a - b')],\n"
         "       catches=['test_add']),\n"
         "  dict(name='harmless', cell='add', code='def add(a, b):\\n    return b + a',\n"
         "       catches=['test_add']),\n"
+        "]\n"
+        "ALTERNATIVES = [\n"
+        "  dict(name='commuted', cell='add', code='def add(a, b):\\n    return b + a'),\n"
+        "  dict(name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'),\n"
         "]\n")
     monkeypatch.setenv("MINIDIST_BUGBANK", str(tmp_path))
     from autograder.selftest import selftest
@@ -378,7 +383,20 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert " ok " in lines["solution"] and " ok " in lines["release"], out
     assert " ok " in lines["bug-subtracts"], out
     assert " FAIL " in lines["bug-harmless"] and "still full marks" in lines["bug-harmless"], out
+    assert " ok " in lines["alt-commuted"], out
+    assert " FAIL " in lines["alt-not_really"] and "test_add" in lines["alt-not_really"], out
     assert "'add' has 2 bugs" in out and "'allsum' has 0 bugs" in out, out
+    assert "'allsum' has 0 correct alternatives" in out and "'add' has 2 correct" not in out, out
+
+    # in a kernel (selftest --quick): the fixture's complete bank, plus one wrong alternative
+    (tmp_path / f"{LAB}.py").write_text((BUGBANK / f"{LAB}.py").read_text() + "\nALTERNATIVES.append(dict("
+                                        "name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'))\n")
+    ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False, quick=True)
+    out = capsys.readouterr().out
+    lines = {l.split()[1]: l for l in out.splitlines() if l.startswith(LAB)}
+    assert not ok and " ok " in lines["bug-add_subtracts"] and " ok " in lines["alt-allsum_by_exchange"], out
+    assert " FAIL " in lines["alt-not_really"] and "lost points on test_add" in lines["alt-not_really"], out
+    assert sum(" FAIL " in l for l in lines.values()) == 1, out
 
 
 def test_bugbank_injection_rules(course):
