@@ -130,16 +130,22 @@ def _schedule(kind, p, m):
     return make(kind, p, m)
 
 
-def _case(kind, m, batch):
-    return f"{kind}, m={m}, batch={batch}"
+def _case(kind, m, batch, dtype=torch.float32):
+    return f"{kind}, m={m}, batch={batch}" + ("" if dtype == torch.float32 else f", {dtype}")
+
+
+def _inputs(p, m, batch, dtype):
+    """The stage model and the batch of one executor case, in ``dtype``."""
+    x, y = regression_batch(batch, WIDTH, step=m)
+    return _model(p).to(dtype), x.to(dtype), y.to(dtype)
 
 
 def _rank_grads(progress, fn, cases, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
-    for kind, m, batch in cases:
-        mark_case(progress, _case(kind, m, batch))
-        chunks = rank_chunks(partition(_model(p), p), p, rank)
-        x, y = regression_batch(batch, WIDTH, step=m)
+    for kind, m, batch, *dtype in cases:
+        mark_case(progress, _case(kind, m, batch, *dtype))
+        model, x, y = _inputs(p, m, batch, *(dtype or [torch.float32]))
+        chunks = rank_chunks(partition(model, p), p, rank)
         loss = fn(copy.deepcopy(schedules[kind, m]), chunks, x, y)
         loss = float(loss) if isinstance(loss, torch.Tensor) else loss
         grads = [None if q.grad is None else q.grad.clone() for c in chunks for q in c.parameters()]
@@ -147,9 +153,9 @@ def _rank_grads(progress, fn, cases, schedules):
     return out
 
 
-EXECUTOR_CASES = {   # p -> [(schedule, m, batch)]
+EXECUTOR_CASES = {   # p -> [(schedule, m, batch[, dtype: float32 if not given])]
     False: {2: [("gpipe", 2, 8), ("1f1b", 2, 8)], 4: [("gpipe", 4, 8), ("1f1b", 4, 8)]},
-    True: {3: [("gpipe", 1, 6), ("1f1b", 3, 6), ("1f1b", 5, 10), ("gpipe", 6, 12)],
+    True: {3: [("gpipe", 1, 6), ("1f1b", 3, 6), ("1f1b", 5, 10), ("gpipe", 6, 12), ("1f1b", 3, 9, torch.float64)],
            4: [("1f1b", 2, 8), ("1f1b", 8, 16)]},
 }
 
@@ -161,12 +167,11 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
     holding the last stage, None elsewhere) must equal single-process autograd's."""
     name = name or getattr(fn, "__name__", "executor")
     for p, cases in EXECUTOR_CASES[hidden].items():
-        schedules = {(kind, m): _schedule(kind, p, m) for kind, m, _ in cases}   # built outside the refusal
+        schedules = {(kind, m): _schedule(kind, p, m) for kind, m, *_ in cases}   # built outside the refusal
         results = launch_named(_rank_grads, p, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
-        for i, (kind, m, batch) in enumerate(cases):
-            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}"
-            model = _model(p)
-            x, y = regression_batch(batch, WIDTH, step=m)
+        for i, (kind, m, batch, *dtype) in enumerate(cases):
+            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (f" in {dtype[0]}" if dtype else "")
+            model, x, y = _inputs(p, m, batch, *(dtype or [torch.float32]))
             ref_loss = F.mse_loss(model(x), y)
             ref_loss.backward()
             stages = partition(model, p)
