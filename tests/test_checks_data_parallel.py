@@ -172,109 +172,6 @@ def test_zero_memory_check_rejects_an_unsharded_stage():
         lab3.check_zero_traffic(unsharded, 3)
 
 
-# ----------------------------------------------------------------------------- correct alternatives
-# Other implementations the labs' contracts allow: each must get full marks from the checks that grade it.
-def split_narrow(x, y, rank, world_size):
-    rows, rest = divmod(len(y), world_size)
-    if rest:
-        raise ValueError(f"{len(y)} rows on {world_size} ranks")
-    return x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows)
-
-
-def split_chunk(x, y, rank, world_size):
-    if x.size(0) % world_size != 0:
-        raise ValueError("uneven batch")
-    return torch.chunk(x, world_size)[rank], torch.chunk(y, world_size)[rank]
-
-
-def average_divide_first(model):
-    n = dist.get_world_size()
-    for p in (q for q in model.parameters() if q.requires_grad):
-        p.grad = torch.zeros_like(p) if p.grad is None else p.grad / n
-        dist.all_reduce(p.grad)
-
-
-def average_into_copy(model):
-    for p in model.parameters():
-        if p.requires_grad:
-            g = torch.zeros_like(p) if p.grad is None else p.grad.clone()
-            dist.all_reduce(g)
-            p.grad = g / dist.get_world_size()
-
-
-def buckets_model_order_inside(params, cap_bytes):
-    """The contract's buckets, each listed in model order (the issue's 'loses 1 point' answer)."""
-    return [b[::-1] for b in make_buckets(list(params), cap_bytes)]
-
-
-def buckets_by_index(params, cap_bytes):
-    """Cut points first, then slices; reverses the caller's list in place (allowed: indices are snapshotted)."""
-    params.reverse()
-    cuts, size = [0], 0
-    for i, p in enumerate(params):
-        nbytes = p.numel() * p.element_size()
-        if i > cuts[-1] and size + nbytes > cap_bytes:
-            cuts.append(i)
-            size = 0
-        size += nbytes
-    return [params[a:b] for a, b in zip(cuts, cuts[1:] + [len(params)])]
-
-
-def test_split_average_and_bucket_alternatives_get_full_marks():
-    for split in (split_narrow, split_chunk):
-        lab2.check_split_batch(split, hidden=True)
-    for avg in (average_divide_first, average_into_copy):
-        lab2.check_average_gradients(avg)
-        lab2.check_average_gradients_traffic(avg)
-    for mb in (buckets_model_order_inside, buckets_by_index):
-        lab2.check_make_buckets(mb, hidden=True)
-
-
-class CountingDDP:
-    """A BucketedDDP without the lab's Bucket helper: a count of ready gradients per bucket, the mean
-    taken after the wait, and a missing gradient packed as zeros in finish_gradient_sync."""
-
-    def __init__(self, model, bucket_cap_bytes=1 << 20):
-        self.model, self.n = model, dist.get_world_size()
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.buckets = make_buckets(params, bucket_cap_bytes)
-        self.where = {id(p): k for k, b in enumerate(self.buckets) for p in b}
-        self.ready, self.works, self.flats = [0] * len(self.buckets), [], []
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._hook)
-
-    def __call__(self, x):
-        return self.model(x)
-
-    def _hook(self, p):
-        self.ready[self.where[id(p)]] += 1
-        self._launch()
-
-    def _launch(self, force=False):
-        while len(self.works) < len(self.buckets):
-            k = len(self.works)
-            if not force and self.ready[k] < len(self.buckets[k]):
-                return
-            flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in self.buckets[k]])
-            self.flats.append(flat)
-            self.works.append(dist.all_reduce(flat, async_op=True))
-
-    def finish_gradient_sync(self):
-        self._launch(force=True)
-        for b, flat, work in zip(self.buckets, self.flats, self.works):
-            work.wait()
-            flat /= self.n
-            for p, g in zip(b, flat.split([p.numel() for p in b])):
-                p.grad = g.view_as(p).clone()
-        self.ready, self.works, self.flats = [0] * len(self.buckets), [], []
-
-
-def test_bucketed_alternative_gets_full_marks():
-    lab2.check_bucketed_ddp(CountingDDP)
-    lab2.check_bucketed_ddp_traffic(CountingDDP)
-    lab2.check_overlap(CountingDDP)
-
-
 def test_a_students_own_assert_reads_as_theirs():
     def asserting(params, cap_bytes):
         assert cap_bytes > 10 ** 9, "my own sanity check"
@@ -282,6 +179,10 @@ def test_a_students_own_assert_reads_as_theirs():
                                                r"line \d+\).*my own sanity check"):
         lab2.check_make_buckets(asserting)
 
+
+# ----------------------------------------------------------------------------- correct alternatives
+# Other implementations the labs' contracts allow live in the bug banks (autograder/bugbank/lab2_data_parallel.py,
+# ALTERNATIVES), where the selftest grades them as submissions.
 
 def _lab3_notebook(**overrides) -> dict:
     """The lab 3 solution's code cells run in one namespace (ShardedUnit, Zero, the four functions),

@@ -274,3 +274,239 @@ class BucketedDDP:
 
 NOT_GRADED = []
 RELEASE_MAY_PASS = []
+
+# correct implementations other than the solution's: each must get full marks
+_BUCKETED_TESTS = ["test_make_buckets", "test_bucketed_ddp_equal", "test_bucketed_ddp_traffic",
+                   "test_bucketed_ddp_overlap"]     # BucketedDDP builds its buckets with make_buckets
+
+ALTERNATIVES = [
+    # ------------------------------------------------------------------ split_batch
+    dict(
+        name="split_narrow_divmod",
+        cell="split_batch",
+        code='''
+def split_batch(x, y, rank, world_size):
+    """Rank `rank`'s contiguous block of the global batch (x, y)."""
+    rows, rest = divmod(len(y), world_size)
+    if rest:
+        raise ValueError(f"{len(y)} rows on {world_size} ranks")
+    return x.narrow(0, rank * rows, rows), y.narrow(0, rank * rows, rows)
+''',
+        why="divmod for the check, Tensor.narrow for the block",
+    ),
+    dict(
+        name="split_torch_chunk",
+        cell="split_batch",
+        code='''
+def split_batch(x, y, rank, world_size):
+    """Rank `rank`'s contiguous block of the global batch (x, y)."""
+    if x.size(0) % world_size != 0:
+        raise ValueError("uneven batch")
+    return torch.chunk(x, world_size)[rank], torch.chunk(y, world_size)[rank]
+''',
+        why="torch.chunk into world_size pieces (equal once the batch divides), takes piece `rank`",
+    ),
+    dict(
+        name="split_by_block_size",
+        cell="split_batch",
+        code='''
+def split_batch(x, y, rank, world_size):
+    """Rank `rank`'s contiguous block of the global batch (x, y)."""
+    local, rest = divmod(x.shape[0], world_size)
+    if rest:
+        raise ValueError(f"batch {x.shape[0]} is not a multiple of world_size {world_size}")
+    return x.split(local)[rank], y.split(local)[rank]
+''',
+        why="Tensor.split into blocks of B / world_size rows, takes block `rank`",
+    ),
+
+    # ------------------------------------------------------------------ average_gradients
+    dict(
+        name="avg_divide_before_all_reduce",
+        cell="average_gradients",
+        code='''
+def average_gradients(model):
+    """After backward: replace every trainable parameter's gradient by its mean over all ranks."""
+    n = dist.get_world_size()
+    for p in (q for q in model.parameters() if q.requires_grad):
+        p.grad = torch.zeros_like(p) if p.grad is None else p.grad / n
+        dist.all_reduce(p.grad)
+''',
+        why="divides each gradient by N out of place first, then all-reduces the scaled copy held in p.grad",
+    ),
+    dict(
+        name="avg_all_reduce_a_copy",
+        cell="average_gradients",
+        code='''
+def average_gradients(model):
+    """After backward: replace every trainable parameter's gradient by its mean over all ranks."""
+    for p in model.parameters():
+        if p.requires_grad:
+            g = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+            dist.all_reduce(g)
+            p.grad = g / dist.get_world_size()
+''',
+        why="all-reduces a clone and assigns a new averaged tensor to p.grad (out of place)",
+    ),
+    dict(
+        name="avg_async_then_wait_all",
+        cell="average_gradients",
+        code='''
+def average_gradients(model):
+    """After backward: replace every trainable parameter's gradient by its mean over all ranks."""
+    world = dist.get_world_size()
+    pending = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        pending.append((p.grad, dist.all_reduce(p.grad, async_op=True)))
+    for grad, work in pending:
+        work.wait()
+        grad.div_(world)
+''',
+        why="launches every all-reduce with async_op=True, then waits for all and divides",
+    ),
+
+    # ------------------------------------------------------------------ make_buckets
+    dict(
+        name="buckets_model_order_inside",
+        cell="make_buckets",
+        replace=[("        current.append(p)\n", "        current.insert(0, p)          # keep model order inside a bucket\n")],
+        tests=_BUCKETED_TESTS,
+        why="same buckets in the same order, each listed in model order (the contract leaves the order "
+            "inside a bucket free)",
+    ),
+    dict(
+        name="buckets_cut_points_in_place_reverse",
+        cell="make_buckets",
+        code='''
+def make_buckets(params, cap_bytes):
+    """Greedy buckets of at most `cap_bytes`, filled in reverse parameter order."""
+    params.reverse()
+    cuts, size = [0], 0
+    for i, p in enumerate(params):
+        nbytes = p.numel() * p.element_size()
+        if i > cuts[-1] and size + nbytes > cap_bytes:
+            cuts.append(i)
+            size = 0
+        size += nbytes
+    return [params[a:b] for a, b in zip(cuts, cuts[1:] + [len(params)])]
+''',
+        tests=_BUCKETED_TESTS,
+        why="reverses the caller's list in place, computes the cut points first, then slices",
+    ),
+    dict(
+        name="buckets_look_ahead",
+        cell="make_buckets",
+        code='''
+def make_buckets(params, cap_bytes):
+    """Greedy buckets of at most `cap_bytes`, filled in reverse parameter order."""
+    order = list(reversed(params))
+    sizes = [p.numel() * p.element_size() for p in order]
+    buckets, start = [], 0
+    while start < len(order):
+        end, total = start + 1, sizes[start]          # a bucket always takes at least one tensor
+        while end < len(order) and total + sizes[end] <= cap_bytes:
+            total += sizes[end]
+            end += 1
+        buckets.append(order[start:end])
+        start = end
+    return buckets
+''',
+        tests=_BUCKETED_TESTS,
+        why="index loop that grows each bucket while the next tensor still fits (look-ahead), then slices",
+    ),
+
+    # ------------------------------------------------------------------ BucketedDDP
+    dict(
+        name="ddp_divide_after_wait",
+        cell="BucketedDDP",
+        replace=[("            bucket.buffer.div_(self.world_size)\n", ""),
+                 ("            bucket.work.wait()\n",
+                  "            bucket.work.wait()\n            bucket.buffer.div_(self.world_size)\n")],
+        why="all-reduces the sum and divides by the world size after wait() instead of before the launch",
+    ),
+    dict(
+        name="ddp_without_bucket_helper",
+        cell="BucketedDDP",
+        code='''
+class BucketedDDP:
+    """Data parallelism with gradient buckets whose all-reduces overlap backward."""
+
+    def __init__(self, model, bucket_cap_bytes=1 << 20):
+        self.model, self.n = model, dist.get_world_size()
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets = make_buckets(params, bucket_cap_bytes)
+        self.where = {id(p): k for k, b in enumerate(self.buckets) for p in b}
+        self.ready, self.works, self.flats = [0] * len(self.buckets), [], []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self.on_grad_ready)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def on_grad_ready(self, p):
+        """Autograd calls this when p.grad is final for the current backward."""
+        self.ready[self.where[id(p)]] += 1
+        self.launch_ready_buckets()
+
+    def launch_ready_buckets(self, force=False):
+        """Start the async all-reduce of every full bucket, strictly in bucket order."""
+        while len(self.works) < len(self.buckets):
+            k = len(self.works)
+            if not force and self.ready[k] < len(self.buckets[k]):
+                return
+            flat = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1)
+                              for p in self.buckets[k]])
+            self.flats.append(flat)
+            self.works.append(dist.all_reduce(flat, async_op=True))
+
+    def finish_gradient_sync(self):
+        """After backward: launch the buckets left over, wait for all, unpack the averages."""
+        self.launch_ready_buckets(force=True)
+        for b, flat, work in zip(self.buckets, self.flats, self.works):
+            work.wait()
+            flat /= self.n
+            for p, g in zip(b, flat.split([p.numel() for p in b])):
+                p.grad = g.view_as(p).clone()
+        self.ready, self.works, self.flats = [0] * len(self.buckets), [], []
+''',
+        why="no Bucket helper: a ready count per bucket, torch.cat into a fresh flat tensor, the mean taken "
+            "after the wait, split back into new gradients",
+    ),
+    dict(
+        name="ddp_leftovers_from_autograd_callback",
+        cell="BucketedDDP",
+        replace=[("        self.bucket_of[id(p)].ready.add(id(p))\n        self.launch_ready_buckets()\n",
+                  "        if not getattr(self, \"callback_queued\", False):     # once per backward\n"
+                  "            self.callback_queued = True\n"
+                  "            torch.autograd.Variable._execution_engine.queue_callback(self.launch_leftovers)\n"
+                  "        self.bucket_of[id(p)].ready.add(id(p))\n        self.launch_ready_buckets()\n\n"
+                  "    def launch_leftovers(self):\n"
+                  "        \"\"\"Runs when backward ends: buckets with unused parameters go now, counted as zeros.\"\"\"\n"
+                  "        for bucket in self.buckets[self.next_bucket:]:\n"
+                  "            bucket.ready.update(id(p) for p in bucket.params)\n"
+                  "        self.launch_ready_buckets()\n"),
+                 ("        for bucket in self.buckets[self.next_bucket:]:\n"
+                  "            bucket.ready.update(id(p) for p in bucket.params)\n"
+                  "        self.launch_ready_buckets()\n"
+                  "        for bucket in self.buckets:\n",
+                  "        self.launch_leftovers()             # a no-op when the callback already ran\n"
+                  "        for bucket in self.buckets:\n"),
+                 ("            bucket.reset()\n        self.next_bucket = 0",
+                  "            bucket.reset()\n        self.next_bucket = 0\n        self.callback_queued = False")],
+        why="launches the buckets left over (unused parameters) from an autograd end-of-backward callback "
+            "queued by the first hook, as torch's DDP does; finish_gradient_sync only waits",
+    ),
+    dict(
+        name="ddp_gradients_as_bucket_views",
+        cell="BucketedDDP",
+        replace=[("            bucket.unpack()\n",
+                  "            for p, view in zip(bucket.params, bucket.views):\n"
+                  "                p.grad = view             # the gradient IS its slice of the bucket: no copy back\n")],
+        why="after the wait, points every p.grad at its view of the bucket buffer instead of copying "
+            "the buffer back (gradient_as_bucket_view)",
+    ),
+]
