@@ -255,46 +255,6 @@ def test_bad_arguments_to_the_checks():
         checks.check_all_reduce(ring_all_reduce, pattern="tree")
 
 
-def _binomial_broadcast(tensor, src):
-    """The lab's "going further": a binomial tree, ⌈lg N⌉ rounds, relative to the root."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out = tensor.clone()
-    rel = (rank - src) % world
-    mask = 1
-    while mask < world:                      # receive from the parent once
-        if rel & mask:
-            dist.recv(out, src=(rank - mask) % world)
-            break
-        mask <<= 1
-    mask >>= 1
-    while mask > 0:                          # then send to the children
-        if rel + mask < world:
-            dist.send(out, dst=(rank + mask) % world)
-        mask >>= 1
-    return out
-
-
-def naive_all_reduce_with_tree_broadcast(tensor):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    total = tensor.clone()
-    if rank == 0:
-        incoming = torch.empty_like(total)
-        for peer in range(1, world):
-            dist.recv(incoming, src=peer)
-            total += incoming
-    else:
-        dist.send(total, dst=0)
-    return _binomial_broadcast(total, 0)
-
-
-def test_naive_pattern_accepts_any_broadcast():
-    """A naive all-reduce that reuses a binomial-tree broadcast (lab 1's "going further") is
-    still a reduce through rank 0 followed by a broadcast: full marks on the pattern."""
-    checks.check_broadcast(_binomial_broadcast, world_sizes=(2, 3, 4, 5), lengths=(1, 7))
-    checks.check_all_reduce(naive_all_reduce_with_tree_broadcast, world_sizes=(2, 3, 4, 5), lengths=(7, 19),
-                            dtypes=(torch.float32,), pattern="naive")
-
-
 def test_lab1_halving_must_raise_value_error_on_non_power_of_two_world_sizes():
     def strict(tensor):
         n = dist.get_world_size()

@@ -467,5 +467,345 @@ def recursive_halving_all_reduce(tensor):
     ),
 ]
 
+
+# Correct implementations other than the solution's: each must get full marks (format:
+# autograder/bugbank/README.md). Without `tests`, an alternative must pass every test that a
+# bug of its cell must fail (for sendrecv: every ring and halving test; for broadcast: its own
+# test and both naive all-reduce tests, since naive_all_reduce broadcasts with it).
+ALTERNATIVES = [
+    # ------------------------------------------------------------------ sendrecv (helper)
+    dict(
+        name="sendrecv_isend_then_blocking_recv",
+        cell="sendrecv",
+        code='''
+def sendrecv(send_tensor, dst, recv_tensor, src):
+    """Send `send_tensor` to rank `dst` while receiving into `recv_tensor` from rank `src`."""
+    request = dist.isend(send_tensor, dst=dst)
+    dist.recv(recv_tensor, src=src)
+    request.wait()
+''',
+        why="only the send is non-blocking: posts it, then a blocking recv, then waits for the send",
+    ),
+    dict(
+        name="sendrecv_irecv_then_blocking_send",
+        cell="sendrecv",
+        code='''
+def sendrecv(send_tensor, dst, recv_tensor, src):
+    """Send `send_tensor` to rank `dst` while receiving into `recv_tensor` from rank `src`."""
+    request = dist.irecv(recv_tensor, src=src)
+    dist.send(send_tensor, dst=dst)
+    request.wait()
+''',
+        why="posts the receive first, then a blocking send (its partner's receive is already posted)",
+    ),
+    dict(
+        name="sendrecv_pairwise_ordered_by_rank",
+        cell="sendrecv",
+        code='''
+def sendrecv(send_tensor, dst, recv_tensor, src):
+    """Send `send_tensor` to rank `dst` while receiving into `recv_tensor` from rank `src`."""
+    if dst == src:
+        # A swap with one partner (question 5): the lower rank sends first, the higher
+        # receives first, so blocking calls cannot wait on each other.
+        if dist.get_rank() < dst:
+            dist.send(send_tensor, dst=dst)
+            dist.recv(recv_tensor, src=src)
+        else:
+            dist.recv(recv_tensor, src=src)
+            dist.send(send_tensor, dst=dst)
+        return
+    requests = [dist.irecv(recv_tensor, src=src), dist.isend(send_tensor, dst=dst)]
+    for request in requests:
+        request.wait()
+''',
+        why="the lab's question 5: a swap with one partner uses blocking calls ordered by rank; "
+            "distinct peers (a ring) post irecv then isend and wait for both",
+    ),
+
+    # ------------------------------------------------------------------ broadcast
+    dict(
+        name="broadcast_binomial_tree",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    relative = (rank - src) % world          # the root is 0 in the tree
+    mask = 1
+    while mask < world:                      # receive once, from the parent
+        if relative & mask:
+            dist.recv(out, src=(rank - mask) % world)
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:                          # then forward to the children, farthest first
+        if relative + mask < world:
+            dist.send(out, dst=(rank + mask) % world)
+        mask >>= 1
+    return out
+''',
+        why="the lab's going-further binomial tree (ceil(lg N) rounds, ranks relative to the root); "
+            "naive_all_reduce's broadcast phase then runs as a tree too",
+    ),
+    dict(
+        name="broadcast_binomial_doubling_rounds",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    relative = (rank - src) % world
+    distance = 1
+    while distance < world:
+        # Round k: the 2^k ranks that have the data send to the ones 2^k further on.
+        if relative < distance and relative + distance < world:
+            dist.isend(out, dst=(rank + distance) % world).wait()
+        elif distance <= relative < 2 * distance:
+            dist.irecv(out, src=(rank - distance) % world).wait()
+        distance *= 2
+    return out
+''',
+        why="binomial tree written round by round (distance 1, 2, 4, ...: the informed ranks double), "
+            "with isend/irecv",
+    ),
+    dict(
+        name="broadcast_root_blocking_sends",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    out = tensor.clone()
+    if dist.get_rank() == src:
+        for peer in range(dist.get_world_size()):
+            if peer != src:
+                dist.send(out, dst=peer)
+    else:
+        dist.recv(out, src=src)
+    return out
+''',
+        why="the root sends with blocking sends, one peer after the other, instead of isends",
+    ),
+    dict(
+        name="broadcast_chain",
+        cell="broadcast",
+        code='''
+def broadcast(tensor, src):
+    """Return, on every rank, a copy of `tensor` as it is on rank `src`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = tensor.clone()
+    if rank != src:
+        dist.recv(out, src=(rank - 1) % world)
+    if (rank + 1) % world != src:
+        dist.send(out, dst=(rank + 1) % world)
+    return out
+''',
+        why="a chain: the root sends to its right neighbour, which forwards it, and so on around the ring",
+    ),
+
+    # ------------------------------------------------------------------ naive all-reduce
+    dict(
+        name="naive_irecv_all_then_sum",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        buffers = [torch.empty_like(tensor) for _ in range(1, world)]
+        requests = [dist.irecv(buf, src=peer) for peer, buf in zip(range(1, world), buffers)]
+        for request in requests:
+            request.wait()
+        total = torch.stack([tensor, *buffers]).sum(0)
+    else:
+        dist.isend(tensor, dst=0).wait()
+        total = torch.empty_like(tensor)
+    return broadcast(total, src=0)
+''',
+        why="rank 0 posts every receive at once into its own buffer and sums them with one torch.stack(...).sum",
+    ),
+    dict(
+        name="naive_inline_broadcast",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        total = tensor.clone()
+        for peer in range(1, world):
+            incoming = torch.empty_like(tensor)
+            dist.recv(incoming, src=peer)
+            total = total + incoming
+        for peer in range(1, world):
+            dist.send(total, dst=peer)
+        return total
+    dist.send(tensor, dst=0)
+    total = torch.empty_like(tensor)
+    dist.recv(total, src=0)
+    return total
+''',
+        why="writes both phases out with blocking send/recv (out-of-place sum) instead of calling broadcast",
+    ),
+
+    # ------------------------------------------------------------------ ring reduce-scatter
+    dict(
+        name="rs_ring_turning_left",
+        cell="ring_reduce_scatter",
+        code='''
+def ring_reduce_scatter(tensor):
+    """Return, on rank r, the sum over all ranks of chunk r of `tensor.tensor_split(N)`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = tensor.clone().tensor_split(world)
+    for step in range(world - 1):
+        # Partial sums travel to the left: chunk c starts at rank c + 1 and ends at rank c.
+        send_index = (rank + step + 1) % world
+        recv_index = (rank + step + 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        sendrecv(chunks[send_index], left, incoming, right)
+        chunks[recv_index].add_(incoming)
+    return chunks[rank].clone()
+''',
+        why="the ring runs the other way (send left, receive from the right) with the chunk schedule mirrored",
+    ),
+    dict(
+        name="rs_list_out_of_place_isend_irecv",
+        cell="ring_reduce_scatter",
+        code='''
+def ring_reduce_scatter(tensor):
+    """Return, on rank r, the sum over all ranks of chunk r of `tensor.tensor_split(N)`."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    partial = list(tensor.tensor_split(world))      # views of the input, never written to
+    for step in range(world - 1):
+        send_index = (rank - step - 1) % world
+        recv_index = (rank - step - 2) % world
+        incoming = torch.empty_like(partial[recv_index])
+        requests = [dist.irecv(incoming, src=(rank - 1) % world),
+                    dist.isend(partial[send_index], dst=(rank + 1) % world)]
+        for request in requests:
+            request.wait()
+        partial[recv_index] = partial[recv_index] + incoming
+    return partial[rank].clone()
+''',
+        why="no clone of the input: a list of chunks, each replaced by an out-of-place sum; "
+            "posts irecv/isend itself",
+    ),
+
+    # ------------------------------------------------------------------ ring all-reduce
+    dict(
+        name="ring_turning_left",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    out = tensor.flatten().clone()
+    chunks = out.tensor_split(world)
+    for step in range(world - 1):
+        send_index = (rank + step + 1) % world
+        recv_index = (rank + step + 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        sendrecv(chunks[send_index], left, incoming, right)
+        chunks[recv_index].add_(incoming)
+    for step in range(world - 1):
+        sendrecv(chunks[(rank + step) % world], left, chunks[(rank + step + 1) % world], right)
+    return out.view(tensor.shape)
+''',
+        why="both phases run the ring the other way (send left), with the chunk schedule mirrored",
+    ),
+    dict(
+        name="ring_reuses_own_reduce_scatter",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = tensor.flatten()
+    mine = ring_reduce_scatter(flat)
+    out = torch.empty_like(flat)
+    chunks = out.tensor_split(world)
+    chunks[rank].copy_(mine)
+    for step in range(world - 1):
+        sendrecv(chunks[(rank - step) % world], (rank + 1) % world,
+                 chunks[(rank - step - 1) % world], (rank - 1) % world)
+    return out.view(tensor.shape)
+''',
+        why="calls the student's own ring_reduce_scatter, then runs only the all-gather into a fresh buffer",
+    ),
+    dict(
+        name="ring_list_chunks_and_cat",
+        cell="ring_all_reduce",
+        code='''
+def ring_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: ring reduce-scatter, then ring all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % world, (rank - 1) % world
+    chunks = [c.clone() for c in tensor.reshape(-1).tensor_split(world)]
+    for step in range(world - 1):
+        send_index, recv_index = (rank - step - 1) % world, (rank - step - 2) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        sendrecv(chunks[send_index], right, incoming, left)
+        chunks[recv_index] = chunks[recv_index] + incoming
+    for step in range(world - 1):
+        send_index, recv_index = (rank - step) % world, (rank - step - 1) % world
+        incoming = torch.empty_like(chunks[recv_index])
+        sendrecv(chunks[send_index], right, incoming, left)
+        chunks[recv_index] = incoming
+    return torch.cat(chunks).reshape(tensor.shape)
+''',
+        why="a list of separate chunk tensors (out-of-place add, fresh receive buffers) joined with torch.cat",
+    ),
+
+    # ------------------------------------------------------------------ recursive halving
+    dict(
+        name="halving_distance_descending",
+        cell="recursive_halving_all_reduce",
+        replace=[("    distance = 1\n    while distance < world:", "    distance = world // 2\n    while distance >= 1:"),
+                 ("        distance *= 2", "        distance //= 2")],
+        why="partner distances N/2, N/4, ..., 1 in the reduce-scatter (the doubling all-gather replays them backwards)",
+    ),
+    dict(
+        name="halving_element_ranges_recursive",
+        cell="recursive_halving_all_reduce",
+        code='''
+def recursive_halving_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor` (N a power of two): recursive-halving
+    reduce-scatter, then recursive-doubling all-gather."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world & (world - 1):
+        raise ValueError(f"recursive halving needs a power-of-two world size, got {world}")
+    out = tensor.flatten().clone()
+
+    def halve_then_double(lo, hi, distance):
+        """Reduce out[lo:hi] with the ranks at XOR-distances >= distance, then gather it back."""
+        if distance >= world:
+            return
+        partner = rank ^ distance
+        mid = (lo + hi) // 2                          # element offsets, not chunk indices
+        keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))
+        incoming = torch.empty_like(out[keep[0]:keep[1]])
+        sendrecv(out[give[0]:give[1]], partner, incoming, partner)
+        out[keep[0]:keep[1]] += incoming
+        halve_then_double(*keep, distance * 2)
+        sendrecv(out[keep[0]:keep[1]], partner, out[give[0]:give[1]], partner)
+
+    halve_then_double(0, out.numel(), 1)
+    return out.view(tensor.shape)
+''',
+        why="recursion instead of a list of rounds (the all-gather step runs as the call returns), "
+            "halving element ranges rather than ranges of tensor_split chunks",
+    ),
+    dict(
+        name="halving_upper_rank_keeps_lower_half",
+        cell="recursive_halving_all_reduce",
+        replace=[("keep, give = ((lo, mid), (mid, hi)) if rank < partner else ((mid, hi), (lo, mid))",
+                  "keep, give = ((lo, mid), (mid, hi)) if rank > partner else ((mid, hi), (lo, mid))")],
+        why="the other half assignment: the higher rank of each pair keeps the lower half",
+    ),
+]
+
 NOT_GRADED = []
 RELEASE_MAY_PASS = []
