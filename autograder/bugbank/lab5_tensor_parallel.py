@@ -1,7 +1,9 @@
-"""Lab 5 (tensor and sequence parallelism): realistic wrong implementations.
+"""Lab 5 (tensor and sequence parallelism): realistic wrong implementations, and correct
+alternatives to the solution that must get full marks.
 
 Each bug edits one solution cell of solutions/lab5_tensor_parallel/lab5_tensor_parallel.ipynb
-and names the test cells that must lose points (format: autograder/bugbank/README.md).
+and names the test cells that must lose points; each alternative rewrites one solution cell
+correctly (format: autograder/bugbank/README.md).
 
 While one function is graded, the checks stand minidist's own in for the lab's other
 functions (minidist.checks.lab5_tensor_parallel), so a bug in f fails f's test only, not
@@ -360,6 +362,509 @@ BUGS = [
         replace=[("h = sp_gather(F.layer_norm(x, ", "h = sp_gather(F.layer_norm(copy_to_tp(x, group), ")],
         catches=[SP_BLOCK],
         why="an f on the sequence shard: backward adds other ranks' token gradients into mine",
+    ),
+]
+
+# Correct implementations other than the solution's: each must get full marks (the checks must
+# not over-constrain). Among them the lab's "Going further" variants of graded functions (the SP
+# block that re-gathers its input in backward, partial gradients summed by hooks, the cross
+# entropy with two of its all-reduces fused) and the forms the notebook calls accepted (in-place
+# g, dist.all_gather / dist.reduce_scatter on lists).
+ALTERNATIVES = [
+    # ------------------------------------------------------------------ copy_to_tp (f)
+    dict(
+        name="f_forward_returns_input",
+        cell="copy_to_tp",
+        replace=[("return x.view_as(x)           # a new tensor object (autograd needs one), same storage",
+                  "return x                      # Megatron's f returns its input as it is")],
+        why="forward returns x itself (Megatron's _CopyToModelParallelRegion), not a view of it",
+    ),
+    dict(
+        name="f_forward_copies",
+        cell="copy_to_tp",
+        replace=[("return x.view_as(x)           # a new tensor object (autograd needs one), same storage",
+                  "return x.clone()")],
+        why="forward returns a copy of x (out of place, one more activation) instead of a view",
+    ),
+    dict(
+        name="f_as_a_gradient_hook",
+        cell="copy_to_tp",
+        code='''
+def _sum_over_group(grad, group):
+    grad = grad.clone()
+    dist.all_reduce(grad, group=group)
+    return grad
+
+
+def copy_to_tp(x, group=None):
+    """f: enter a tensor-parallel region from a replicated activation."""
+    y = x.view_as(x)                       # identity forward
+    if y.requires_grad:                    # backward: the gradient reaching y is all-reduced on its way to x
+        y.register_hook(lambda grad: _sum_over_group(grad, group))
+    return y
+''',
+        why="no autograd.Function: an identity view whose gradient hook all-reduces the gradient",
+    ),
+
+    # ------------------------------------------------------------------ reduce_from_tp (g)
+    dict(
+        name="g_in_place",
+        cell="reduce_from_tp",
+        replace=[("        out = x.clone()\n        dist.all_reduce(out, group=group)\n        return out\n",
+                  "        dist.all_reduce(x, group=group)      # Megatron reduces in place\n        return x\n")],
+        why="forward all-reduces its input in place and returns it (Megatron's _ReduceFromModelParallelRegion)",
+    ),
+    dict(
+        name="g_async_all_reduce",
+        cell="reduce_from_tp",
+        replace=[("        dist.all_reduce(out, group=group)\n",
+                  "        work = dist.all_reduce(out, op=dist.ReduceOp.SUM, group=group, async_op=True)\n"
+                  "        work.wait()\n")],
+        why="posts the all-reduce with async_op=True and waits on its work handle",
+    ),
+    dict(
+        name="g_detached_sum_plus_zero",
+        cell="reduce_from_tp",
+        code='''
+def reduce_from_tp(x, group=None):
+    """g: leave a tensor-parallel region by summing the per-rank partial results."""
+    total = x.detach().clone()
+    dist.all_reduce(total, group=group)
+    return total + (x - x.detach())        # value: the sum; gradient: the identity, through x - x.detach() (= 0)
+''',
+        why="no autograd.Function: a detached all-reduce plus x - x.detach(), whose gradient is the identity",
+    ),
+
+    # ------------------------------------------------------------------ column_parallel_linear
+    dict(
+        name="column_matmul",
+        cell="column_parallel_linear",
+        replace=[("    return F.linear(copy_to_tp(x, group), weight, bias)",
+                  "    y = copy_to_tp(x, group) @ weight.t()\n    return y if bias is None else y + bias\n")],
+        why="x @ Wᵀ (+ b) with the matmul operator instead of F.linear",
+    ),
+    dict(
+        name="column_addmm_on_flat_tokens",
+        cell="column_parallel_linear",
+        replace=[("    return F.linear(copy_to_tp(x, group), weight, bias)",
+                  "    x2 = copy_to_tp(x, group).reshape(-1, x.shape[-1])         # (tokens, in)\n"
+                  "    y = x2 @ weight.t() if bias is None else torch.addmm(bias, x2, weight.t())\n"
+                  "    return y.view(*x.shape[:-1], weight.shape[0])\n")],
+        why="tokens flattened to 2-D, one addmm (bias fused), viewed back to (..., out/t)",
+    ),
+    dict(
+        name="column_einsum",
+        cell="column_parallel_linear",
+        replace=[("    return F.linear(copy_to_tp(x, group), weight, bias)",
+                  "    y = torch.einsum('...i,oi->...o', copy_to_tp(x, group), weight)\n"
+                  "    return y if bias is None else y + bias\n")],
+        why="the sharded matmul as an einsum",
+    ),
+
+    # ------------------------------------------------------------------ row_parallel_linear
+    dict(
+        name="row_matmul",
+        cell="row_parallel_linear",
+        replace=[("y = reduce_from_tp(F.linear(x, weight), group)", "y = reduce_from_tp(x @ weight.t(), group)")],
+        why="the partial sum X_r W_rᵀ with the matmul operator instead of F.linear",
+    ),
+    dict(
+        name="row_flat_tokens_then_view",
+        cell="row_parallel_linear",
+        replace=[("    y = reduce_from_tp(F.linear(x, weight), group)\n    return y if bias is None else y + bias",
+                  "    partial = x.reshape(-1, x.shape[-1]) @ weight.t()             # (tokens, out)\n"
+                  "    y = reduce_from_tp(partial, group).view(*x.shape[:-1], weight.shape[0])\n"
+                  "    if bias is not None:\n        y = y + bias\n    return y\n")],
+        why="tokens flattened to 2-D, g on the 2-D partial sum, viewed back, then the bias",
+    ),
+    dict(
+        name="row_einsum_bias_via_add",
+        cell="row_parallel_linear",
+        replace=[("    y = reduce_from_tp(F.linear(x, weight), group)\n    return y if bias is None else y + bias",
+                  "    y = reduce_from_tp(torch.einsum('...i,oi->...o', x, weight), group)\n"
+                  "    return y if bias is None else torch.add(y, bias)\n")],
+        why="einsum for the partial sum, torch.add for the bias after g",
+    ),
+
+    # ------------------------------------------------------------------ tp_mlp
+    dict(
+        name="mlp_inline_f_and_g",
+        cell="tp_mlp",
+        code='''
+def tp_mlp(x, mlp, group=None):
+    """proj(GeLU(fc(x))) with fc column-parallel and proj row-parallel over `group`."""
+    h = F.gelu(F.linear(copy_to_tp(x, group), my_chunk(mlp.fc.weight, 0, group), my_chunk(mlp.fc.bias, 0, group)))
+    return reduce_from_tp(F.linear(h, my_chunk(mlp.proj.weight, 1, group)), group) + mlp.proj.bias
+''',
+        why="f, the two matmuls and g written out with F.linear instead of the layer functions",
+    ),
+    dict(
+        name="mlp_shard_range_slices_and_module_gelu",
+        cell="tp_mlp",
+        code='''
+def tp_mlp(x, mlp, group=None):
+    """proj(GeLU(fc(x))) with fc column-parallel and proj row-parallel over `group`."""
+    rank, t = group_rank_size(group)
+    a, b = shard_range(mlp.fc.out_features, rank, t)          # my hidden features [a, b)
+    h = mlp.act(column_parallel_linear(x, mlp.fc.weight[a:b], mlp.fc.bias[a:b], group))
+    return row_parallel_linear(h, mlp.proj.weight[:, a:b], mlp.proj.bias, group)
+''',
+        why="slices from shard_range instead of my_chunk, and the module's own GeLU (mlp.act)",
+    ),
+    dict(
+        name="mlp_proj_bias_added_outside",
+        cell="tp_mlp",
+        replace=[("return row_parallel_linear(F.gelu(h), my_chunk(mlp.proj.weight, 1, group), mlp.proj.bias, group)",
+                  "return row_parallel_linear(F.gelu(h), my_chunk(mlp.proj.weight, 1, group), None, group) + mlp.proj.bias")],
+        why="row-parallel layer without bias, proj.bias added once by the caller after it",
+    ),
+
+    # ------------------------------------------------------------------ tp_attention
+    dict(
+        name="attn_one_f_three_matmuls",
+        cell="tp_attention",
+        replace=[("    weight = torch.cat([my_chunk(lin.weight, 0, group) for lin in (attn.q, attn.k, attn.v)])\n"
+                  "    bias = torch.cat([my_chunk(lin.bias, 0, group) for lin in (attn.q, attn.k, attn.v)])\n"
+                  "    q, k, v = column_parallel_linear(x, weight, bias, group).split(\n"
+                  "        [n_heads // t * hd, n_kv // t * hd, n_kv // t * hd], dim=-1)\n",
+                  "    xf = copy_to_tp(x, group)            # enter the region once: one all-reduce in backward\n"
+                  "    q, k, v = (F.linear(xf, my_chunk(lin.weight, 0, group), my_chunk(lin.bias, 0, group))\n"
+                  "               for lin in (attn.q, attn.k, attn.v))\n")],
+        why="one f on x, then three separate matmuls for Q, K, V (no fused weight): still one all-reduce backward",
+    ),
+    dict(
+        name="attn_sdpa",
+        cell="tp_attention",
+        replace=[("    y = causal_attention(heads(q), heads(k), heads(v), attn.future)\n",
+                  "    y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True, enable_gqa=True)\n")],
+        why="local attention with F.scaled_dot_product_attention (is_causal, enable_gqa) instead of causal_attention",
+    ),
+    dict(
+        name="attn_head_ranges_and_explicit_softmax",
+        cell="tp_attention",
+        code='''
+def tp_attention(x, attn, group=None):
+    """Causal self-attention with this rank's whole heads: fused QKV column-parallel, local
+    attention, o row-parallel (o.bias whole, added once)."""
+    rank, t = group_rank_size(group)
+    hd = attn.head_dim
+    n_heads, n_kv = attn.q.out_features // hd, attn.k.out_features // hd
+    if n_heads % t or n_kv % t:
+        raise ValueError(f"cannot split {n_heads} query / {n_kv} kv heads over {t} ranks")
+    qa, qb = (hd * i for i in shard_range(n_heads, rank, t))      # rows of my query heads
+    ka, kb = (hd * i for i in shard_range(n_kv, rank, t))         # rows of my kv heads
+    weight = torch.cat([attn.q.weight[qa:qb], attn.k.weight[ka:kb], attn.v.weight[ka:kb]])
+    bias = torch.cat([attn.q.bias[qa:qb], attn.k.bias[ka:kb], attn.v.bias[ka:kb]])
+    b, s, _ = x.shape
+    qkv = column_parallel_linear(x, weight, bias, group)
+    q = qkv[..., :qb - qa].view(b, s, -1, hd).transpose(1, 2)
+    k, v = (z.view(b, s, -1, hd).transpose(1, 2) for z in qkv[..., qb - qa:].chunk(2, dim=-1))
+    k, v = (z.repeat_interleave(q.size(1) // z.size(1), dim=1) for z in (k, v))   # GQA: query head i reads kv i // g
+    scores = (q @ k.transpose(-2, -1)) * hd ** -0.5
+    probs = scores.masked_fill(attn.future[:s, :s], float("-inf")).softmax(dim=-1)
+    y = (probs @ v).transpose(1, 2).reshape(b, s, -1)
+    return row_parallel_linear(y, attn.o.weight[:, qa:qb], attn.o.bias, group)
+''',
+        why="head ranges from shard_range and slicing, GQA by repeat_interleave, softmax attention written out",
+    ),
+
+    # ------------------------------------------------------------------ vocab_parallel_cross_entropy
+    dict(
+        name="ce_two_all_reduces",
+        cell="vocab_parallel_cross_entropy",
+        code='''
+def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100, *, vocab_size=None):
+    """Mean cross entropy of logits split by vocabulary over `group` (the last two all-reduces fused)."""
+    rank, t = group_rank_size(group)
+    local = logits.shape[-1]
+    start, stop = (rank * local, (rank + 1) * local) if vocab_size is None else shard_range(vocab_size, rank, t)
+    m = logits.detach().max(dim=-1).values
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - m.unsqueeze(-1)
+    valid = target != ignore_index
+    mine = valid & (target >= start) & (target < stop)
+    picked = shifted.gather(-1, (target - start).masked_fill(~mine, 0).unsqueeze(-1)).squeeze(-1) * mine
+    both = reduce_from_tp(torch.stack([picked, shifted.exp().sum(-1)], -1), group)   # one all-reduce of 2 per token
+    return ((both[..., 1].log() - both[..., 0]) * valid).sum() / valid.sum()
+''',
+        why="Going further: the target logit and the sum of exp stacked into one all-reduce (two collectives, not three)",
+    ),
+    dict(
+        name="ce_one_hot_target",
+        cell="vocab_parallel_cross_entropy",
+        code='''
+def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100, *, vocab_size=None):
+    """Mean cross entropy of logits split by vocabulary over `group` (three all-reduces forward)."""
+    rank, t = group_rank_size(group)
+    if vocab_size is None:
+        vocab_size = t * logits.shape[-1]
+    start, stop = shard_range(vocab_size, rank, t)
+    ids = torch.arange(start, stop)                            # the global ids of my columns
+    m = logits.detach().amax(dim=-1)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = logits - m[..., None]
+    one_hot = (target[..., None] == ids).to(logits.dtype)      # all zeros where the target is not mine
+    target_logit = reduce_from_tp((shifted * one_hot).sum(-1), group)
+    sum_exp = reduce_from_tp(shifted.exp().sum(-1), group)
+    losses = sum_exp.log() - target_logit
+    valid = target != ignore_index
+    return losses[valid].mean()
+''',
+        why="the target logit picked by a one-hot comparison with my ids (no gather/masking), mean over losses[valid]",
+    ),
+    dict(
+        name="ce_combines_local_logsumexps",
+        cell="vocab_parallel_cross_entropy",
+        code='''
+def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100, *, vocab_size=None):
+    """Mean cross entropy of logits split by vocabulary over `group` (three all-reduces forward)."""
+    rank, t = group_rank_size(group)
+    local = logits.shape[-1]
+    start, stop = (rank * local, (rank + 1) * local) if vocab_size is None else shard_range(vocab_size, rank, t)
+    lse_mine = torch.logsumexp(logits, dim=-1)                  # log Σ over my slice, stable
+    m = lse_mine.detach().clone()
+    dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)        # the largest slice lse
+    lse = m + reduce_from_tp(torch.exp(lse_mine - m), group).log()
+    valid = target != ignore_index
+    mine = valid & (target >= start) & (target < stop)
+    idx = torch.where(mine, target - start, torch.zeros_like(target))
+    z_y = reduce_from_tp(torch.where(mine, logits.gather(-1, idx[..., None]).squeeze(-1), torch.zeros_like(lse)), group)
+    losses = torch.where(valid, lse - z_y, torch.zeros_like(lse))
+    return losses.sum() / valid.sum()
+''',
+        why="each rank's logsumexp of its slice, combined over the group (max of the lse's, sum of exp), unshifted z_y",
+    ),
+
+    # ------------------------------------------------------------------ sp_gather
+    dict(
+        name="sp_gather_with_a_list",
+        cell="sp_gather",
+        replace=[("        t = dist.get_world_size(group)\n"
+                  "        parts = x.movedim(1, 0).contiguous()                     # (s/t, b, h): the sequence in front\n"
+                  "        out = parts.new_empty((t * parts.shape[0], *parts.shape[1:]))\n"
+                  "        dist.all_gather_into_tensor(out, parts, group=group)\n"
+                  "        return out.movedim(0, 1).contiguous()\n",
+                  "        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]\n"
+                  "        dist.all_gather(parts, x.contiguous(), group=group)\n"
+                  "        return torch.cat(parts, dim=1)\n")],
+        why="dist.all_gather into a list of shards, concatenated along the sequence",
+    ),
+    dict(
+        name="sp_gather_stacked_own_reduce_scatter",
+        cell="sp_gather",
+        code='''
+class SPGather(torch.autograd.Function):
+    """All-gather along the sequence (dim 1) forward; reduce-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t = dist.get_world_size(group)
+        out = x.new_empty((t, *x.shape))                        # (t, b, s/t, h): rank j's shard in out[j]
+        dist.all_gather_into_tensor(out, x.unsqueeze(0).contiguous(), group=group)   # dim 0: 1 per rank
+        return torch.cat(out.unbind(0), dim=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = dist.get_world_size(ctx.group)
+        chunks = torch.stack(grad.tensor_split(t, dim=1))      # (t, b, s/t, h): chunk j is rank j's
+        out = chunks.new_empty((1, *chunks.shape[1:]))
+        dist.reduce_scatter_tensor(out, chunks, group=ctx.group)
+        return out.squeeze(0), None
+
+
+def sp_gather(x, group=None):
+    """(b, s/t, h) this rank's tokens -> (b, s, h) every rank's, in rank order."""
+    return SPGather.apply(x, group)
+''',
+        why="gathers into a (t, ...) buffer (no movedim) and reduce-scatters in its own backward, not via sp_reduce_scatter",
+    ),
+    dict(
+        name="sp_gather_backward_list_reduce_scatter",
+        cell="sp_gather",
+        replace=[("        return sp_reduce_scatter(grad, ctx.group), None\n",
+                  "        t = dist.get_world_size(ctx.group)\n"
+                  "        chunks = [c.contiguous() for c in grad.tensor_split(t, dim=1)]\n"
+                  "        out = torch.empty_like(chunks[0])\n"
+                  "        dist.reduce_scatter(out, chunks, group=ctx.group)\n"
+                  "        return out, None\n")],
+        why="backward written out with dist.reduce_scatter on a list of sequence chunks",
+    ),
+
+    # ------------------------------------------------------------------ sp_reduce_scatter
+    dict(
+        name="sp_rs_with_a_list",
+        cell="sp_reduce_scatter",
+        replace=[("        full = x.movedim(1, 0).contiguous()                      # (s, b, h)\n"
+                  "        out = full.new_empty((full.shape[0] // t, *full.shape[1:]))\n"
+                  "        dist.reduce_scatter_tensor(out, full, group=group)\n"
+                  "        return out.movedim(0, 1).contiguous()\n",
+                  "        chunks = [c.contiguous() for c in x.tensor_split(t, dim=1)]\n"
+                  "        out = torch.empty_like(chunks[0])\n"
+                  "        dist.reduce_scatter(out, chunks, group=group)\n"
+                  "        return out\n")],
+        why="dist.reduce_scatter on a list of sequence chunks",
+    ),
+    dict(
+        name="sp_rs_stacked_own_all_gather",
+        cell="sp_reduce_scatter",
+        code='''
+class SPReduceScatter(torch.autograd.Function):
+    """Reduce-scatter along the sequence (dim 1) forward; all-gather backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        t = dist.get_world_size(group)
+        chunks = torch.stack(x.tensor_split(t, dim=1))         # (t, b, s/t, h), contiguous
+        out = chunks.new_empty((1, *chunks.shape[1:]))          # dim 0: t chunks in, 1 out per rank
+        dist.reduce_scatter_tensor(out, chunks, group=group)
+        return out.squeeze(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        t = dist.get_world_size(ctx.group)
+        full = grad.new_empty((t, *grad.shape))
+        dist.all_gather_into_tensor(full, grad.unsqueeze(0).contiguous(), group=ctx.group)
+        return torch.cat(full.unbind(0), dim=1), None
+
+
+def sp_reduce_scatter(x, group=None):
+    """(b, s, h) a partial sum -> (b, s/t, h) my tokens of the sum over the group."""
+    return SPReduceScatter.apply(x, group)
+''',
+        why="chunks stacked into (t, ...) (no movedim), and its own all-gather in backward instead of sp_gather",
+    ),
+    dict(
+        name="sp_rs_backward_list_all_gather",
+        cell="sp_reduce_scatter",
+        replace=[("        return sp_gather(grad, ctx.group), None\n",
+                  "        parts = [torch.empty_like(grad) for _ in range(dist.get_world_size(ctx.group))]\n"
+                  "        dist.all_gather(parts, grad.contiguous(), group=ctx.group)\n"
+                  "        return torch.cat(parts, dim=1), None\n")],
+        why="backward written out with dist.all_gather on a list, concatenated along the sequence",
+    ),
+
+    # ------------------------------------------------------------------ sp_mlp_block
+    dict(
+        name="sp_block_regather_and_hooks",
+        cell="sp_mlp_block",
+        code='''
+class GatheredLinear(torch.autograd.Function):
+    """Keeps only the sequence shard; all-gathers it again in backward (Korthikanti et al.)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, group):
+        ctx.save_for_backward(x, w)
+        ctx.group = group
+        return F.linear(sp_gather(x, group), w, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        total = sp_gather(x, ctx.group)
+        return (sp_reduce_scatter(grad @ w, ctx.group), grad.flatten(0, -2).T @ total.flatten(0, -2),
+                grad.flatten(0, -2).sum(0), None)
+
+
+def sp_mlp_block(x, ln, mlp, group=None):
+    def summed(g):
+        g = g.clone()
+        dist.all_reduce(g, group=group)
+        return g
+
+    for p in (ln.weight, ln.bias, mlp.proj.bias):
+        p.register_hook(summed)
+    t, rank = dist.get_world_size(group), dist.get_rank(group)
+    h = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    h = F.gelu(GatheredLinear.apply(h, mlp.fc.weight.tensor_split(t)[rank], mlp.fc.bias.tensor_split(t)[rank], group))
+    y = sp_reduce_scatter(F.linear(h, mlp.proj.weight.tensor_split(t, dim=1)[rank]), group)
+    return x + y + mlp.proj.bias
+''',
+        why="Going further, both ideas: fc saves only the shard and re-gathers it in backward; partial grads summed by p.register_hook",
+    ),
+    dict(
+        name="sp_block_regather_in_backward",
+        cell="sp_mlp_block",
+        code='''
+class GatheredColumnLinear(torch.autograd.Function):
+    """fc under SP: all-gather the shard for the matmul, save only the shard, all-gather it again in backward."""
+
+    @staticmethod
+    def forward(ctx, shard, weight, bias, group):
+        ctx.save_for_backward(shard, weight)
+        ctx.group = group
+        return F.linear(sp_gather(shard, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        shard, weight = ctx.saved_tensors
+        full = sp_gather(shard, ctx.group)                       # the re-gather (Megatron overlaps it with dX)
+        grad_input = sp_reduce_scatter(grad @ weight, ctx.group)
+        g2 = grad.reshape(-1, grad.shape[-1])
+        return grad_input, g2.t() @ full.reshape(-1, full.shape[-1]), g2.sum(0), None
+
+
+def sp_mlp_block(x, ln, mlp, group=None):
+    """x + mlp(ln(x)) on this rank's sequence shard (b, s/t, h), tensor-parallel MLP in between."""
+    weight, bias = copy_to_tp(ln.weight, group), copy_to_tp(ln.bias, group)
+    h = F.layer_norm(x, ln.normalized_shape, weight, bias, ln.eps)
+    h = F.gelu(GatheredColumnLinear.apply(h, my_chunk(mlp.fc.weight, 0, group), my_chunk(mlp.fc.bias, 0, group), group))
+    y = sp_reduce_scatter(F.linear(h, my_chunk(mlp.proj.weight, 1, group)), group)
+    return x + y + copy_to_tp(mlp.proj.bias, group)
+''',
+        why="Going further: fc keeps only the (b, s/t, h) shard for backward and all-gathers it again there (f on the partial-grad params)",
+    ),
+    dict(
+        name="sp_block_partial_grads_by_hooks",
+        cell="sp_mlp_block",
+        code='''
+def sp_mlp_block(x, ln, mlp, group=None):
+    """x + mlp(ln(x)) on this rank's sequence shard (b, s/t, h), tensor-parallel MLP in between."""
+    def summed(grad):                      # the partial gradient over my tokens -> over the group's
+        grad = grad.clone()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+    # hooks on this call's aliases of the parameters (a hook on the parameter itself would pile up, one per call)
+    ln_w, ln_b, proj_b = (p.view_as(p) for p in (ln.weight, ln.bias, mlp.proj.bias))
+    for p in (ln_w, ln_b, proj_b):
+        p.register_hook(summed)
+    h = sp_gather(F.layer_norm(x, ln.normalized_shape, ln_w, ln_b, ln.eps), group)
+    h = F.gelu(F.linear(h, my_chunk(mlp.fc.weight, 0, group), my_chunk(mlp.fc.bias, 0, group)))
+    y = sp_reduce_scatter(F.linear(h, my_chunk(mlp.proj.weight, 1, group)), group)
+    return x + y + proj_b
+''',
+        why="Going further: no f; gradient hooks all-reduce the partial gradients of ln.weight, ln.bias, proj.bias",
+    ),
+    dict(
+        name="sp_block_partial_grads_one_all_reduce",
+        cell="sp_mlp_block",
+        code='''
+class SumPartialGrads(torch.autograd.Function):
+    """Identity forward on several parameters; backward all-reduces their gradients in ONE flat buffer."""
+
+    @staticmethod
+    def forward(ctx, group, *params):
+        ctx.group = group
+        return tuple(p.view_as(p) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=ctx.group)
+        return (None, *(f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads)))
+
+
+def sp_mlp_block(x, ln, mlp, group=None):
+    """x + mlp(ln(x)) on this rank's sequence shard (b, s/t, h), tensor-parallel MLP in between."""
+    weight, bias, proj_bias = SumPartialGrads.apply(group, ln.weight, ln.bias, mlp.proj.bias)
+    h = sp_gather(F.layer_norm(x, ln.normalized_shape, weight, bias, ln.eps), group)
+    h = F.gelu(F.linear(h, my_chunk(mlp.fc.weight, 0, group), my_chunk(mlp.fc.bias, 0, group)))
+    y = sp_reduce_scatter(F.linear(h, my_chunk(mlp.proj.weight, 1, group)), group)
+    return x + y + proj_bias
+''',
+        why="the 3h partial-gradient numbers flattened into one buffer and all-reduced in one call (Megatron's way)",
     ),
 ]
 
