@@ -171,3 +171,144 @@ def sharded_step(units, optimizer):
 
 NOT_GRADED = []
 RELEASE_MAY_PASS = []
+
+# correct implementations other than the solution's: each must get full marks
+ALTERNATIVES = [
+    # ------------------------------------------------------------------ reduce_scatter_gradients
+    dict(
+        name="rs_divide_before_reduce_scatter",
+        cell="reduce_scatter_gradients",
+        code='''
+def reduce_scatter_gradients(unit):
+    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
+    flat = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard) / dist.get_world_size()
+    mine = torch.zeros_like(unit.shard)
+    dist.reduce_scatter_tensor(mine, flat)
+    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad.add_(mine)
+    for p in unit.params:
+        p.grad = None
+''',
+        why="divides the flat gradient by N before the reduce-scatter, accumulates with an in-place add_",
+    ),
+    dict(
+        name="rs_flatten_and_pad_by_hand",
+        cell="reduce_scatter_gradients",
+        code='''
+def reduce_scatter_gradients(unit):
+    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
+    parts = [(torch.zeros_like(p) if p.grad is None else p.grad).reshape(-1) for p in unit.params]
+    flat = torch.cat(parts)
+    flat = torch.cat([flat, flat.new_zeros(unit.layout.padded_numel - flat.numel())])
+    mine = flat.new_empty(unit.layout.shard_numel)
+    dist.reduce_scatter_tensor(mine, flat)
+    mine.div_(dist.get_world_size())
+    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
+    for p in unit.params:
+        p.grad = None
+''',
+        why="flattens with torch.cat (zeros for a missing gradient, in place) and pads by hand instead of "
+            "layout.flatten; accumulates out of place",
+    ),
+    dict(
+        name="rs_fill_zero_buffer_through_views",
+        cell="reduce_scatter_gradients",
+        code='''
+def reduce_scatter_gradients(unit):
+    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
+    flat_grad = torch.zeros(unit.layout.padded_numel, dtype=unit.shard.dtype)
+    for p, view in zip(unit.params, unit.layout.views(flat_grad)):
+        if p.grad is not None:               # a missing gradient stays zeros at its own place
+            view.copy_(p.grad)
+        p.grad = None                        # dropped as soon as it is packed
+    mine = torch.empty_like(unit.shard)
+    dist.reduce_scatter_tensor(mine, flat_grad)
+    mine /= dist.get_world_size()
+    if unit.shard.grad is None:
+        unit.shard.grad = mine
+    else:
+        unit.shard.grad.add_(mine)
+''',
+        why="packs the gradients into a zero buffer through layout.views (and drops each one as it is "
+            "packed) instead of layout.flatten",
+    ),
+
+    # ------------------------------------------------------------------ sharded_step
+    dict(
+        name="step_all_gather_list_into_chunk_views",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    for u in units:
+        dist.all_gather(list(u.flat.chunk(dist.get_world_size())), u.shard.detach().clone())
+''',
+        why="list form dist.all_gather straight into the N chunk views of unit.flat",
+    ),
+    dict(
+        name="step_gather_into_temporary_then_copy",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    for u in units:
+        full = torch.empty_like(u.flat)
+        dist.all_gather_into_tensor(full, u.shard.detach())    # the input does not overlap `full`: no clone
+        with torch.no_grad():
+            u.flat.copy_(full)
+''',
+        why="all-gathers into a fresh buffer (so the shard needs no copy) and copies it into unit.flat",
+    ),
+    dict(
+        name="step_async_all_gathers",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    works = [dist.all_gather_into_tensor(u.flat, u.shard.detach().clone(), async_op=True) for u in units]
+    for work in works:
+        work.wait()
+''',
+        why="launches every unit's all-gather with async_op=True, then waits for all of them",
+    ),
+
+    # ------------------------------------------------------------------ gather / free (ZeRO-3)
+    dict(
+        name="zero3_all_gather_list_into_chunk_views",
+        cell="gather_free",
+        replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
+                  "    dist.all_gather(list(unit.flat.chunk(dist.get_world_size())), unit.shard.detach())")],
+        why="the lab's other form: list dist.all_gather into the N chunk views of unit.flat",
+    ),
+    dict(
+        name="zero3_all_gather_into_explicit_slices",
+        cell="gather_free",
+        code='''
+def gather_parameters(unit):
+    """Materialise the unit's full flat parameters from every rank's shard."""
+    unit.flat.untyped_storage().resize_(unit.nbytes)
+    n, size = dist.get_world_size(), unit.shard.numel()
+    dist.all_gather([unit.flat[r * size:(r + 1) * size] for r in range(n)], unit.shard.detach())
+
+
+def free_parameters(unit):
+    """Release the memory of the unit's full flat parameters (keep the shard)."""
+    unit.flat.untyped_storage().resize_(0)
+    unit.gathered = False
+''',
+        why="list all_gather into slices of unit.flat computed from the shard size; free also sets "
+            "unit.gathered itself (redundant with the wrapper)",
+    ),
+    dict(
+        name="zero3_gather_into_temporary_then_copy",
+        cell="gather_free",
+        replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
+                  "    full = torch.empty(unit.flat.shape, dtype=unit.flat.dtype)\n"
+                  "    dist.all_gather_into_tensor(full, unit.shard.detach())\n"
+                  "    with torch.no_grad():\n"
+                  "        unit.flat.copy_(full)             # the temporary dies on return")],
+        why="all-gathers into a temporary full buffer and copies it into the re-allocated unit.flat",
+    ),
+]
