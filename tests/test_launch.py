@@ -295,3 +295,20 @@ def modules_a_rank_starts_with():
 def test_a_forked_rank_inherits_what_an_optimizer_step_imports():
     # else each rank of each launch imports ~800 modules (~1.4 s) on its first optimizer step
     assert minidist.launch(modules_a_rank_starts_with, 2) == [True, True]
+
+
+def receive_the_wrong_dtype():
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(4, dtype=torch.float64), 1)
+    else:
+        dist.recv(torch.empty(4), 0)
+
+
+def test_a_rank_aborted_in_cpp_is_reported_with_the_cause_and_the_line():
+    with pytest.raises(LaunchError) as info:
+        minidist.launch(receive_the_wrong_dtype, 2, timeout=10)
+    message = str(info.value)
+    assert "rank 1: killed by signal SIGABRT" in message
+    assert "Received data size doesn't match" in message               # gloo's own words
+    assert "dist.recv(torch.empty(4), 0)" in message                   # the user's line
+    assert "launcher.py" not in message                                # not the parent's frames

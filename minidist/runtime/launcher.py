@@ -342,8 +342,13 @@ def _failure_report(r: _Rank, timeout: float, user_clock_started: bool) -> str:
     if kind == "signal":
         name = signal.Signals(num).name if num in signal.Signals._value2member_map_ else str(num)
         hint = " (the kernel's out-of-memory killer sends SIGKILL)" if num == signal.SIGKILL else ""
-        tail = _tail(r.path("out"))
-        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{indent(tail)}" if tail else "")
+        # a C++ abort (e.g. gloo's "Received data size doesn't match"): its message and faulthandler's
+        # dump of the user's frames say more than the output's last lines
+        lines = _tail(r.path("out"), n=200)
+        cause = [l.split("what():", 1)[1].strip() for l in lines if "what():" in l][:1]
+        frames = _stack_frames(r.path("out"), None) if any("Fatal Python error" in l for l in lines) else []
+        body = cause + frames if cause or frames else lines[-8:]
+        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{indent(body)}" if body else "")
     if kind == "code" and num == 0:
         return f"rank {r.rank}: exited without returning a result (os._exit(0) inside the function?)"
     tail = _tail(r.path("out"))
