@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -41,9 +40,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from minidist.runtime import rank_process
-from minidist.runtime.rank_process import (STARTUP_TIMEOUT, STATUS_BYTES, format_frame, indent, is_library_frame,
-                                           rank_main, spawn_entry)
+from minidist.runtime.failure_report import NOISE, failure_report
+from minidist.runtime.rank_process import STARTUP_TIMEOUT, STATUS_BYTES, rank_main, spawn_entry
 from minidist.runtime.torchrun import launch_under_torchrun
 
 LAUNCH_TIMEOUT = 60.0       # seconds of user code, counted once every rank has joined
@@ -51,8 +49,6 @@ FAILURE_GRACE = 1.0         # after a first failure, time for the others to repo
 WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the op; this catches the rest
 MAX_CPU_WORLD = 64
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
-# C++ log lines of c10d/gloo and the profiler's (kineto's) chatter: not the user's output.
-_NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|STAGE):")
 
 
 class LaunchError(RuntimeError):
@@ -232,7 +228,7 @@ class _Rank:
         self.out_partial = b"" if final else lines.pop()
         for raw in lines:
             line = raw.decode(errors="replace")
-            if (not line and final) or _NOISE.search(line):
+            if (not line and final) or NOISE.search(line):
                 continue
             if self.out_printed < OUTPUT_LIMIT:
                 print(f"[rank {self.rank}] {line}", flush=True)
@@ -303,7 +299,7 @@ def _supervise(ranks: list[_Rank], timeout: float) -> list:
 
     failures = {}
     for r in ranks:
-        report = _failure_report(r, timeout, user_clock_started) if r in stuck or r.exit != ("code", 0) else None
+        report = failure_report(r, timeout, user_clock_started) if r in stuck or r.exit != ("code", 0) else None
         if report:
             failures[r.rank] = report
     # Ranks whose peer died first only echo that death; list the cause first.
@@ -324,59 +320,3 @@ def _load_result(r: _Rank):
         raise LaunchError(f"rank {r.rank} exited without returning a result (os._exit()?)",
                           {r.rank: "exited without a result"})
     return torch.load(path, weights_only=False)
-
-
-def _failure_report(r: _Rank, timeout: float, user_clock_started: bool) -> str:
-    if os.path.exists(r.path("error")):
-        with open(r.path("error")) as f:
-            return f.read().rstrip()
-    kind, num = r.exit or ("", 0)
-    if kind == "killed":    # we killed it: it was stuck
-        _, main_thread, _ = r.status()
-        op = r.op_when_stopped
-        frames = _stack_frames(r.path("stack"), main_thread)
-        where = f"blocked in {op}" if op else "busy in Python code (no communication in flight)"
-        if not user_clock_started:
-            where = "still starting up (process group not joined)"
-        return f"rank {r.rank}: {where}\n" + indent(frames or ["(no Python stack available)"])
-    if kind == "signal":
-        name = signal.Signals(num).name if num in signal.Signals._value2member_map_ else str(num)
-        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if num == signal.SIGKILL else ""
-        # a C++ abort (e.g. gloo's "Received data size doesn't match"): its message and faulthandler's
-        # dump of the user's frames say more than the output's last lines
-        lines = _tail(r.path("out"), n=200)
-        cause = [l.split("what():", 1)[1].strip() for l in lines if "what():" in l][:1]
-        frames = _stack_frames(r.path("out"), None) if any("Fatal Python error" in l for l in lines) else []
-        body = cause + frames if cause or frames else lines[-8:]
-        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{indent(body)}" if body else "")
-    if kind == "code" and num == 0:
-        return f"rank {r.rank}: exited without returning a result (os._exit(0) inside the function?)"
-    tail = _tail(r.path("out"))
-    return f"rank {r.rank}: exited with code {num} without an exception (os._exit()?)" + (f"\n{indent(tail)}" if tail else "")
-
-
-def _stack_frames(path, main_thread):
-    """The main thread's frames from a faulthandler dump, innermost last, library frames dropped."""
-    if not os.path.exists(path):
-        return []
-    with open(path, errors="replace") as f:
-        text = f.read()
-    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
-    chosen = next((b for b in blocks if main_thread and main_thread.lower() in b.lower()), blocks[-1] if blocks else "")
-    frames = []
-    for m in re.finditer(r'File "(.+?)", line (\d+) in (\S+)', chosen):    # innermost first
-        filename, line, func = m.group(1), int(m.group(2)), m.group(3)
-        if filename == rank_process.__file__:
-            break           # rank_main: what lies beyond is the parent's stack, inherited by fork
-        if not is_library_frame(filename):
-            frames.append(format_frame(filename, line, func))
-    return list(reversed(frames))[-6:]
-
-
-def _tail(path, n=8):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.rstrip() for l in f.readlines() if not _NOISE.search(l)]
-    except OSError:
-        return []
-    return lines[-n:]

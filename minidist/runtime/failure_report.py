@@ -1,0 +1,75 @@
+"""What a failed rank's report says: its exception, or where it was stuck, or why it died.
+
+The launcher (:mod:`minidist.runtime.launcher`) calls :func:`failure_report` for every rank
+that did not return a result. The rank's files in the launch's run directory are the
+evidence: ``error`` (a formatted exception written by the rank), ``stack`` (faulthandler's
+dump when the launcher stopped a stuck rank), ``out`` (everything the rank printed).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from minidist.runtime import rank_process
+from minidist.runtime.rank_process import format_frame, indent, is_library_frame
+
+# C++ log lines of c10d/gloo and the profiler's (kineto's) chatter: not the user's output.
+NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|STAGE):")
+
+
+def failure_report(r, timeout: float, user_clock_started: bool) -> str:
+    """One rank's report (``r``: the launcher's handle of a rank that returned no result)."""
+    if os.path.exists(r.path("error")):
+        with open(r.path("error")) as f:
+            return f.read().rstrip()
+    kind, num = r.exit or ("", 0)
+    if kind == "killed":    # we killed it: it was stuck
+        _, main_thread, _ = r.status()
+        op = r.op_when_stopped
+        frames = stack_frames(r.path("stack"), main_thread)
+        where = f"blocked in {op}" if op else "busy in Python code (no communication in flight)"
+        if not user_clock_started:
+            where = "still starting up (process group not joined)"
+        return f"rank {r.rank}: {where}\n" + indent(frames or ["(no Python stack available)"])
+    if kind == "signal":
+        name = signal.Signals(num).name if num in signal.Signals._value2member_map_ else str(num)
+        hint = " (the kernel's out-of-memory killer sends SIGKILL)" if num == signal.SIGKILL else ""
+        # a C++ abort (e.g. gloo's "Received data size doesn't match"): its message and faulthandler's
+        # dump of the user's frames say more than the output's last lines
+        lines = output_tail(r.path("out"), n=200)
+        cause = [l.split("what():", 1)[1].strip() for l in lines if "what():" in l][:1]
+        frames = stack_frames(r.path("out"), None) if any("Fatal Python error" in l for l in lines) else []
+        body = cause + frames if cause or frames else lines[-8:]
+        return f"rank {r.rank}: killed by signal {name}{hint}" + (f"\n{indent(body)}" if body else "")
+    if kind == "code" and num == 0:
+        return f"rank {r.rank}: exited without returning a result (os._exit(0) inside the function?)"
+    tail = output_tail(r.path("out"))
+    return f"rank {r.rank}: exited with code {num} without an exception (os._exit()?)" + (f"\n{indent(tail)}" if tail else "")
+
+
+def stack_frames(path, main_thread):
+    """The main thread's frames from a faulthandler dump, innermost last, library frames dropped."""
+    if not os.path.exists(path):
+        return []
+    with open(path, errors="replace") as f:
+        text = f.read()
+    blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
+    chosen = next((b for b in blocks if main_thread and main_thread.lower() in b.lower()), blocks[-1] if blocks else "")
+    frames = []
+    for m in re.finditer(r'File "(.+?)", line (\d+) in (\S+)', chosen):    # innermost first
+        filename, line, func = m.group(1), int(m.group(2)), m.group(3)
+        if filename == rank_process.__file__:
+            break           # rank_main: what lies beyond is the parent's stack, inherited by fork
+        if not is_library_frame(filename):
+            frames.append(format_frame(filename, line, func))
+    return list(reversed(frames))[-6:]
+
+
+def output_tail(path, n=8):
+    try:
+        with open(path, errors="replace") as f:
+            lines = [l.rstrip() for l in f.readlines() if not NOISE.search(l)]
+    except OSError:
+        return []
+    return lines[-n:]
