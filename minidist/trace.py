@@ -234,6 +234,11 @@ class _TracedWork:
         finally:
             if self._event is not None:
                 self._event.end = time.perf_counter()
+                if self._event.op == "irecv" and self._event.peer is None:    # irecv from any source
+                    try:
+                        self._event.peer = self._work._source_rank()
+                    except (RuntimeError, AttributeError):
+                        pass
             if listener:
                 listener(None)
 
@@ -285,6 +290,8 @@ def _wrap(name: str, fn: Callable) -> Callable:
             end = time.perf_counter()
             if listener:
                 listener(None)
+        if name == "recv" and peer is None and isinstance(result, int):
+            peer = result           # recv() from any source returns who sent it
         if recording:
             ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else None
             event = Event(name, dist.get_rank(), peer, ranks, nbytes, start, end,

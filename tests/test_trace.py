@@ -54,6 +54,24 @@ def collectives_payloads():
     return [(e.op, e.nbytes) for e in t.events], objs
 
 
+def gather_from_any_source():
+    with trace() as t:
+        if dist.get_rank() == 0:
+            got = {dist.recv(torch.empty(3))}          # blocking: returns the sender
+            work = dist.irecv(torch.empty(3))
+            work.wait()
+        else:
+            dist.send(torch.ones(3), 0)
+    return t, got if dist.get_rank() == 0 else None
+
+
+def test_a_receive_from_any_source_records_who_sent():
+    (t0, got), _, _ = minidist.launch(gather_from_any_source, 3)
+    peers = [e.peer for e in t0.events if e.is_recv]
+    assert sorted(peers) == [1, 2] and peers[0] in got          # each sender once, the blocking one first
+    assert t0.peers_received_from(0) == {1, 2} and t0.bytes_received(0) == 2 * 12
+
+
 def test_collectives_record_op_and_input_payload():
     events, objs = minidist.launch(collectives_payloads, 2)[0]
     assert events[:4] == [("all_reduce", 24), ("all_gather_into_tensor", 24),
