@@ -148,6 +148,13 @@ def gpipe_schedule(p, m):
         catches=[GRADS],
         why="gradients zeroed before every backward: only the last micro-batch's gradient survives",
     ),
+    dict(
+        name="executor_buffers_default_dtype",
+        cell="run_pipeline",
+        replace=[("torch.empty(xs[0].shape, dtype=x.dtype)", "torch.empty(xs[0].shape)")],
+        catches=[GRADS],
+        why="receive buffers in the default dtype: right in float32 only (a hidden case trains in float64)",
+    ),
 ]
 
 # Correct implementations other than the solution's: each must get full marks (format:

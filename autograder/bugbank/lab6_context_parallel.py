@@ -388,6 +388,17 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
 ''',
         why="both weights as sigmoids of the difference, lse = lse_a - log σ(lse_a - lse_b) (the notebook's other form)",
     ),
+    dict(
+        name="merge_logaddexp",
+        cell="merge_partial_attention",
+        code='''
+def merge_partial_attention(out_a, lse_a, out_b, lse_b):
+    """(out, lse) of attention over the keys of A and B, from each one's (out, lse)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    return torch.exp(lse_a - lse)[..., None] * out_a + torch.exp(lse_b - lse)[..., None] * out_b, lse
+''',
+        why="lse by torch.logaddexp first, then weights exp(lse_x - lse): rounds lse before the weights",
+    ),
 
     # ------------------------------------------------------------------ ring_attention_forward
     dict(
