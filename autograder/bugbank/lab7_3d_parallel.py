@@ -263,6 +263,50 @@ def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule=
         why="slices only the ends that need the batch, async all-reduce per parameter then wait all, the loss "
             "divided by d before its two sums (in float32)",
     ),
+    dict(
+        name="step_zero1_over_dp",
+        cell="train_step_3d",
+        code='''
+def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule="1f1b"):
+    """One training step of this rank's stage; returns the global batch's mean loss."""
+    dp_group, i_dp, dp = mesh_axis(mesh, "dp")
+    pp_group, _, pp = mesh_axis(mesh, "pp")
+    ids, targets = local_slice(ids, i_dp, dp), local_slice(targets, i_dp, dp)
+    params = [p for p in stage.parameters() if p.requires_grad]
+    numel = sum(p.numel() for p in params)
+    size = -(-numel // dp)
+    if not hasattr(stage, "zero1"):          # this rank's shard of the flat parameters, and its optimizer
+        flat = torch.zeros(size * dp)
+        flat[:numel] = torch.cat([p.detach().flatten() for p in params])
+        shard = flat[i_dp * size:(i_dp + 1) * size].clone().requires_grad_()
+        stage.zero1 = (shard, type(optimizer)([shard], **optimizer.defaults))
+    shard, shard_optimizer = stage.zero1
+    for p in params:
+        p.grad = None
+    stats = run_schedule(make(schedule, pp, micro_batches), [stage], ids if stage.first else None,
+                         targets if stage.last else None, stage.loss,
+                         act_shape=stage.activation_shape(ids.shape[0] // micro_batches, ids.shape[1]),
+                         group=pp_group)
+    flat_grad = torch.zeros(size * dp)
+    flat_grad[:numel] = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params])
+    mine = torch.empty(size)
+    dist.reduce_scatter_tensor(mine, flat_grad, group=dp_group)
+    shard.grad = mine / dp
+    shard_optimizer.step()
+    full = torch.empty(size * dp)
+    dist.all_gather_into_tensor(full, shard.detach(), group=dp_group)
+    with torch.no_grad():
+        for p, new in zip(params, full[:numel].split([p.numel() for p in params])):
+            p.copy_(new.view_as(p))
+            p.grad = None
+    loss = torch.tensor([stats.loss if stats.loss is not None else 0.0], dtype=torch.float64)
+    dist.all_reduce(loss, group=pp_group)
+    dist.all_reduce(loss, group=dp_group)
+    return loss.item() / dp
+''',
+        why="the going-further ZeRO-1 over DP: reduce-scatter the flat gradient, step a sharded optimizer, "
+            "all-gather the parameters",
+    ),
 
     # ------------------------------------------------------------------ predict_memory
     dict(

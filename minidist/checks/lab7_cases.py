@@ -54,8 +54,8 @@ def _large(items) -> list[tuple[str, int]]:
 def traffic_problem(got: dict, layout: Layout, stage: int) -> str | None:
     """None when the traced step matches ``cost.parallel3d.step_collectives``: TP's and PP's
     collectives and messages exactly (kind, bytes), DP's gradient all-reduces in any number of
-    calls summing to the stage's gradient bytes; the loss report (collectives of <= 16 bytes)
-    is free in form and group."""
+    calls summing to the stage's gradient bytes (or ZeRO-1's reduce-scatter + all-gather of the
+    same bytes); the loss report (collectives of <= 16 bytes) is free in form and group."""
     want = step_collectives(CFG, layout.dp, layout.pp, layout.tp, stage, batch=BATCH,
                             micro_batches=layout.micro_batches)
     want = {a: [(c.op, c.nbytes) for c in want[a]] for a in AXES}
@@ -67,11 +67,18 @@ def traffic_problem(got: dict, layout: Layout, stage: int) -> str | None:
                     f"{sorted(extra.elements()) or 'nothing'}, missing {sorted(missing.elements()) or 'nothing'} "
                     "((op, payload bytes))")
     g, w = _large(got["dp"]), _large(want["dp"])
-    ops = {op for op, _ in g}
-    if ops - {"all_reduce"} or sum(n for _, n in g) != sum(n for _, n in w):
+    grads, ops = sum(n for _, n in w), {op for op, _ in g}
+    all_reduced = ops == {"all_reduce"} and sum(n for _, n in g) == grads
+    # ZeRO-1 over DP (the lab's going further): reduce-scatter the (padded) flat gradient, all-gather
+    # the updated shards; the tracer counts an all-gather's input shard, list form or not
+    rs = sum(n for op, n in g if op in ("reduce_scatter_tensor", "reduce_scatter"))
+    ag = sum(n for op, n in g if op in ("all_gather_into_tensor", "all_gather"))
+    zero1 = (ops <= {"reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor", "all_gather"}
+             and grads <= rs <= grads + 4 * (layout.dp - 1) and ag * layout.dp == rs)
+    if not (all_reduced or zero1):
         return (f"gradient traffic over the DP group: {sum(n for _, n in g)} bytes in {sorted(Counter(g).items())}; "
-                f"expected all-reduces of the stage's {sum(n for _, n in w)} gradient bytes (one flat buffer or "
-                "one per parameter)")
+                f"expected all-reduces of the stage's {grads} gradient bytes (one flat buffer or one per "
+                "parameter), or ZeRO-1's reduce-scatter of them and all-gather of the updated shards")
     if _large(got["other"]):
         return f"collectives over groups that are none of this rank's mesh groups: {_large(got['other'])}"
     return None
