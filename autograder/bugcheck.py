@@ -78,7 +78,8 @@ class _Kernel:
             if cell.cell_type != "code" or (_is_test(cell) and not with_tests):
                 continue
             done = self.run(cell, i)
-            if _is_test(cell) and not _passes(done):
+            # a test the solution fails, once more: the quick timeouts are short for a loaded machine
+            if _is_test(cell) and not _passes(done) and not _passes(self.run(cell, i)):
                 failing.append(f"{grade_id(cell)} fails on the solution")
         return failing
 
