@@ -288,13 +288,16 @@ def test_a_forked_rank_runs_after_the_parent_used_its_thread_pool():
     assert got == pytest.approx(_parallel_work(), rel=1e-12)
 
 
-def modules_a_rank_starts_with():
-    return "torch._dynamo" in sys.modules
-
-
-def test_a_forked_rank_inherits_what_an_optimizer_step_imports():
-    # else each rank of each launch imports ~800 modules (~1.4 s) on its first optimizer step
-    assert minidist.launch(modules_a_rank_starts_with, 2) == [True, True]
+def test_a_forked_rank_inherits_what_building_an_optimizer_imports():
+    # else each rank of each launch imports ~800 modules (~1.4 s) when it builds its optimizer;
+    # a process that imports a training harness imports them once, before forking
+    probe = ("import sys, minidist\n"
+             "f = lambda: 'torch._dynamo' in sys.modules\n"
+             "before = minidist.launch(f, 2)\n"
+             "import minidist.harness.data_parallel\n"
+             "print(before, minidist.launch(f, 2))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["[False,", "False]", "[True,", "True]"], out.stderr[-2000:]
 
 
 def receive_the_wrong_dtype():

@@ -29,8 +29,10 @@ from minidist.data_parallel import (BucketedDDP, FullyShardedDataParallel, Naive
                                     ZeroDataParallel)
 from minidist.memory import model_state_bytes, peak_bytes
 from minidist.models import TinyMLP, flat_parameters, local_slice, make_optimizer, mlp_batch, train_reference
-from minidist.runtime import launch
+from minidist.runtime import import_optimizers_before_fork, launch
 from minidist.trace import trace
+
+import_optimizers_before_fork()      # the ranks it launches build optimizers: they inherit the import
 
 # "local" is the control: every rank trains alone on its slice, with no communication.
 VARIANTS = ("local", "naive_ddp", "bucketed_ddp", "parameter_server", "zero1", "zero2", "zero3")

@@ -25,8 +25,10 @@ from minidist.cost.parallel3d import memory_per_rank, step_collectives
 from minidist.memory import model_state_bytes
 from minidist.mesh import AXES, GPTStage, Trainer3D, coordinate, groups_of
 from minidist.models import GPTConfig, TinyGPT, gpt_batch, gpt_loss, make_optimizer
-from minidist.runtime import launch
+from minidist.runtime import import_optimizers_before_fork, launch
 from minidist.trace import trace
+
+import_optimizers_before_fork()      # the ranks it launches build optimizers: they inherit the import
 
 TINY = GPTConfig(vocab=32, d_model=16, n_heads=4, n_layers=4, seq_len=8)
 
