@@ -149,13 +149,14 @@ def main(argv=None) -> int:
     s.add_argument("--to")
     s.set_defaults(fn=cmd_export)
 
-    s = sub.add_parser("selftest", help="solution = full marks, release = 0, every bank bug caught")
+    s = sub.add_parser("selftest", help="solution = full marks, release = 0, every bank bug caught, "
+                                        "every correct alternative full marks")
     s.add_argument("--lab", action="append")
     s.add_argument("--jobs", type=int, default=2)
     s.add_argument("--out", help="keep the selftest's grading output here")
     s.add_argument("--quick", action="store_true",
-                   help="grade solution and release with nbgrader, check the bugs in one kernel per lab "
-                        "(minutes instead of tens of minutes; what `make test` runs)")
+                   help="grade the solution with nbgrader, check the release, the bugs and the alternatives "
+                        "in kernels (minutes instead of tens of minutes; what `make test` runs)")
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 

@@ -20,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import nbformat
 from nbclient import NotebookClient
 from nbgrader.utils import determine_grade
 
@@ -99,6 +100,28 @@ class _Kernel:
         return wrong, time.perf_counter() - start
 
 
+    def check_release(self, name, entry, inject, index) -> tuple[list[str], float]:
+        """The release: its stub in every solution cell (``entry["release_cells"]``, grade_id ->
+        source); every test must lose its points (those of ``entry["may_pass"]`` may keep them),
+        and none by running into a timeout. Returns what went otherwise, and the seconds taken."""
+        start = time.perf_counter()
+        stubs = entry["release_cells"]
+        for gid, source in stubs.items():
+            self.run(nbformat.v4.new_code_cell(source, metadata=self.nb.cells[index[gid]].metadata), index[gid])
+        wrong = []
+        for i, cell in enumerate(self.nb.cells):
+            if cell.cell_type != "code" or not _is_test(cell):
+                continue
+            done = self.run(cell, i)
+            if grade_id(cell) not in entry["may_pass"] and (determine_grade(done)[0] or 0) > 0:
+                wrong.append(f"{grade_id(cell)} scored points")
+            if "timed out" in str([o.get("evalue", "") + str(o.get("text", "")) for o in done.outputs]):
+                wrong.append(f"{grade_id(cell)} timed out")
+        for gid in stubs:                 # the solution again, for the next entry
+            self.run(self.nb.cells[index[gid]], index[gid])
+        return wrong, time.perf_counter() - start
+
+
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
                ) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
     """Run ``nb`` once, then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline
@@ -128,7 +151,8 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
             if baseline:
                 return
             for bug in shares[k]:
-                results[bug["name"]] = state.check(name, bug, inject, index)
+                check = state.check_release if "release_cells" in bug else state.check
+                results[bug["name"]] = check(name, bug, inject, index)
 
     try:
         with ThreadPoolExecutor(KERNELS) as pool:

@@ -102,8 +102,9 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
 
 def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=None, wall_s=None,
              progress: bool = True, stream=None, quick: bool = False) -> bool:
-    """Grade solution, release and every bug of each lab. ``quick``: the solution and the release
-    go through nbgrader as usual, the bugs through :mod:`autograder.bugcheck` (one kernel per lab)."""
+    """Grade solution, release and every bug and alternative of each lab. ``quick``: the solution
+    goes through nbgrader as usual; the release, the bugs and the alternatives through
+    :mod:`autograder.bugcheck` (the bank's kernels)."""
     from autograder.grade import grade
 
     stream = stream or sys.stdout
@@ -126,7 +127,9 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             if bank["path"] is None:
                 problems.append(f"no bug bank {bugbank_dir() / (lab + '.py')}")
             subs = tmp / "subs" / lab
-            plan = {"solution": ("solution", None), "release": ("release", None)}
+            plan = {"solution": ("solution", None)}
+            if not (quick and not problems):      # quick: the release is checked in the bank's kernels
+                plan["release"] = ("release", None)
             for n in names:
                 write_nb(solution[n], subs / "solution" / lab / f"{n}.ipynb")
                 write_nb(release[n], subs / "release" / lab / f"{n}.ipynb")
@@ -156,7 +159,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                     # the release meanwhile, once the bank's baseline (the CPU-bound part) has run.
                     baseline_done = threading.Event()
                     bug_rows = pool.submit(_quick_bug_rows, lab, bank, source, solution,
-                                           course / "source" / lab, baseline_done)
+                                           course / "source" / lab, baseline_done, release)
                     baseline_done.wait()
                 r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
                           wall_s=wall_s, progress=progress)
@@ -215,13 +218,19 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
     return ok
 
 
-def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threading.Event) -> list[tuple]:
+def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threading.Event,
+                    release: dict | None = None) -> list[tuple]:
     from autograder.bugcheck import check_bugs, graded_notebook
 
     rows = []
     try:
         for k, name in enumerate(source):
             entries = [b for b in bank["BUGS"] if b.get("notebook") in (None, name)]
+            if release is not None:
+                stubs = {grade_id(c): c.source for c in release[name].cells
+                         if nbg(c).get("solution") and c.cell_type == "code"}
+                entries.insert(0, dict(name=f"release ({name})", release_cells=stubs,
+                                       may_pass=bank["RELEASE_MAY_PASS"]))
             entries += [dict(a, must_pass=alternative_tests(bank, a)) for a in bank["ALTERNATIVES"]
                         if a.get("notebook") in (None, name)]
             done = baseline_done if k == len(source) - 1 else None
@@ -232,7 +241,9 @@ def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threadi
                 if b["name"] not in results:
                     continue
                 wrong, seconds = results[b["name"]]
-                if "must_pass" in b:
+                if "release_cells" in b:
+                    who, what, why = "release", "0 on every test, no timeout (in a kernel)", "but"
+                elif "must_pass" in b:
                     who, what, why = f"alt-{b['name']}", "full marks on " + ", ".join(b["must_pass"]), "lost points on"
                 else:
                     who, what, why = f"bug-{b['name']}", "loses points on " + ", ".join(b["catches"]), "still full marks on"

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -360,7 +361,7 @@ def test_cell_timeout_exceeds_launch_timeouts():
 
 
 # ---------------------------------------------------------------- selftest
-def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys):
+def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys, course):
     """A bank with one real bug, one bug no test can see, a correct alternative, a wrong one,
     and too few bugs and alternatives per function: graded as submissions, and in a kernel."""
     (tmp_path / f"{LAB}.py").write_text(
@@ -388,15 +389,18 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert "'add' has 2 bugs" in out and "'allsum' has 0 bugs" in out, out
     assert "'allsum' has 0 correct alternatives" in out and "'add' has 2 correct" not in out, out
 
-    # in a kernel (selftest --quick): the fixture's complete bank, plus one wrong alternative
-    (tmp_path / f"{LAB}.py").write_text((BUGBANK / f"{LAB}.py").read_text() + "\nALTERNATIVES.append(dict("
-                                        "name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'))\n")
-    ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False, quick=True)
-    out = capsys.readouterr().out
-    lines = {l.split()[1]: l for l in out.splitlines() if l.startswith(LAB)}
-    assert not ok and " ok " in lines["bug-add_subtracts"] and " ok " in lines["alt-allsum_by_exchange"], out
-    assert " FAIL " in lines["alt-not_really"] and "lost points on test_add" in lines["alt-not_really"], out
-    assert sum(" FAIL " in l for l in lines.values()) == 1, out
+    # in a kernel (selftest --quick's bank check): the same bug and alternatives
+    from autograder.selftest import _quick_bug_rows, alternative_tests, load_bank
+    bank = load_bank(LAB)
+    assert alternative_tests(bank, bank["ALTERNATIVES"][0]) == ["test_add"]     # what the cell's bugs must fail
+    # ... and a "release" whose stubs are the solution's code: it must be reported, not pass
+    rows = _quick_bug_rows(LAB, bank, {LAB: course["source"]}, {LAB: course["solution"]},
+                           course["root"] / "source" / LAB, threading.Event(), {LAB: course["solution"]})
+    lines = {who: (status, detail) for _, who, status, detail in rows}
+    assert lines["release"][0] == "FAIL" and "test_add scored points" in lines["release"][1], rows
+    assert lines["bug-subtracts"][0] == "ok" and lines["bug-harmless"][0] == "FAIL", rows
+    assert lines["alt-commuted"][0] == "ok", rows
+    assert lines["alt-not_really"][0] == "FAIL" and "lost points on test_add" in lines["alt-not_really"][1], rows
 
 
 def test_bugbank_injection_rules(course):

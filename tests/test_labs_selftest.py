@@ -1,6 +1,6 @@
-"""Every lab, end to end: its solution gets full marks and its release 0 through nbgrader, every
-bug of its bank loses points on the tests it names, and every correct alternative gets full marks
-(``selftest --quick``).
+"""Every lab, end to end: its solution gets full marks through nbgrader (sandbox and
+confirmation on), its release 0, every bug of its bank loses points on the tests it names, and
+every correct alternative gets full marks (``selftest --quick``).
 
 A quick selftest spends most of its wall time waiting (kernels starting, deadlock bugs running
 into their timeouts), so two labs run side by side, the longest first; each lab still gets its
