@@ -7,56 +7,35 @@ Design (nbgrader has no parallel autograde, its issue #174):
 2. each submission <student>/<lab>/ is graded by a child process (``autograder.worker``) in
    its own course directory with its own copy of the gradebook, in its own session, under a
    wall-clock limit; its kernel and its confirmation run (:mod:`autograder.confirm`) are
-   sandboxed; afterwards every process it started is killed (``autograder.procs``). The child
-   reports through a pipe only (progress, then the result), which the parent checks: a
-   malformed or missing record costs that submission, with a reason, never the batch;
+   sandboxed. A supervisor thread (:mod:`autograder.supervise`) reads the child's pipe
+   (progress, then the result) and checks what arrives: a malformed or missing record costs
+   that submission, with a reason, never the batch; afterwards every process the child
+   started is killed (``autograder.procs``);
 3. the scores are merged into one nbgrader gradebook (``OUT/gradebook.db``) through
    nbgrader's Gradebook API, and ``grades.csv`` is written by nbgrader's CSV export.
+
+Stopped half-way (Ctrl-C, SIGTERM), the grader kills every running job within a second,
+writes nothing to OUT, and exits with 128 + the signal's number.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from pathlib import Path
 
 from autograder import REPO, SUBMISSION_TIMEOUT
 from autograder.course import (all_labs, build_course, cell_timeout, due_dates, kernel_argv, lab_cells,
                                solutions_dir)
-from autograder import worker
-from autograder.procs import TAG_VAR, kill_job
 from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
-from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
-                                last_started, valid_record)
+from autograder.records import Job, fallback_cells
 from autograder.report import load_previous, write_feedback, write_results
-
-_CTX = None
-_CTX_LOCK = threading.Lock()
-
-
-def _ctx():
-    """A forkserver that has imported nbgrader once (importing it takes seconds):
-    each submission is a fresh fork of it, in its own session."""
-    global _CTX
-    with _CTX_LOCK:
-        if _CTX is None:
-            import multiprocessing as mp
-            # the forkserver starts with our sys.path: make sure this checkout's
-            # autograder package is found first (an old editable install may map it
-            # to a namespace package)
-            if str(REPO) not in sys.path:
-                sys.path.insert(0, str(REPO))
-            ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(worker.PRELOAD)
-            _CTX = ctx
-        return _CTX
-
-MAX_RECORD_BYTES = 50 << 20
+from autograder.supervise import INTERRUPTED, run_job, warm_forkserver
 
 
 class Progress:
@@ -127,109 +106,25 @@ def discover(submissions: Path, labs: list[str] | None, only: list[str] | None =
     return entries, graded, ignored
 
 
-def _warm_forkserver():
+@contextmanager
+def _stopped_by_signals(stop: threading.Event):
+    """SIGINT / SIGTERM set ``stop`` (the supervisors then kill their jobs) instead of leaving
+    the workers to finish on their own; yields the signals caught. Only the main thread can
+    take signals: elsewhere (a grader run from a thread) this does nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def handler(signum, frame):
+        caught.append(signum)
+        stop.set()
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        from multiprocessing import forkserver
-        _ctx()
-        forkserver.ensure_running()
-    except Exception:
-        pass
-
-
-def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, batch: dict) -> Job:
-    t0 = time.time()
-    job.job_dir.mkdir(parents=True, exist_ok=True)
-    cells_meta = lab_cells(template, job.lab)
-    if job.submission_dir is None:
-        reason = "no submission for this lab"
-        job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
-                      "failure": reason, "submitted": False,
-                      "cells": fallback_cells(cells_meta, [], {n: reason for n in cells_meta}, reason)}
-        return job
-    tag = uuid.uuid4().hex
-    spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
-            "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout, "wall": wall,
-            "tag_var": TAG_VAR, **batch}
-    env = dict(env, **{TAG_VAR: tag})
-    ctx = _ctx()
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=worker.child_entry,
-                       args=(spec, env, str(job.job_dir / "worker.log"), send),
-                       name=f"grade-{job.student}-{job.lab}", daemon=False)
-    proc.start()
-    send.close()
-    records, result, error, unreadable, confirmed = [], None, None, 0, {}
-    deadline = t0 + wall
-    timed_out = False
-    while True:
-        left = deadline - time.time()
-        if left <= 0:
-            timed_out = proc.exitcode is None
-            break
-        try:
-            if not recv.poll(min(left, 0.5)):
-                if proc.exitcode is not None and not recv.poll(0.2):
-                    break
-                continue
-            raw = recv.recv_bytes(MAX_RECORD_BYTES)
-        except (EOFError, OSError):
-            break
-        except Exception:            # an oversized or broken message: this job's problem only
-            unreadable += 1
-            continue
-        try:
-            msg = json.loads(raw)
-        except ValueError:
-            unreadable += 1
-            continue
-        if not isinstance(msg, dict):
-            unreadable += 1
-        elif msg.get("type") == "progress" and valid_record(msg):
-            records.append(msg)
-        elif msg.get("type") == "confirmation" and checked_confirmation(msg):
-            nb, points = checked_confirmation(msg)
-            confirmed[nb] = points
-        elif msg.get("type") == "result":
-            result = msg.get("result")
-        elif msg.get("type") == "error":
-            error = str(msg.get("error", ""))
-        else:
-            unreadable += 1
-    # while the worker lives its pid names its group/session/descendants; once it has
-    # exited (and been reaped) the pid may be reused, so only the tag is trusted
-    if proc.exitcode is None:
-        proc.join(timeout=2 if not timed_out else 0)
-        timed_out = timed_out or proc.exitcode is None
-    kill_job(tag, proc.pid if proc.exitcode is None else None)
-    proc.join()
-    recv.close()
-    problem = None
-    if result is not None and not timed_out:
-        try:
-            job.result = checked_result(result, job, cells_meta)
-        except (ValueError, TypeError, KeyError, AttributeError) as err:
-            problem = f"grading record unreadable ({type(err).__name__}: {str(err)[:120]})"
-    if job.result == {} or problem:
-        stuck = last_started(records)
-        if timed_out:
-            reason = f"submission exceeded the {wall:g} s wall-clock limit" + \
-                (f" while running cell {stuck!r}" if stuck else "") + "; killed"
-        elif problem:
-            reason = problem
-        else:
-            tail = error.strip().split("\n")[-1][:200] if error else f"worker exited with code {proc.exitcode}"
-            reason = f"grading failed: {tail}"
-        job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
-                      "failure": reason,
-                      "cells": fallback_cells(cells_meta, records, {}, reason,
-                                              status_unrun="timeout" if timed_out else "error")}
-        if batch.get("confirm"):
-            confirmed_only(job.result["cells"], confirmed)
-    if unreadable:
-        job.result.setdefault("notes", []).append(f"{unreadable} unreadable record(s) from the worker ignored")
-    job.result.setdefault("submitted", True)
-    job.seconds = time.time() - t0
-    return job
+        yield caught
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:
@@ -275,7 +170,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         for sub in ("feedback", "autograded"):
             shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
-    threading.Thread(target=_warm_forkserver, daemon=True).start()
+    threading.Thread(target=warm_forkserver, daemon=True).start()
     batch = prepare_batch(work, confirm, sandbox, out)
     if batch["sandbox"] is None:
         print(f"autograder: {batch['sandbox_text']}: kernels run with the grading user's access "
@@ -296,8 +191,9 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     todo = [Job(s, lab, d, work / "jobs" / f"{s}__{lab}") for s, lab, d in entries]
     bar = Progress(len(todo), enabled=progress)
     done: list[Job] = []
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futs = [ex.submit(run_job, j, template, ctimeout, wall, env, batch) for j in todo]
+    stop = threading.Event()
+    with _stopped_by_signals(stop) as caught, ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        futs = [ex.submit(run_job, j, template, ctimeout, wall, env, batch, stop) for j in todo]
         for f in as_completed(futs):
             try:
                 j = f.result()
@@ -310,6 +206,13 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
             done.append(j)
             bar.step(f"{j.student}/{j.lab}")
     bar.close()
+    if caught:
+        shutil.rmtree(work, ignore_errors=True)
+        name = signal.Signals(caught[0]).name
+        print(f"autograder: {name}: grading interrupted; every process of the batch was stopped, "
+              f"{sum(j.result.get('failure') != INTERRUPTED for j in done)} of {len(todo)} submissions had "
+              f"finished, and nothing was written to {out}", file=stream)
+        raise SystemExit(128 + caught[0])
     regraded = {(j.student, j.lab) for j in done}
     everyone = done + [j for j in previous if (j.student, j.lab) not in regraded]
     meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": ctimeout, "wall_clock_limit_s": wall,

@@ -10,6 +10,7 @@ import csv
 import html
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -299,6 +300,34 @@ def test_wall_clock_limit_kills_everything(course, tmp_path):
     assert s["points"] == 0.0 and "not confirmed" in s["reason"], s
     time.sleep(0.5)
     assert _processes_with(marker) == [], "an orphan survived grading"
+
+
+def test_a_stopped_grader_stops_every_job_and_writes_nothing(course, tmp_path):
+    # an instructor's Ctrl-C or a scheduler's SIGTERM: the running submissions are killed, not
+    # left to finish on their own for minutes, and no half-graded batch lands in OUT
+    marker = f"{400 + (os.getpid() % 1000) / 1000:.3f}"
+    spawn = ("import subprocess\n"
+             f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
+    subs = write_class(tmp_path / "subs", {
+        f"sleeper{i}": set_code(course["solution"], "add", spawn + "import time\ntime.sleep(1000)")
+        for i in range(3)})
+    out = tmp_path / "out"
+    grader = subprocess.Popen([sys.executable, "-m", "autograder", "grade", str(subs), "--out", str(out),
+                               "--lab", LAB, "--jobs", "2", "--quiet"], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _processes_with(marker) and time.time() < deadline and grader.poll() is None:
+        time.sleep(0.2)
+    assert _processes_with(marker), "a submission should be running"
+    t0 = time.time()
+    grader.send_signal(signal.SIGTERM)
+    _, err = grader.communicate(timeout=30)
+    assert time.time() - t0 < 10, "the grader took long to stop"
+    assert grader.returncode == 128 + signal.SIGTERM, err
+    assert "interrupted" in err and "0 of 3 submissions had finished" in err, err
+    time.sleep(0.5)
+    assert _processes_with(marker) == [], "a submission's process survived the grader"
+    assert not (out / "grades.csv").exists() and not (out / "_work").exists()
 
 
 # ---------------------------------------------------------------- release
