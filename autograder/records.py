@@ -5,12 +5,17 @@ against the template course before it counts: every test of every notebook prese
 clamped to [0, the template's maximum], statuses known, texts short. A record that is not what
 the grader sends is ignored; a result that cannot be read costs that submission (with the
 reason), never the batch. When nbgrader never finished, the cells that did keep the points
-their progress records carry (computed in the worker from the kernel's replies).
+their progress records carry (computed in the worker from the kernel's replies). The
+worker's own per-test points come from the same records (:func:`notebook_cells`), never from
+files a kernel could have written.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from autograder.course import grade_id, read_nb
+from autograder.notebooks import classify
 
 STATUSES = {"pass", "fail", "error", "timeout", "manual"}
 
@@ -57,6 +62,59 @@ def fallback_cells(cells_meta, records: list[dict], unusable: dict, reason: str,
                                   "status": row[1], "reason": row[2], "flags": list(flags)}
         out[name] = rows
     return out
+
+
+def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags, cell_timeout) -> dict:
+    """Per test cell: the points nbgrader's rules give it, from the progress records (computed in
+    this process as the kernel replied), never from files a kernel could have written."""
+    from nbgrader.utils import determine_grade, is_grade
+    done = {}
+    for r in records:
+        if r.get("event") == "done" and r.get("grade_id") and "points" in r:
+            done[r["grade_id"]] = r
+    out = {}
+    for name, cells in cells_meta.items():
+        by_id = {}
+        if name not in unusable:
+            try:
+                ag = read_nb(course / "autograded" / student / lab / f"{name}.ipynb")
+                by_id = {grade_id(c): c for c in ag.cells}
+            except Exception:
+                by_id = {}
+        rows = {}
+        for meta in cells:
+            flags = cell_flags.get(name, {}).get(meta["name"], [])
+            mx = meta["max_score"]
+            if name in unusable:
+                pts, status, reason = 0.0, "error", unusable[name]
+            elif meta["kind"] == "manual":
+                pts, status, reason = None, "manual", "needs manual grading"
+            else:
+                d = done.get(meta["name"])
+                if d is not None:
+                    pts, status, reason = d["points"], d["status"], d["reason"]
+                else:                        # a cell nbgrader did not execute (should not happen)
+                    cell = by_id.get(meta["name"])
+                    pts = determine_grade(cell)[0] if cell is not None and is_grade(cell) else 0.0
+                    status, reason = classify(cell, pts, mx, cell_timeout)
+                pts = min(max(float(pts or 0.0), 0.0), mx)
+            rows[meta["name"]] = {"points": pts, "max_points": mx, "status": status, "reason": reason,
+                                  "flags": list(flags)}
+        out[name] = rows
+    return out
+
+
+def failure_reason(log: str, records: list[dict]) -> str:
+    """One line: why nbgrader could not finish, and in which cell."""
+    last = last_started(records)
+    where = f" while running cell {last!r}" if last else ""
+    low = log.lower()
+    if "kernel died" in low or "deadkernel" in low or "dead kernel" in low:
+        return f"the kernel died (crash, os._exit or killed){where}"
+    if "timeout" in low:
+        return f"the kernel stopped responding after the cell timeout{where}"
+    lines = [l for l in log.strip().split("\n") if l.strip()]
+    return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
 def confirmed_only(cells: dict, confirmed: dict) -> None:

@@ -24,9 +24,9 @@ import time
 import traceback
 from pathlib import Path
 
-from autograder.course import grade_id, lab_cells, load_config, read_nb, run_converter, write_nb
-from autograder.notebooks import classify, load, locate, repair, skip_demos
-from autograder.records import fallback_cells, last_started
+from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
+from autograder.notebooks import load, locate, repair, skip_demos
+from autograder.records import failure_reason, fallback_cells, notebook_cells
 
 MAX_EXTRA_BYTES = 20 << 20          # files handed in next to the notebook: at most this much is copied
 MAX_EXTRA_FILES = 200
@@ -241,59 +241,6 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
     shutil.rmtree(home, ignore_errors=True)
     return result
-
-
-def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags, cell_timeout) -> dict:
-    """Per test cell: the points nbgrader's rules give it, from the progress records (computed in
-    this process as the kernel replied), never from files a kernel could have written."""
-    from nbgrader.utils import determine_grade, is_grade
-    done = {}
-    for r in records:
-        if r.get("event") == "done" and r.get("grade_id") and "points" in r:
-            done[r["grade_id"]] = r
-    out = {}
-    for name, cells in cells_meta.items():
-        by_id = {}
-        if name not in unusable:
-            try:
-                ag = read_nb(course / "autograded" / student / lab / f"{name}.ipynb")
-                by_id = {grade_id(c): c for c in ag.cells}
-            except Exception:
-                by_id = {}
-        rows = {}
-        for meta in cells:
-            flags = cell_flags.get(name, {}).get(meta["name"], [])
-            mx = meta["max_score"]
-            if name in unusable:
-                pts, status, reason = 0.0, "error", unusable[name]
-            elif meta["kind"] == "manual":
-                pts, status, reason = None, "manual", "needs manual grading"
-            else:
-                d = done.get(meta["name"])
-                if d is not None:
-                    pts, status, reason = d["points"], d["status"], d["reason"]
-                else:                        # a cell nbgrader did not execute (should not happen)
-                    cell = by_id.get(meta["name"])
-                    pts = determine_grade(cell)[0] if cell is not None and is_grade(cell) else 0.0
-                    status, reason = classify(cell, pts, mx, cell_timeout)
-                pts = min(max(float(pts or 0.0), 0.0), mx)
-            rows[meta["name"]] = {"points": pts, "max_points": mx, "status": status, "reason": reason,
-                                  "flags": list(flags)}
-        out[name] = rows
-    return out
-
-
-def failure_reason(log: str, records: list[dict]) -> str:
-    """One line: why nbgrader could not finish, and in which cell."""
-    last = last_started(records)
-    where = f" while running cell {last!r}" if last else ""
-    low = log.lower()
-    if "kernel died" in low or "deadkernel" in low or "dead kernel" in low:
-        return f"the kernel died (crash, os._exit or killed){where}"
-    if "timeout" in low:
-        return f"the kernel stopped responding after the cell timeout{where}"
-    lines = [l for l in log.strip().split("\n") if l.strip()]
-    return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
 PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",
