@@ -27,9 +27,13 @@ from nbgrader.utils import determine_grade
 from autograder.notebooks import skip_demos
 from autograder.course import KERNEL_NAME, cell_timeout, grade_id, kernel_argv, nbg, strip_solution_markers
 
-# Deadlock bugs fail through the checks' launch timeout; a few seconds is plenty to show a
-# deadlock on a quiet machine, and keeps a bank of deadlocks from taking minutes.
+# Deadlock bugs fail through the checks' launch timeout, which the kernels shorten: a few
+# seconds keep a bank of deadlocks from taking minutes. The solution and the alternatives must
+# pass, so they get more room on a loaded machine than a bug, whose launches run at half that
+# (MINIDIST_TIMEOUT_SCALE, read at each launch): a bug must fail anyway, and one that only
+# timed out here still has to fail in the full selftest, with the real timeouts.
 QUICK_CHECK_TIMEOUT = "4"
+BUG_TIMEOUT_SCALE = 0.5
 # A bank spends most of its time idle, waiting out those timeouts: two kernels take turns on
 # the CPU. The second starts on its bugs only after the first has run the solution's tests, so
 # the baseline (which must pass) never competes for the CPU with a bug.
@@ -93,11 +97,20 @@ class _Kernel:
         self.run(changed.cells[i], i)
         should_pass = "must_pass" in entry
         tests = entry["must_pass"] if should_pass else entry["catches"]
+        base = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)    # the kernel's, from our env
+        if not should_pass:
+            self.set_timeout_scale(base * BUG_TIMEOUT_SCALE)
         wrong = [t for t in tests if _passes(self.run(self.nb.cells[index[t]], index[t])) != should_pass]
         if wrong and should_pass:     # honest code, maybe slowed by a loaded machine: once more
             wrong = [t for t in wrong if not _passes(self.run(self.nb.cells[index[t]], index[t]))]
+        if not should_pass:
+            self.set_timeout_scale(base)
         self.run(self.nb.cells[i], i)     # the correct cell again, for the next entry
         return wrong, time.perf_counter() - start
+
+    def set_timeout_scale(self, scale: float):
+        """Scale the launch timeouts of the cells run next in this kernel (``MINIDIST_TIMEOUT_SCALE``)."""
+        self.run(nbformat.v4.new_code_cell(f"import os; os.environ['MINIDIST_TIMEOUT_SCALE'] = '{scale:g}'"), 0)
 
 
     def check_release(self, name, entry, inject, index) -> tuple[list[str], float]:
