@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from autograder.course import (all_labs, build_course, bugbank_dir, grade_id, lab_notebooks, nbg,
-                               read_nb, solution_submission, strip_solution_markers, write_nb)
+                               read_nb, solution_submission, write_nb)
 
 
 class BankError(ValueError):
