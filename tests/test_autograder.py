@@ -373,6 +373,23 @@ def test_repo_labs_contain_no_hidden_tests():
             assert line not in text, (rel, line)
 
 
+def test_a_new_gradebook_is_stamped_with_nbgrader_s_newest_migration(course):
+    # the revision is read in-process instead of by nbgrader's alembic subprocess (5 s per course):
+    # it must be the one revision of nbgrader's migration files that no other one builds on
+    import re
+    import sqlite3
+
+    import nbgrader
+    revisions, parents = set(), set()
+    for f in (Path(nbgrader.__file__).parent / "alembic" / "versions").glob("*.py"):
+        text = f.read_text()
+        revisions |= set(re.findall(r"^revision = '(\w+)'", text, re.M))
+        parents |= set(re.findall(r"^down_revision = '(\w+)'", text, re.M))
+    [head] = revisions - parents
+    with sqlite3.connect(course["root"] / "gradebook.db") as db:
+        assert db.execute("select version_num from alembic_version").fetchall() == [(head,)]
+
+
 # ---------------------------------------------------------------- kernel
 def test_kernel_is_pinned_and_has_minidist():
     from autograder.course import kernel_argv, load_config
