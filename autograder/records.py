@@ -37,14 +37,18 @@ def last_started(records: list[dict]):
     return r.get("grade_id") or f"#{r['index'] + 1}"
 
 
+def finished_cells(records: list[dict]) -> dict:
+    """{grade_id: record} of the graded cells that finished, with the points they scored."""
+    return {r["grade_id"]: r for r in records
+            if valid_record(r) and r["event"] == "done" and r.get("grade_id")
+            and isinstance(r.get("points"), (int, float))}
+
+
 def fallback_cells(cells_meta, records: list[dict], unusable: dict, reason: str, cell_flags=None,
                    status_unrun: str = "error") -> dict:
     """Per-cell results when nbgrader never finished: cells that completed keep the score
     nbgrader's rules gave them; the rest get 0 with ``reason``."""
-    done = {}
-    for r in records:
-        if valid_record(r) and r["event"] == "done" and r.get("grade_id") and isinstance(r.get("points"), (int, float)):
-            done[r["grade_id"]] = r
+    done = finished_cells(records)
     out = {}
     for name, cells in cells_meta.items():
         rows = {}
@@ -68,10 +72,7 @@ def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_fla
     """Per test cell: the points nbgrader's rules give it, from the progress records (computed in
     this process as the kernel replied), never from files a kernel could have written."""
     from nbgrader.utils import determine_grade, is_grade
-    done = {}
-    for r in records:
-        if r.get("event") == "done" and r.get("grade_id") and "points" in r:
-            done[r["grade_id"]] = r
+    done = finished_cells(records)
     out = {}
     for name, cells in cells_meta.items():
         by_id = {}
