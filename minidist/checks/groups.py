@@ -18,6 +18,10 @@ def consecutive_groups(sizes, world_size: int) -> dict:
             group = dist.new_group(members)
             if rank in members:
                 out[t] = (group, rank - start, len(members))
+    # Past this barrier every rank has finished connecting to its groups. Without it a rank
+    # whose cases send nothing (zigzag_shard) can exit while a peer is still connecting to it,
+    # and the peer fails in new_group ("Gloo connectFullMesh failed"; seen once under load).
+    dist.barrier()
     return out
 
 
