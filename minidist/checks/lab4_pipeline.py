@@ -29,6 +29,7 @@ A deadlocking executor fails after ``timeout`` seconds with the launcher's diagn
 from __future__ import annotations
 
 import copy
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -130,33 +131,42 @@ def _schedule(kind, p, m):
     return make(kind, p, m)
 
 
-def _case(kind, m, batch, dtype=torch.float32):
-    return f"{kind}, m={m}, batch={batch}" + ("" if dtype == torch.float32 else f", {dtype}")
+class Case(NamedTuple):
+    """One executor case: a library schedule of ``m`` micro-batches over a batch, in ``dtype``."""
+    kind: str
+    m: int
+    batch: int
+    dtype: torch.dtype = torch.float32
+
+    def __str__(self):
+        return f"{self.kind}, m={self.m}, batch={self.batch}" + (
+            "" if self.dtype == torch.float32 else f", {self.dtype}")
 
 
-def _inputs(p, m, batch, dtype):
-    """The stage model and the batch of one executor case, in ``dtype``."""
-    x, y = regression_batch(batch, WIDTH, step=m)
-    return _model(p).to(dtype), x.to(dtype), y.to(dtype)
+def _inputs(p, case: Case):
+    """The stage model and the batch of one executor case, in its dtype."""
+    x, y = regression_batch(case.batch, WIDTH, step=case.m)
+    return _model(p).to(case.dtype), x.to(case.dtype), y.to(case.dtype)
 
 
 def _rank_grads(progress, fn, cases, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
-    for kind, m, batch, *dtype in cases:
-        mark_case(progress, _case(kind, m, batch, *dtype))
-        model, x, y = _inputs(p, m, batch, *(dtype or [torch.float32]))
+    for case in cases:
+        mark_case(progress, str(case))
+        model, x, y = _inputs(p, case)
         chunks = rank_chunks(partition(model, p), p, rank)
-        loss = fn(copy.deepcopy(schedules[kind, m]), chunks, x, y)
+        loss = fn(copy.deepcopy(schedules[case.kind, case.m]), chunks, x, y)
         loss = float(loss) if isinstance(loss, torch.Tensor) else loss
         grads = [None if q.grad is None else q.grad.clone() for c in chunks for q in c.parameters()]
         out.append((loss, grads))
     return out
 
 
-EXECUTOR_CASES = {   # p -> [(schedule, m, batch[, dtype: float32 if not given])]
-    False: {2: [("gpipe", 2, 8), ("1f1b", 2, 8)], 4: [("gpipe", 4, 8), ("1f1b", 4, 8)]},
-    True: {3: [("gpipe", 1, 6), ("1f1b", 3, 6), ("1f1b", 5, 10), ("gpipe", 6, 12), ("1f1b", 3, 9, torch.float64)],
-           4: [("1f1b", 2, 8), ("1f1b", 8, 16)]},
+EXECUTOR_CASES = {   # hidden -> p -> cases
+    False: {2: [Case("gpipe", 2, 8), Case("1f1b", 2, 8)], 4: [Case("gpipe", 4, 8), Case("1f1b", 4, 8)]},
+    True: {3: [Case("gpipe", 1, 6), Case("1f1b", 3, 6), Case("1f1b", 5, 10), Case("gpipe", 6, 12),
+               Case("1f1b", 3, 9, torch.float64)],
+           4: [Case("1f1b", 2, 8), Case("1f1b", 8, 16)]},
 }
 
 
@@ -167,11 +177,13 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
     holding the last stage, None elsewhere) must equal single-process autograd's."""
     name = name or getattr(fn, "__name__", "executor")
     for p, cases in EXECUTOR_CASES[hidden].items():
-        schedules = {(kind, m): _schedule(kind, p, m) for kind, m, *_ in cases}   # built outside the refusal
+        schedules = {(c.kind, c.m): _schedule(c.kind, p, c.m) for c in cases}   # built outside the refusal
         results = launch_named(_rank_grads, p, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
-        for i, (kind, m, batch, *dtype) in enumerate(cases):
-            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (f" in {dtype[0]}" if dtype else "")
-            model, x, y = _inputs(p, m, batch, *(dtype or [torch.float32]))
+        for i, case in enumerate(cases):
+            kind, m, batch = case.kind, case.m, case.batch
+            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (
+                "" if case.dtype == torch.float32 else f" in {case.dtype}")
+            model, x, y = _inputs(p, case)
             ref_loss = F.mse_loss(model(x), y)
             ref_loss.backward()
             stages = partition(model, p)
@@ -207,7 +219,7 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
 def _rank_memory(progress, fn, cases, costs, repeats, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
-        mark_case(progress, _case(kind, m, batch))
+        mark_case(progress, str(Case(kind, m, batch)))
         stage = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
         meter = ActivationMeter(stage.parameters())
         x, y = regression_batch(batch, WIDTH)
