@@ -115,8 +115,7 @@ class _Kernel:
         """Scale the launch timeouts of the cells run next in this kernel (``MINIDIST_TIMEOUT_SCALE``)."""
         self.run(nbformat.v4.new_code_cell(f"import os; os.environ['MINIDIST_TIMEOUT_SCALE'] = '{scale:g}'"), 0)
 
-
-    def check_release(self, name, entry, inject, index) -> tuple[list[str], float]:
+    def check_release(self, entry, index) -> tuple[list[str], float]:
         """The release: its stub in every solution cell (``entry["release_cells"]``, grade_id ->
         source); every test must lose its points (those of ``entry["may_pass"]`` may keep them),
         and none by running into a timeout. Returns what went otherwise, and the seconds taken."""
@@ -167,8 +166,8 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
             if baseline:
                 return
             for bug in shares[k]:
-                check = state.check_release if "release_cells" in bug else state.check
-                results[bug["name"]] = check(name, bug, inject, index)
+                results[bug["name"]] = (state.check_release(bug, index) if "release_cells" in bug
+                                        else state.check(name, bug, inject, index))
 
     try:
         with ThreadPoolExecutor(KERNELS) as pool:
