@@ -158,6 +158,10 @@ def merge(traces: Iterable[Trace | None]) -> Trace:
 # guards nest; thread-local because a rank may run helper threads that must not mix in.
 _state = threading.local()
 _op_listener: Callable[[str | None], None] | None = None   # set by the launcher
+# How an asynchronous call is rewritten, (name, fn, args, kwargs, description, where) -> (args, kwargs, land)
+# or None, where land() writes the outputs when the handle completes (minidist.runtime.strict_async).
+# Process-wide, not per thread: on GPUs autograd runs gradient hooks, which launch async ops, on its own threads.
+_async_rewriters: list[Callable] = []
 _installed = False
 
 
@@ -215,17 +219,26 @@ def _check_guard(name: str, where: str) -> None:
 
 
 class _TracedWork:
-    """Wraps an async Work so that the event's end time is the moment wait() returns."""
+    """Wraps an async Work so that the event's end time is the moment wait() returns; under
+    :func:`minidist.runtime.strict_async.outputs_at_wait` the outputs land only then (or when
+    ``is_completed()`` or the work's future says it is done), once."""
 
-    def __init__(self, work, event: Event | None, description: str):
+    def __init__(self, work, event: Event | None, description: str, land: Callable | None = None):
         self._work, self._event, self._description = work, event, description
+        self._land, self._landed = land, None
+
+    def _outputs(self):
+        if self._land is not None:
+            land, self._land = self._land, None
+            self._landed = land()
+        return self._landed
 
     def wait(self, *args, **kwargs):
         listener = _op_listener
         if listener:
             listener(f"wait() on {self._description}")
         try:
-            return self._work.wait(*args, **kwargs)
+            done = self._work.wait(*args, **kwargs)
         except RuntimeError as err:
             clearer = _explain(err, self._description)
             if clearer is None:
@@ -241,6 +254,20 @@ class _TracedWork:
                         pass
             if listener:
                 listener(None)
+        self._outputs()
+        return done
+
+    def is_completed(self):
+        done = self._work.is_completed()
+        if done:
+            self._outputs()
+        return done
+
+    def get_future(self):
+        future = self._work.get_future()
+        if self._land is None:
+            return future
+        return future.then(lambda done: (done.value(), self._outputs())[1])
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -255,7 +282,12 @@ def _wrap(name: str, fn: Callable) -> Callable:
         where = _caller()
         _check_guard(name, where)
         if name == "batch_isend_irecv":     # its isend/irecv are traced one by one instead
-            return fn(*args, **kwargs)
+            batch = _stack("batch")
+            batch.append(name)              # ... and never rewritten: NCCL returns one work for the group
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                batch.pop()
         group = kwargs.get("group")
         peer = None
         if name in PEER_ARG:
@@ -271,6 +303,11 @@ def _wrap(name: str, fn: Callable) -> Callable:
             payload = args[1] if len(args) > 1 else kwargs.get("input_list", kwargs.get("input", kwargs.get("input_tensor", kwargs.get("tensor"))))
         nbytes = _nbytes(payload)
         description = _describe(name, peer, nbytes)
+        land = None
+        if _async_rewriters and not _stack("batch"):
+            rewritten = _async_rewriters[-1](name, fn, args, kwargs, description, _short(where))
+            if rewritten is not None:
+                args, kwargs, land = rewritten
         listener = _op_listener
         if listener:
             listener(description)
@@ -299,7 +336,9 @@ def _wrap(name: str, fn: Callable) -> Callable:
             for t in recording:
                 t.events.append(event)
         if result is not None and hasattr(result, "wait") and not isinstance(result, list):
-            return _TracedWork(result, event, description)
+            return _TracedWork(result, event, description, land)
+        if land is not None:        # no handle (this rank is not in the group): nothing to wait for
+            land()
         return result
 
     traced.__minidist_traced__ = True

@@ -26,7 +26,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from minidist.runtime import LaunchError, launch
+from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
 
@@ -53,27 +53,32 @@ def one_thread():
 
 
 def mark_case(progress: str, text: str) -> None:
-    """Inside a rank: record the case this rank starts now (named if the launch fails)."""
+    """Inside a rank: record the case this rank starts now (named if the launch fails); the case
+    before it must have waited for every asynchronous handle it launched."""
+    strict_async.check_all_waited()
     with open(os.path.join(progress, f"rank{dist.get_rank()}"), "w") as f:
         f.write(text)
 
 
 def launch_named(body, world_size: int, *args, name: str, timeout: float,
-                 forbidden_hint: str = "", refuse: "Refusal | None" = None) -> list:
+                 forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True) -> list:
     """``launch(body, world_size, progress, *args)``; on failure, name the running case(s).
 
     ``body`` receives the progress folder first and calls :func:`mark_case` per case.
     ``refuse``: the lab's :class:`Refusal`, active on every rank while ``body`` runs (library
-    answers fail the check). A forbidden operation or a library answer raises
+    answers fail the check). ``outputs_at_wait``: an asynchronous operation's output lands only
+    when its handle is waited for (:mod:`minidist.runtime.strict_async`), so an unwaited handle
+    fails on every run, not when a race happens to show; off only where a check measures the
+    memory the student's code allocates (the private copies would count). A forbidden
+    operation or a library answer raises
     ``AssertionError`` (with ``forbidden_hint``); any other failure re-raises the launcher's
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
     were running.
     """
     progress = tempfile.mkdtemp(prefix="minidist-check-")
     try:
-        if refuse is not None:
-            return launch(_refusing_body, world_size, refuse, name, body, progress, *args, timeout=timeout)
-        return launch(body, world_size, progress, *args, timeout=timeout)
+        return launch(_checked_body, world_size, refuse, outputs_at_wait, name, body, progress, *args,
+                      timeout=timeout)
     except LaunchError as err:
         running = set()
         for p in os.listdir(progress):
@@ -84,10 +89,11 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
             where = f"{name} ({' / '.join(running)})"
         else:
             where = f"{name} (world_size={world_size}{', ' if running else ''}{' / '.join(running)})"
-        answers = [text for text in err.failures.values() if f"{LibraryAnswer.__name__}: " in text]
-        if answers:
-            line = answers[0].split(f"{LibraryAnswer.__name__}: ", 1)[-1].splitlines()[0]
-            raise AssertionError(f"{where}: {line}") from None
+        for verdict in (LibraryAnswer, strict_async.UnwaitedHandle):      # the student's mistake, said in one line
+            texts = [text for text in err.failures.values() if f"{verdict.__name__}: " in text]
+            if texts:
+                line = texts[0].split(f"{verdict.__name__}: ", 1)[-1].splitlines()[0]
+                raise AssertionError(f"{where}: {line}") from None
         forbidden = [text for text in err.failures.values() if ForbiddenOperation.__name__ in text]
         if forbidden:
             line = forbidden[0].split("ForbiddenOperation: ", 1)[-1].splitlines()[0]
@@ -278,8 +284,8 @@ class refusing:
         return False
 
 
-def _refusing_body(refusal, name, body, *args):
-    with refusing(refusal, name):
+def _checked_body(refusal, at_wait, name, body, *args):
+    with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name):
         return body(*args)
 
 

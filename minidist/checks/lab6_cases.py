@@ -17,11 +17,11 @@ from collections import Counter
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 import torch.nn.functional as F
 
 from minidist import cost
 from minidist.checks.common import TOL
+from minidist.runtime.strict_async import blocking_p2p
 from minidist.trace import P2P_RECV, P2P_SEND, trace
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
@@ -116,49 +116,6 @@ def ring_traffic(tr, r, t, group, block_bytes) -> str | None:
         return (f"forward sent {len(sends)} messages of {sent} B in all and received {got} B; expected the K/V block "
                 f"({block_bytes} B) passed on P−1 = {t - 1} times (k and v together or in two messages)")
     return None
-
-
-class _Done:
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-
-@contextlib.contextmanager
-def blocking_p2p():
-    """Every isend/irecv waits until its partner has posted the matching op (NCCL's strictest case);
-    a ``batch_isend_irecv`` stays one group posted together, as NCCL runs it. An order that only
-    works because ops are asynchronous deadlocks here."""
-    saved = {n: getattr(dist, n) for n in ("isend", "irecv", "batch_isend_irecv")}
-
-    def blocking(fn):
-        def op(*args, **kwargs):
-            work = fn(*args, **kwargs)
-            if work is not None:
-                work.wait()
-            return _Done()
-        return op
-
-    patched = {"isend": blocking(saved["isend"]), "irecv": blocking(saved["irecv"])}
-    real = {patched["isend"]: saved["isend"], patched["irecv"]: saved["irecv"],
-            saved["isend"]: saved["isend"], saved["irecv"]: saved["irecv"]}
-
-    def batch(ops):
-        works = [real.get(o.op, o.op)(o.tensor, o.peer, o.group, o.tag) for o in ops]
-        return [w for w in works if w is not None]
-
-    patched["batch_isend_irecv"] = batch
-    try:
-        for n, fn in patched.items():
-            setattr(dist, n, fn)
-            setattr(c10d, n, fn)
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(dist, n, fn)
-            setattr(c10d, n, fn)
 
 
 def _raises(fn, args, what) -> list:
