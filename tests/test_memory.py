@@ -1,13 +1,16 @@
-"""minidist.memory.ActivationMeter: the one exact count of what autograd keeps for backward.
+"""minidist.memory: ActivationMeter, the one exact count of what autograd keeps for backward,
+and LiveBytes, every byte of CPU tensors held throughout a phase.
 
 Single process, hand-sized tensors: every expected number below is worked out from the
 shapes, so a counter that charges a whole storage for a slice, counts overlapping views
 twice, counts weights, or never releases would fail.
 """
+import threading
+
 import torch
 import torch.nn as nn
 
-from minidist.memory import ActivationMeter, Metered, saved_activation_bytes
+from minidist.memory import ActivationMeter, LiveBytes, Metered, saved_activation_bytes
 
 
 def test_slices_of_one_batch_count_their_own_rows():
@@ -55,3 +58,32 @@ def test_backward_releases_and_the_peak_remains():
     assert meter.bytes == 2 * one
     del ys
     assert (meter.bytes, meter.peak_bytes, meter.peak_calls) == (0, 3 * one, 3)
+
+
+def test_live_bytes_is_what_a_phase_holds_throughout_on_every_thread():
+    meter, kept = LiveBytes(), []
+    with meter.recording():
+        with meter.phase("made"):
+            kept.append(torch.zeros(1000))            # 4000 B, kept past the phase
+            transient = torch.zeros(5000)             # freed inside the phase: never held throughout
+            del transient
+        with meter.phase("kept"):
+            torch.zeros(10)
+        with meter.phase("freed elsewhere"):
+            other = threading.Thread(target=kept.clear)     # freed on a thread the profiler does not watch
+            other.start()
+            other.join()
+            torch.zeros(10)                           # an event on this thread after the free
+        with meter.phase("after"):
+            torch.zeros(10)
+    assert meter.held == {"made": 0, "kept": 4000, "freed elsewhere": 0, "after": 0}
+
+
+def test_live_bytes_counts_a_buffer_kept_for_reuse_in_every_later_phase():
+    meter, cache = LiveBytes(), {}
+    with meter.recording():
+        for step in range(2):
+            with meter.phase(f"step {step}"):
+                cache.setdefault("buffer", torch.zeros(500))      # 2000 B, allocated once
+                torch.zeros(10)
+    assert meter.held == {"step 0": 0, "step 1": 2000}       # held throughout: from the step after it was made

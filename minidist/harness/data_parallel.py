@@ -27,7 +27,7 @@ from minidist.collectives.p2p import group_info
 from minidist.cost.data_parallel import ring_wire_bytes
 from minidist.data_parallel import (BucketedDDP, FullyShardedDataParallel, NaiveDDP, ParameterServer,
                                     ZeroDataParallel)
-from minidist.memory import model_state_bytes, peak_bytes
+from minidist.memory import LiveBytes, model_state_bytes, peak_bytes
 from minidist.models import TinyMLP, flat_parameters, local_slice, make_optimizer, mlp_batch, train_reference
 from minidist.runtime import import_optimizers_before_fork, launch
 from minidist.trace import trace
@@ -88,7 +88,7 @@ def library_trainer(variant: str, optimizer: str = "adam", lr: float = 1e-2, buc
 
 def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: dict | None = None,
           steps: int = 3, batch: int = 24, accum: int = 1, use_no_sync: bool = True, group=None,
-          measure: bool = False, peak: bool = False) -> dict:
+          measure: bool = False, peak: bool = False, live: bool = False) -> dict:
     """Train a :class:`~minidist.models.TinyMLP` on this rank; trace the last step.
 
     Returns ``params`` (flat, full), ``numel`` (trainable Ψ), ``events`` ([(op, payload
@@ -97,50 +97,64 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
     (model-state bytes after the last step), ``memory_after_forward`` (between the last
     forward and its backward) and ``memory_after_backward`` (right after the last backward,
     before the step); with ``peak`` also ``peak_step_bytes`` (the absolute
-    peak of live memory during the last step, from the profiler's allocation timeline).
+    peak of live memory during the last step, from the profiler's allocation timeline); with
+    ``live`` also ``live_bytes``: {"forward", "backward" (with the work after it), "step"} ->
+    every byte of CPU tensors the rank held throughout that phase of the last step, counted from
+    before the model was built (:class:`minidist.memory.LiveBytes`).
     """
     rank, n = group_info(group)
     if batch % (n * accum):
         raise ValueError(f"batch={batch} must split evenly into {n} ranks × {accum} micro-batches")
-    model = TinyMLP(**(model_kwargs or {}))
-    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    tr = make_trainer(model, group)
-    state = tr.state_tensors or (lambda: list(model.parameters()))
-    micro = batch // (n * accum)
-    out: dict = {"numel": numel}
+    if peak and live:
+        raise ValueError("peak and live each run the profiler: ask for one of them")
+    meter = LiveBytes() if live else None
+    with meter.recording() if meter else contextlib.nullcontext():
+        model = TinyMLP(**(model_kwargs or {}))
+        numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        tr = make_trainer(model, group)
+        state = tr.state_tensors or (lambda: list(model.parameters()))
+        micro = batch // (n * accum)
+        out: dict = {"numel": numel}
 
-    def one_step(step, last=False):
-        x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
-        x, y = local_slice(x, rank, n), local_slice(y, rank, n)
-        for m in range(accum):
-            quiet = use_no_sync and m < accum - 1
-            with tr.no_sync() if quiet else contextlib.nullcontext():
-                xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-                loss = F.mse_loss(tr.forward(xm), ym) / accum          # mean of micro-means = local mean
-                if last and measure and m == accum - 1:    # between forward and backward (ZeRO-3: shards only)
-                    out["memory_after_forward"] = model_state_bytes(state(), tr.optimizer)
-                loss.backward()
-        if last and (measure or peak):        # hooks that shard gradients must have done so by now
-            out["memory_after_backward"] = model_state_bytes(state(), tr.optimizer)
-        tr.after_backward()
-        tr.step()
+        def one_step(step, last=False):
+            phase = meter.phase if meter and last else (lambda name: contextlib.nullcontext())
+            x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
+            x, y = local_slice(x, rank, n), local_slice(y, rank, n)
+            for m in range(accum):
+                quiet = use_no_sync and m < accum - 1
+                with tr.no_sync() if quiet else contextlib.nullcontext():
+                    xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+                    with phase("forward"):
+                        loss = F.mse_loss(tr.forward(xm), ym) / accum          # mean of micro-means = local mean
+                    if last and measure and m == accum - 1:    # between forward and backward (ZeRO-3: shards only)
+                        out["memory_after_forward"] = model_state_bytes(state(), tr.optimizer)
+                    with phase("backward"):
+                        loss.backward()
+            if last and (measure or peak):        # hooks that shard gradients must have done so by now
+                out["memory_after_backward"] = model_state_bytes(state(), tr.optimizer)
+            with phase("backward"):
+                tr.after_backward()
+            with phase("step"):
+                tr.step()
 
-    for step in range(steps - 1):
-        one_step(step)
-        tr.zero_grad()
-    with trace() as t:
-        if peak:
-            # Peak = what was live at the start + the profiler's peak above it. What was live
-            # at the start is read at the end (the states after the step, minus what the step
-            # allocated and kept): persistent buffers such as DDP's buckets, which hold no
-            # gradient between steps, are then counted too.
-            _, top, kept = peak_bytes(one_step, steps - 1, True)
-            out["memory"] = model_state_bytes(state(), tr.optimizer)
-            out["peak_step_bytes"] = out["memory"]["total"] - kept + top
-        else:
-            one_step(steps - 1, True)
-            if measure:
+        for step in range(steps - 1):
+            one_step(step)
+            tr.zero_grad()
+        with trace() as t:
+            if peak:
+                # Peak = what was live at the start + the profiler's peak above it. What was live
+                # at the start is read at the end (the states after the step, minus what the step
+                # allocated and kept): persistent buffers such as DDP's buckets, which hold no
+                # gradient between steps, are then counted too.
+                _, top, kept = peak_bytes(one_step, steps - 1, True)
                 out["memory"] = model_state_bytes(state(), tr.optimizer)
+                out["peak_step_bytes"] = out["memory"]["total"] - kept + top
+            else:
+                one_step(steps - 1, True)
+                if measure:
+                    out["memory"] = model_state_bytes(state(), tr.optimizer)
+    if meter:
+        out["live_bytes"] = meter.held
     out["events"] = [(e.op, e.nbytes) for e in t.comm()]
     out["traced"] = {}
     for op, nbytes in out["events"]:
