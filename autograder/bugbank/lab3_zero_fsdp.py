@@ -82,6 +82,44 @@ def reduce_scatter_gradients(unit):
         why="reduce-scatters into the shard itself: the parameters are overwritten by the gradient, and the "
             "second micro-batch's result replaces the first (passes when both micro-batches are equal)",
     ),
+    dict(
+        name="rs_async_adds_before_the_result_arrives",
+        cell="reduce_scatter_gradients",
+        replace=[("    dist.reduce_scatter_tensor(mine, flat_grad)\n    mine.div_(dist.get_world_size())\n",
+                  "    work = dist.reduce_scatter_tensor(mine, flat_grad, async_op=True)   # overlap with the bookkeeping\n"
+                  "    mine.div_(dist.get_world_size())\n"),
+                 ("    for p in unit.params:\n        p.grad = None", "    for p in unit.params:\n        p.grad = None\n    work.wait()")],
+        catches=["test_reduce_scatter_gradients"],
+        why="an async reduce-scatter whose output is divided and accumulated before wait(): right only when the "
+            "collective happens to finish first",
+    ),
+    dict(
+        name="rs_keeps_a_full_gradient_buffer_per_unit",
+        cell="reduce_scatter_gradients",
+        code='''
+def reduce_scatter_gradients(unit):
+    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
+    if not hasattr(unit, "grad_buffer"):
+        unit.grad_buffer = torch.zeros_like(unit.flat)      # allocated once, reused every step
+    buffer = unit.grad_buffer
+    buffer.zero_()
+    for p, view in zip(unit.params, unit.layout.views(buffer)):
+        if p.grad is not None:
+            view.copy_(p.grad)
+    mine = torch.empty_like(unit.shard)
+    dist.reduce_scatter_tensor(mine, buffer)
+    mine.div_(dist.get_world_size())
+    if unit.shard.grad is None:
+        unit.shard.grad = mine
+    else:
+        unit.shard.grad += mine
+    for p in unit.params:
+        p.grad = None
+''',
+        catches=["test_zero2"],
+        why="keeps a full-size gradient buffer per unit to avoid re-allocating it: every p.grad is dropped, yet "
+            "the rank holds the whole gradient between steps, which is what ZeRO-2 removes",
+    ),
 
     # ------------------------------------------------------------------ sharded_step
     dict(
@@ -120,6 +158,20 @@ def sharded_step(units, optimizer):
         catches=["test_zero1_traffic_memory"],
         why="rebuilds the parameters with an all-reduce of zero-padded shards: right values, twice the traffic",
     ),
+    dict(
+        name="step_async_all_gathers_never_waited",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    for unit in units:      # async: the next forward is far away, let them run in the background
+        dist.all_gather_into_tensor(unit.flat, unit.shard.detach().clone(), async_op=True)
+''',
+        catches=["test_zero1_equal"],
+        why="launches the all-gathers with async_op=True and never waits: the next forward may read unit.flat "
+            "before the other ranks' shards arrived",
+    ),
 
     # ------------------------------------------------------------------ gather / free (ZeRO-3)
     dict(
@@ -155,6 +207,15 @@ def sharded_step(units, optimizer):
         catches=["test_zero3_traffic_memory"],
         why="frees the parameters only once their gradient is reduced: right values, but every unit stays "
             "gathered between forward and backward (the whole model, not 1/N of it)",
+    ),
+    dict(
+        name="zero3_gather_async_not_waited",
+        cell="gather_free",
+        replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
+                  "    dist.all_gather_into_tensor(unit.flat, unit.shard.detach(), async_op=True)   # prefetch")],
+        catches=["test_zero3_equal"],
+        why="an async all-gather as a 'prefetch' that nobody waits for: the layer may compute with the memory "
+            "the storage was re-allocated with",
     ),
     dict(
         name="zero3_gather_list_into_temporaries",

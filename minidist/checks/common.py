@@ -61,7 +61,8 @@ def mark_case(progress: str, text: str) -> None:
 
 
 def launch_named(body, world_size: int, *args, name: str, timeout: float,
-                 forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True) -> list:
+                 forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True,
+                 reference=None) -> list:
     """``launch(body, world_size, progress, *args)``; on failure, name the running case(s).
 
     ``body`` receives the progress folder first and calls :func:`mark_case` per case.
@@ -69,7 +70,10 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     answers fail the check). ``outputs_at_wait``: an asynchronous operation's output lands only
     when its handle is waited for (:mod:`minidist.runtime.strict_async`), so an unwaited handle
     fails on every run, not when a race happens to show; off only where a check measures the
-    memory the student's code allocates (the private copies would count). A forbidden
+    memory the student's code allocates (the private copies would count). ``reference``: the
+    check's own run of the lab's reference in the same rank, before the student's code and
+    outside the refusal, ``reference(progress, *args)``; its result reaches ``body`` as its
+    second argument (a measurement to compare with the student's in the same process). A forbidden
     operation or a library answer raises
     ``AssertionError`` (with ``forbidden_hint``); any other failure re-raises the launcher's
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
@@ -77,7 +81,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     """
     progress = tempfile.mkdtemp(prefix="minidist-check-")
     try:
-        return launch(_checked_body, world_size, refuse, outputs_at_wait, name, body, progress, *args,
+        return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)
     except LaunchError as err:
         running = set()
@@ -284,9 +288,10 @@ class refusing:
         return False
 
 
-def _checked_body(refusal, at_wait, name, body, *args):
+def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
+    before = () if reference is None else (reference(progress, *args),)
     with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name):
-        return body(*args)
+        return body(progress, *before, *args)
 
 
 def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
