@@ -103,6 +103,28 @@ def split_batch(x, y, rank, world_size):
         why="all-reduces a temporary of zeros for a missing gradient and discards the result: a rank that did "
             "not use the layer keeps no gradient while the others step with the mean (replicas drift apart)",
     ),
+    dict(
+        name="avg_async_divides_before_the_sum_arrives",
+        cell="average_gradients",
+        code='''
+def average_gradients(model):
+    """After backward: replace every trainable parameter's gradient by its mean over all ranks."""
+    world = dist.get_world_size()
+    works = []
+    for p in model.parameters():
+        if not p.requires_grad:
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        works.append(dist.all_reduce(p.grad, async_op=True))     # all of them in flight at once
+        p.grad.div_(world)
+    for work in works:
+        work.wait()
+''',
+        catches=["test_average_gradients_equal"],
+        why="divides a gradient while its async all-reduce is in flight: whether the sum includes the division "
+            "depends on which finishes first (the checks read inputs at launch and write outputs at wait)",
+    ),
 
     # ------------------------------------------------------------------ make_buckets
     dict(
@@ -258,6 +280,16 @@ class BucketedDDP:
         catches=["test_bucketed_ddp_overlap"],
         why="waits for each bucket's all-reduce inside the hook: it starts early but backward stalls until it "
             "completes, so nothing overlaps",
+    ),
+    dict(
+        name="ddp_waits_only_for_the_last_bucket",
+        cell="BucketedDDP",
+        replace=[("        for bucket in self.buckets:\n            bucket.work.wait()\n",
+                  "        self.buckets[-1].work.wait()       # collectives finish in the order they started\n"
+                  "        for bucket in self.buckets:\n")],
+        catches=["test_bucketed_ddp_equal"],
+        why="waits for the last bucket only, assuming the all-reduces finish in order: gloo runs them on several "
+            "threads (before outputs landed at wait, the visible check caught it in 10 of 20 runs; now in every run)",
     ),
     dict(
         name="ddp_blocking_all_reduce",

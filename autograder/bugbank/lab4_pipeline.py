@@ -149,6 +149,15 @@ def gpipe_schedule(p, m):
         why="gradients zeroed before every backward: only the last micro-batch's gradient survives",
     ),
     dict(
+        name="executor_waits_receives_at_the_end",
+        cell="run_pipeline",
+        replace=[("            for request in recvs:\n                request.wait()\n",
+                  "            pending_sends.extend((request, None) for request in recvs)   # waited with the sends\n")],
+        catches=[GRADS],
+        why="never waits for a receive before computing with it: the stage reads its input buffer whenever the "
+            "message has happened to arrive (waited only at the end, with the sends)",
+    ),
+    dict(
         name="executor_buffers_default_dtype",
         cell="run_pipeline",
         replace=[("torch.empty(xs[0].shape, dtype=x.dtype)", "torch.empty(xs[0].shape)")],
