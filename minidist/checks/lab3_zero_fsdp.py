@@ -214,9 +214,9 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
                 raise AssertionError(f"{what}: {wire:.0f} wire bytes; expected {factor}(N−1)/N·Ψ·4")
 
 
-def _local_grad(shape, rank, k, micro):
+def _local_grad(shape, rank, k, micro, dtype=torch.float32):
     """Rank ``rank``'s gradient of parameter ``k`` in micro-batch ``micro``: distinct everywhere."""
-    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * micro + 100 * rank + k))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * micro + 100 * rank + k), dtype=dtype)
 
 
 def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
@@ -224,17 +224,18 @@ def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
     (one of them missing), reduce-scatter twice, return the shard grad and what else changed."""
     rank, n = dist.get_rank(), dist.get_world_size()
     out = []
-    for shapes, missing in cases:
-        mark_case(progress, f"a unit of parameters {shapes}, parameter {missing} without a gradient")
+    for shapes, missing, dtype in cases:
+        mark_case(progress, f"a unit of parameters {shapes} in {dtype}, parameter {missing} without a gradient")
         module = nn.Module()
         for k, s in enumerate(shapes):
-            module.register_parameter(f"p{k}", nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(k))))
+            module.register_parameter(f"p{k}", nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(k),
+                                                                        dtype=dtype)))
         unit = ShardedUnit(module, n, rank)
         before = [p.detach().clone() for p in unit.params]
         with trace() as t:
             for micro in range(2):              # two micro-batches: the second call must add
                 for k, p in enumerate(unit.params):
-                    p.grad = None if k == missing else _local_grad(p.shape, rank, k, micro)
+                    p.grad = None if k == missing else _local_grad(p.shape, rank, k, micro, dtype)
                 reduce_scatter_gradients(unit)
         grads_left = [p.grad is not None for p in unit.params]
         shard_grad = None if unit.shard.grad is None else unit.shard.grad.clone()
@@ -254,21 +255,23 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
     rank's shard of the flat, padded gradient (a missing gradient counts as zeros); every
     full ``p.grad`` is dropped; one reduce_scatter_tensor of the padded flat gradient per call."""
     sizes = (2, 3, 4) if hidden else (2,)
-    # (shapes, index of the parameter without a gradient): last, in the middle, none, first
-    cases = [([(3, 5), (7,)], 1), ([(4,), (2, 2), (5,)], 1)] + ([([(1,)], None), ([(6, 7), (6,), (9,)], 0)]
-                                                               if hidden else [])
+    f32, f64 = torch.float32, torch.float64
+    # (shapes, index of the parameter without a gradient: last, in the middle, none, first; dtype)
+    cases = [([(3, 5), (7,)], 1, f32), ([(4,), (2, 2), (5,)], 1, f32)] + (
+        [([(1,)], None, f32), ([(6, 7), (6,), (9,)], 0, f32), ([(5, 3), (4,)], None, f64)] if hidden else [])
     for n in sizes:
         out = launch_named(_unit_body, n, cases, reduce_scatter_gradients, ShardedUnit,
                            name="reduce_scatter_gradients", timeout=timeout, refuse=REFUSED)
-        for i, (shapes, missing) in enumerate(cases):
+        for i, (shapes, missing, dtype) in enumerate(cases):
             what = (f"reduce_scatter_gradients (world_size={n}, parameters {shapes}"
+                    + ("" if dtype == f32 else f" in {dtype}")
                     + (f", parameter {missing} without a gradient)" if missing is not None else ")"))
             flats = []
             for r in range(n):
                 for micro in range(2):
-                    flat = torch.cat([torch.zeros(s).reshape(-1) if k == missing else
-                                      _local_grad(s, r, k, micro).reshape(-1) for k, s in enumerate(shapes)])
-                    flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel())]))
+                    flat = torch.cat([torch.zeros(s, dtype=dtype).reshape(-1) if k == missing else
+                                      _local_grad(s, r, k, micro, dtype).reshape(-1) for k, s in enumerate(shapes)])
+                    flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel(), dtype=dtype)]))
             mean = 2 * torch.stack(flats).mean(0)          # the sum over the micro-batches of the rank mean
             S = out[0][i]["shard_numel"]
             for r in range(n):
@@ -280,6 +283,10 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
                                          f"leave them (and unit.flat, unit.shard) untouched: write the reduce-scatter's "
                                          f"output into a new tensor")
                 want = mean[r * S:(r + 1) * S]
+                if res["shard_grad"].dtype != dtype:
+                    raise AssertionError(f"{what}: rank {r}: unit.shard.grad is {res['shard_grad'].dtype}; the "
+                                         f"parameters are {dtype}: make buffers like the shard (torch.empty_like, "
+                                         f"like=unit.shard), not in the default dtype")
                 if res["shard_grad"].shape != want.shape or not torch.allclose(res["shard_grad"], want, atol=1e-5):
                     hint = ""
                     if res["shard_grad"].shape == want.shape:
@@ -304,6 +311,7 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
                 ops = [op for op, _ in res["events"]]
                 if ops != ["reduce_scatter_tensor"] * 2:
                     raise AssertionError(f"{what}: rank {r}: expected one reduce_scatter_tensor per call, saw {ops}")
-                if any(b != 4 * res["padded"] for _, b in res["events"]):
+                nbytes = res["padded"] * want.element_size()
+                if any(b != nbytes for _, b in res["events"]):
                     raise AssertionError(f"{what}: rank {r}: each reduce-scatter should take the whole padded flat "
-                                         f"gradient ({4 * res['padded']} bytes), saw {[b for _, b in res['events']]}")
+                                         f"gradient ({nbytes} bytes), saw {[b for _, b in res['events']]}")
