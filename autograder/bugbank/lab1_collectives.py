@@ -51,6 +51,15 @@ def sendrecv(send_tensor, dst, recv_tensor, src):
         why="dst and src swapped: the ring turns the other way, so the chunk schedule is wrong "
             "(a pairwise swap, as in halving, does not notice)",
     ),
+    dict(
+        name="sendrecv_waits_for_the_send_only",
+        cell="sendrecv",
+        replace=[("    send_request.wait()\n    recv_request.wait()",
+                  "    send_request.wait()                # my neighbour has my data, so I must have theirs")],
+        catches=["test_ring_reduce_scatter_correct"],
+        why="waits for the send only, as if a symmetric exchange finished both ways at once: the receive may not "
+            "have landed when its data is used (the check names the unwaited irecv and its line)",
+    ),
 
     # ------------------------------------------------------------------ broadcast
     dict(

@@ -184,6 +184,14 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
         why="each block's result overwrites the running one instead of being merged",
     ),
     dict(
+        name="ring_waits_for_the_send_only",
+        cell="ring_attention_forward",
+        replace=[("            for w in works:\n                w.wait()\n",
+                  "            works[rank % 2].wait()        # my block has left, so my neighbour's has arrived\n")],
+        catches=[RING],
+        why="waits for its own send only and computes on the next block whenever it happens to have arrived",
+    ),
+    dict(
         name="ring_src_off_by_direction",
         cell="ring_attention_forward",
         replace=[("src = (rank - step) % p", "src = (rank + step) % p")],
