@@ -72,7 +72,7 @@ def model_state_bytes(params, optimizer: torch.optim.Optimizer | None) -> dict[s
 PHASE = "minidist.phase:"      # the record_function names of LiveBytes' phases
 
 
-def _cpu_timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[str, int]]]:
+def _cpu_timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[str, int, int]]]:
     """From a profile taken with profile_memory=True: (time, signed size, the allocator's running
     total after it) of every CPU allocation and free recorded, in time order, and (name, start,
     end) of every LiveBytes phase."""
@@ -88,32 +88,6 @@ def _cpu_timeline(prof) -> tuple[list[tuple[int, int, int]], list[tuple[str, int
     return sorted(events, key=lambda e: e[0]), phases
 
 
-def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple[object, int, int]:
-    """Run ``fn``; return (its result, peak bytes above the level at the start, net change).
-
-    The net change is what ``fn`` left allocated (e.g. gradients created during a step),
-    so ``states_after - net + peak`` is the absolute peak when ``states_after`` is what
-    the rank holds at the end. On CPU this counts every allocation of this process,
-    gloo's threads included.
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        result = fn(*args, **kwargs)
-        torch.cuda.synchronize(device)
-        return result, torch.cuda.max_memory_allocated(device) - base, torch.cuda.memory_allocated(device) - base
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn(*args, **kwargs)
-    live = peak = 0
-    for _, delta, _ in _cpu_timeline(prof)[0]:
-        live += delta
-        peak = max(peak, live)
-    return result, peak, live
-
-
 @contextmanager
 def _every_thread_counted():
     """c10's CPU allocator keeps its running total of live bytes (the one profiler events carry)
@@ -124,12 +98,39 @@ def _every_thread_counted():
         flag = ctypes.c_bool.in_dll(ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")),
                                     "FLAGS_caffe2_report_cpu_memory_usage")
     except (OSError, ValueError) as err:
-        raise RuntimeError(f"LiveBytes needs c10's FLAGS_caffe2_report_cpu_memory_usage: {err}") from None
+        raise RuntimeError(f"counting CPU memory needs c10's FLAGS_caffe2_report_cpu_memory_usage: {err}") from None
     before, flag.value = flag.value, True
     try:
         yield
     finally:
         flag.value = before
+
+
+def peak_bytes(fn, *args, device: torch.device | str = "cpu", **kwargs) -> tuple[object, int, int]:
+    """Run ``fn``; return (its result, peak bytes above the level at the start, net change).
+
+    The net change is what ``fn`` left allocated (e.g. gradients created during a step),
+    so ``states_after - net + peak`` is the absolute peak when ``states_after`` is what
+    the rank holds at the end. On CPU the level is the allocator's running total, which
+    counts every thread's frees (gloo's included); it is read at the allocations and frees
+    of the calling thread.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        result = fn(*args, **kwargs)
+        torch.cuda.synchronize(device)
+        return result, torch.cuda.max_memory_allocated(device) - base, torch.cuda.memory_allocated(device) - base
+    from torch.profiler import ProfilerActivity, profile
+    with _every_thread_counted(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    events = _cpu_timeline(prof)[0]
+    if not events:
+        return result, 0, 0
+    start = events[0][2] - events[0][1]
+    return result, max(0, max(total for _, _, total in events) - start), events[-1][2] - start
 
 
 class LiveBytes:
