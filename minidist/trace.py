@@ -158,8 +158,8 @@ def merge(traces: Iterable[Trace | None]) -> Trace:
 # guards nest; thread-local because a rank may run helper threads that must not mix in.
 _state = threading.local()
 _op_listener: Callable[[str | None], None] | None = None   # set by the launcher
-# How an asynchronous call is rewritten, (name, fn, args, kwargs, description, where) -> (args, kwargs, land)
-# or None, where land() writes the outputs when the handle completes (minidist.runtime.strict_async).
+# How an asynchronous call is rewritten, (name, fn, args, kwargs, where) -> (args, kwargs, land) or None,
+# where land() writes the outputs (once) when the handle completes (minidist.runtime.strict_async).
 # Process-wide, not per thread: on GPUs autograd runs gradient hooks, which launch async ops, on its own threads.
 _async_rewriters: list[Callable] = []
 _installed = False
@@ -224,14 +224,10 @@ class _TracedWork:
     ``is_completed()`` or the work's future says it is done), once."""
 
     def __init__(self, work, event: Event | None, description: str, land: Callable | None = None):
-        self._work, self._event, self._description = work, event, description
-        self._land, self._landed = land, None
+        self._work, self._event, self._description, self._land = work, event, description, land
 
     def _outputs(self):
-        if self._land is not None:
-            land, self._land = self._land, None
-            self._landed = land()
-        return self._landed
+        return self._land() if self._land is not None else None
 
     def wait(self, *args, **kwargs):
         listener = _op_listener
@@ -305,7 +301,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
         description = _describe(name, peer, nbytes)
         land = None
         if _async_rewriters and not _stack("batch"):
-            rewritten = _async_rewriters[-1](name, fn, args, kwargs, description, _short(where))
+            rewritten = _async_rewriters[-1](name, fn, args, kwargs, _short(where))
             if rewritten is not None:
                 args, kwargs, land = rewritten
         listener = _op_listener

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import threading
 from collections import Counter
 
 import torch
@@ -69,7 +70,7 @@ def _tensors(value) -> list[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
-def _late(name: str, fn, args: tuple, kwargs: dict, description: str, where: str):
+def _late(name: str, fn, args: tuple, kwargs: dict, where: str):
     """The tracer's rewriter: an asynchronous call runs on private copies; ``land`` copies its result back."""
     spec = OUTPUT_AND_INPUT.get(name)
     if spec is None:
@@ -89,11 +90,16 @@ def _late(name: str, fn, args: tuple, kwargs: dict, description: str, where: str
     if in_name is not None and bound.arguments.get(in_name) is not None:
         bound.arguments[in_name] = _copy(bound.arguments[in_name])      # read now, as at launch
 
-    def land() -> list[torch.Tensor]:
-        _unwaited.pop(id(land), None)
-        with torch.no_grad():
-            for mine, result in zip(_tensors(outputs), _tensors(private)):
-                mine.copy_(result)
+    lock, landed = threading.Lock(), []
+
+    def land() -> list[torch.Tensor]:     # once, whoever calls first (wait(), or a future's callback thread)
+        with lock:
+            if not landed:
+                _unwaited.pop(id(land), None)
+                with torch.no_grad():
+                    for mine, result in zip(_tensors(outputs), _tensors(private)):
+                        mine.copy_(result)
+                landed.append(True)
         return _tensors(outputs)
     _unwaited[id(land)] = f"{name} ({where})"
     return bound.args, bound.kwargs, land
