@@ -130,7 +130,7 @@ class LibZero:
         cls = torch.optim.Adam if optimizer == "adam" else torch.optim.SGD
         kw = {"lr": lr} | ({"momentum": 0.9} if optimizer == "sgd" else {})
         self.model, self.stage = model, stage
-        self.w = (ZeroDataParallel(model, stage, cls, bucket_cap_bytes=1 << 16, **kw) if stage < 3
+        self.w = (ZeroDataParallel(model, stage, cls, bucket_cap_bytes=1 << 12, **kw) if stage < 3
                   else FullyShardedDataParallel(model, optimizer_cls=cls, **kw))
         self.optimizer = self.w.optimizer
 

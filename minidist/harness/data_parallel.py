@@ -98,9 +98,9 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
     forward and its backward) and ``memory_after_backward`` (right after the last backward,
     before the step); with ``peak`` also ``peak_step_bytes`` (the absolute
     peak of live memory during the last step, from the profiler's allocation timeline); with
-    ``live`` also ``live_bytes``: {"forward", "backward" (with the work after it), "step"} ->
-    every byte of CPU tensors the rank held throughout that phase of the last step, counted from
-    before the model was built (:class:`minidist.memory.LiveBytes`).
+    ``live`` also ``live_bytes``: every byte of CPU tensors the rank held throughout the last
+    step (forward, backward, the work after it and the optimizer step), counted from before the
+    model was built (:class:`minidist.memory.LiveBytes`): what it keeps from one step to the next.
     """
     rank, n = group_info(group)
     if batch % (n * accum):
@@ -117,25 +117,20 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
         out: dict = {"numel": numel}
 
         def one_step(step, last=False):
-            phase = meter.phase if meter and last else (lambda name: contextlib.nullcontext())
             x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
             x, y = local_slice(x, rank, n), local_slice(y, rank, n)
             for m in range(accum):
                 quiet = use_no_sync and m < accum - 1
                 with tr.no_sync() if quiet else contextlib.nullcontext():
                     xm, ym = x[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-                    with phase("forward"):
-                        loss = F.mse_loss(tr.forward(xm), ym) / accum          # mean of micro-means = local mean
+                    loss = F.mse_loss(tr.forward(xm), ym) / accum          # mean of micro-means = local mean
                     if last and measure and m == accum - 1:    # between forward and backward (ZeRO-3: shards only)
                         out["memory_after_forward"] = model_state_bytes(state(), tr.optimizer)
-                    with phase("backward"):
-                        loss.backward()
+                    loss.backward()
             if last and (measure or peak):        # hooks that shard gradients must have done so by now
                 out["memory_after_backward"] = model_state_bytes(state(), tr.optimizer)
-            with phase("backward"):
-                tr.after_backward()
-            with phase("step"):
-                tr.step()
+            tr.after_backward()
+            tr.step()
 
         for step in range(steps - 1):
             one_step(step)
@@ -150,11 +145,12 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
                 out["memory"] = model_state_bytes(state(), tr.optimizer)
                 out["peak_step_bytes"] = out["memory"]["total"] - kept + top
             else:
-                one_step(steps - 1, True)
+                with meter.phase("step") if meter else contextlib.nullcontext():
+                    one_step(steps - 1, True)
                 if measure:
                     out["memory"] = model_state_bytes(state(), tr.optimizer)
     if meter:
-        out["live_bytes"] = meter.held
+        out["live_bytes"] = meter.held["step"]
     out["events"] = [(e.op, e.nbytes) for e in t.comm()]
     out["traced"] = {}
     for op, nbytes in out["events"]:
