@@ -72,8 +72,9 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     fails on every run, not when a race happens to show; off only where a check measures the
     memory the student's code allocates (the private copies would count). ``reference``: the
     check's own run of the lab's reference in the same rank, before the student's code and
-    outside the refusal, ``reference(progress, *args)``; its result reaches ``body`` as its
-    second argument (a measurement to compare with the student's in the same process). A forbidden
+    outside the refusal, ``reference(progress, *args)``; its result reaches ``body`` as the
+    keyword argument ``reference`` (a measurement to compare with the student's in the same
+    process). A forbidden
     operation or a library answer raises
     ``AssertionError`` (with ``forbidden_hint``); any other failure re-raises the launcher's
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
@@ -289,9 +290,9 @@ class refusing:
 
 
 def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
-    before = () if reference is None else (reference(progress, *args),)
+    before = {} if reference is None else {"reference": reference(progress, *args)}
     with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name):
-        return body(progress, *before, *args)
+        return body(progress, *args, **before)
 
 
 def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
