@@ -55,6 +55,11 @@ def _refusal(stage: int) -> Refusal | None:
     return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + allow, REFUSED.checks)
 
 
+def _notebook_globals(Zero) -> dict:
+    """The namespace ``Zero``'s methods look the lab's functions up in (the notebook's, in a rank)."""
+    return getattr(getattr(Zero, "__init__", None), "__globals__", {})
+
+
 class _WithStandIns:
     """``Zero`` whose calls of the lab's functions not graded at ``stage`` go to the reference:
     the notebook's globals are rebound inside the rank (a copy of the notebook), never here."""
@@ -63,7 +68,7 @@ class _WithStandIns:
         self.Zero, self.stage = Zero, stage
 
     def __call__(self, model, stage, **kwargs):
-        names = getattr(getattr(self.Zero, "__init__", None), "__globals__", {})
+        names = _notebook_globals(self.Zero)
         for name, fn in _stand_ins(self.stage).items():
             if name in names:
                 names[name] = fn
@@ -93,7 +98,7 @@ def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING
 @contextlib.contextmanager
 def _bound(Zero, functions: dict):
     """The notebook's globals that ``Zero``'s methods call, bound to ``functions`` while the block runs."""
-    names = getattr(getattr(Zero, "__init__", None), "__globals__", {})
+    names = _notebook_globals(Zero)
     saved = {name: names[name] for name in functions if name in names}
     names.update({name: fn for name, fn in functions.items() if name in saved})
     try:
