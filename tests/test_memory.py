@@ -1,5 +1,6 @@
 """minidist.memory: ActivationMeter, the one exact count of what autograd keeps for backward,
-and LiveBytes, every byte of CPU tensors held throughout a phase.
+LiveBytes, every byte of CPU tensors held throughout a phase, and CreatedBytes, the
+temporaries a piece of code creates.
 
 Single process, hand-sized tensors: every expected number below is worked out from the
 shapes, so a counter that charges a whole storage for a slice, counts overlapping views
@@ -8,9 +9,11 @@ twice, counts weights, or never releases would fail.
 import threading
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.memory import ActivationMeter, LiveBytes, Metered, saved_activation_bytes
+from minidist.memory import ActivationMeter, CreatedBytes, LiveBytes, Metered, saved_activation_bytes
+from minidist.runtime import launch
 
 
 def test_slices_of_one_batch_count_their_own_rows():
@@ -87,3 +90,42 @@ def test_live_bytes_counts_a_buffer_kept_for_reuse_in_every_later_phase():
                 cache.setdefault("buffer", torch.zeros(500))      # 2000 B, allocated once
                 torch.zeros(10)
     assert meter.held == {"step 0": 0, "step 1": 2000}       # held throughout: from the step after it was made
+
+
+def test_created_bytes_count_new_storages_until_their_last_view_is_gone():
+    kept = torch.zeros(64)
+    with CreatedBytes() as meter:
+        kept.add_(1)                            # in place: nothing created
+        kept[:8].mul_(2)                        # a view of what was there before: nothing
+        a = torch.empty(100)                    # 400 bytes
+        rows = a.view(10, 10)[2:5]              # a view: the same 400 bytes, not more
+        b = a * 2                               # 400 more: peak 800
+        del a, b
+        assert meter.bytes == 400               # `rows` still holds a's storage
+        del rows
+        assert meter.bytes == 0
+        c = torch.cat([kept, kept])             # 512
+        with CreatedBytes.paused():
+            torch.ones(1000).sum()              # not counted
+    assert (meter.peak, meter.bytes) == (800, 512)
+    del c
+    assert meter.bytes == 0
+
+
+def _gather_every_way():
+    world = dist.get_world_size()
+    flat, shard = torch.zeros(6 * world), torch.full((6,), float(dist.get_rank()))
+    with CreatedBytes() as into_place:
+        dist.all_gather_into_tensor(flat, shard)                      # the output exists: nothing created
+        dist.all_gather(list(flat.chunk(world)), shard)
+    with CreatedBytes() as into_new:
+        full = torch.empty(6 * world)                                  # a second copy of `flat`
+        dist.all_gather_into_tensor(full, shard)
+        flat.copy_(full)
+    return into_place.peak, into_new.peak, flat.tolist()
+
+
+def test_created_bytes_leave_out_what_a_collective_fills_in_place():
+    for into_place, into_new, flat in launch(_gather_every_way, 2, timeout=30):
+        assert (into_place, into_new) == (0, 6 * 2 * 4)
+        assert flat == [0.0] * 6 + [1.0] * 6
