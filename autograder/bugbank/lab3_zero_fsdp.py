@@ -180,6 +180,28 @@ def sharded_step(units, optimizer):
         why="launches the all-gathers with async_op=True and never waits: the next forward may read unit.flat "
             "before the other ranks' shards arrived",
     ),
+    dict(
+        name="step_one_coalesced_all_gather",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    world = dist.get_world_size()
+    mine = torch.cat([u.shard.detach() for u in units])          # one message instead of one per unit
+    everything = torch.empty(world * mine.numel(), dtype=mine.dtype)
+    dist.all_gather_into_tensor(everything, mine)
+    per_rank = everything.view(world, -1)
+    start = 0
+    for u in units:
+        size = u.shard.numel()
+        u.flat.copy_(per_rank[:, start:start + size].reshape(-1))
+        start += size
+''',
+        catches=["test_zero1_traffic_memory"],
+        why="one coalesced all-gather of every unit's shard into a buffer of the whole model: right values and "
+            "bytes, but the step holds a second full copy of the parameters",
+    ),
 
     # ------------------------------------------------------------------ gather / free (ZeRO-3)
     dict(
@@ -341,6 +363,21 @@ def sharded_step(units, optimizer):
         work.wait()
 ''',
         why="launches every unit's all-gather with async_op=True, then waits for all of them",
+    ),
+    dict(
+        name="step_all_gather_list_into_fresh_pieces",
+        cell="sharded_step",
+        code='''
+def sharded_step(units, optimizer):
+    """Update this rank's shards, then rebuild the full parameters on every rank."""
+    optimizer.step()
+    for u in units:
+        pieces = [torch.empty_like(u.shard) for _ in range(dist.get_world_size())]
+        dist.all_gather(pieces, u.shard.detach())
+        with torch.no_grad():
+            u.flat.copy_(torch.cat(pieces))
+''',
+        why="list form dist.all_gather into N fresh pieces per unit, concatenated into unit.flat",
     ),
 
     # ------------------------------------------------------------------ gather / free (ZeRO-3)

@@ -28,6 +28,7 @@ from minidist.checks.training import check_equal, student_trainer, train_student
 from minidist.checks.quiet import passes_quietly
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
 from minidist.harness.data_parallel import train
+from minidist.memory import CreatedBytes
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 from minidist.trace import trace
 
@@ -120,10 +121,36 @@ def _reference_live(progress, Zero, stage):
                      **_MEMORY_RUN)["live_bytes"]
 
 
+def _measuring_temporaries(sharded_step, peaks: list):
+    """``sharded_step`` that appends to ``peaks`` the most bytes of tensors it created that were alive
+    at once (:class:`minidist.memory.CreatedBytes`), leaving out the optimizer's step and its own."""
+    def measured(units, optimizer):
+        step = optimizer.step
+
+        def step_not_counted(*args, **kwargs):
+            with CreatedBytes.paused():
+                return step(*args, **kwargs)
+        optimizer.step = step_not_counted
+        try:
+            with CreatedBytes() as meter:
+                sharded_step(units, optimizer)
+        finally:
+            del optimizer.step
+        peaks.append(meter.peak)
+    return measured
+
+
 def _memory_body(progress, Zero, stage, reference=None):
     mark_case(progress, f"stage {stage}, {describe_mlp(MEMORY_MODEL)}, memory")
     make = student_trainer("zero", _WithStandIns(Zero, stage), stage=stage, optimizer="adam")
-    return reference, train(make, measure=True, live=reference is not None, **_MEMORY_RUN)
+    peaks: list = []
+    names = _notebook_globals(Zero)
+    graded_step = "sharded_step" in GRADED[stage] and "sharded_step" in names
+    with _bound(Zero, {"sharded_step": _measuring_temporaries(names["sharded_step"], peaks)}) if graded_step \
+            else contextlib.nullcontext():
+        res = train(make, measure=True, live=reference is not None, **_MEMORY_RUN)
+    res["step_temporaries"] = peaks[-1] if peaks else None       # the last step's, the one measured
+    return reference, res
 
 
 #: How many bytes more than the lab's reference a rank may hold throughout a training step, as a fraction
@@ -131,6 +158,13 @@ def _memory_body(progress, Zero, stage, reference=None):
 #: the bank's correct variants within 0.12 (a unit's buffers that gloo's thread frees late), a full-size
 #: gradient buffer kept per unit 0.94 to 1.06.
 LIVE_SLACK = 0.5
+
+#: How many bytes of temporaries ``sharded_step`` may create and hold at once, beyond a copy of this rank's
+#: shards (the all-gathers' inputs), as a fraction of the fp32 parameters' 4Ψ. Deterministic (no backend
+#: buffer counts): on MEMORY_MODEL at N = 2 / 4 the solution holds 0.12 / 0.06, a fresh full-size buffer
+#: per unit 0.30 / 0.27, every unit's all-gather in flight at once 0.50 / 0.25 (all of it shard copies);
+#: one coalesced buffer for every unit 1.62 / 1.37, a full-size buffer per unit all kept to the end 1.50 / 1.25.
+STEP_SLACK = 0.5
 
 
 @passes_quietly
@@ -145,7 +179,12 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     whoever holds it (:class:`minidist.memory.LiveBytes`), next to the lab's reference in the
     same process: at most half the parameters' bytes more, so nothing model-sized is kept from
     one step to the next (such as a gradient buffer per unit, which no state tensor shows).
-    That launch trains twice, with the profiler on: it has twice the timeout."""
+    That launch trains twice, with the profiler on: it has twice the timeout.
+
+    Where ``sharded_step`` is graded (stage 1), also the temporaries it creates during the
+    step, outside ``optimizer.step()`` (:class:`minidist.memory.CreatedBytes`): at most a copy
+    of this rank's shards plus ``STEP_SLACK`` of the parameters' bytes alive at once, so the
+    all-gathers rebuild the parameters unit by unit, never through a second copy of the model."""
     for n in (2, 4):
         live = n == 2
         out = launch_named(_memory_body, n, Zero, stage, name=_graded(stage) + ", memory",
@@ -172,6 +211,15 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                            "params": "Gathered parameters must be freed (storage resized to 0) after use: after "
                                      "each unit's forward, and again after its backward."}[key])
             psi_bytes = 4 * res["numel"]
+            temporaries = res["step_temporaries"]
+            if temporaries is not None and temporaries > psi_bytes / n + STEP_SLACK * psi_bytes:
+                raise AssertionError(
+                    f"{_graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: sharded_step created "
+                    f"{temporaries} bytes of tensors that were alive at once ({temporaries / psi_bytes:.2f}× the "
+                    f"parameters' {psi_bytes} bytes), outside optimizer.step(); at most a copy of this rank's "
+                    f"shards (1/{n}) + {STEP_SLACK}× is allowed. All-gather unit by unit straight into unit.flat: "
+                    f"one buffer for every unit's parameters (a coalesced all-gather), or a full-size buffer per "
+                    f"unit kept to the end, is a second full copy of the model, the memory ZeRO removes.")
             extra = res["live_bytes"] - ref if live else 0
             if extra > LIVE_SLACK * psi_bytes:
                 raise AssertionError(
