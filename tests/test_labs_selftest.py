@@ -4,9 +4,9 @@ every correct alternative gets full marks (``selftest --quick``).
 
 One lab at a time, the longest first; each lab gets its own test and report. Two labs side by
 side took no less time on 2 cores (431 s one at a time, 433-443 s side by side) and raised the
-load average to 24-46, where the
-short launch timeouts of the bank's kernels timed out correct alternatives' memory launches
-twice in a row, and once both labs' solutions ran past nbgrader's 600 s wall-clock limit."""
+load average to 24-46, where the short launch timeouts of the bank's kernels timed out correct
+alternatives' memory launches twice in a row, and once both labs' solutions ran past nbgrader's
+600 s wall-clock limit."""
 import io
 from concurrent.futures import ThreadPoolExecutor
 
