@@ -65,6 +65,9 @@ class _Kernel:
 
     def __init__(self, nb, workdir: str):
         self.nb = nb
+        # the launch-timeout scale the kernel starts with (it inherits our environment); bugs
+        # and retries scale it for a while, then put it back
+        self.base_scale = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)
         # nbclient writes executed cells back into the notebook it holds: give it its own copy,
         # so bugs are injected into, and cells restored from, the untouched one.
         self.client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, timeout=cell_timeout(),
@@ -92,12 +95,11 @@ class _Kernel:
         """Honest code that failed a test, once more with the grader's retry timeouts (×3, as
         ``confirm`` gives a student): the quick timeouts are short for a loaded machine, and two
         labs graded side by side on 2 cores timed a correct alternative's memory launch out twice."""
-        base = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)
-        self.set_timeout_scale(base * RETRY_TIMEOUT_SCALE)
+        self.set_timeout_scale(self.base_scale * RETRY_TIMEOUT_SCALE)
         try:
             return _passes(self.run(cell, i))
         finally:
-            self.set_timeout_scale(base)
+            self.set_timeout_scale(self.base_scale)
 
     def check(self, name, entry, inject, index) -> tuple[list[str], float]:
         """A bug (the first test of ``catches`` must fail) or a correct alternative (the tests of
@@ -111,14 +113,13 @@ class _Kernel:
         self.run(changed.cells[i], i)
         should_pass = "must_pass" in entry
         tests = entry["must_pass"] if should_pass else entry["catches"][:1]
-        base = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)    # the kernel's, from our env
         if not should_pass:
-            self.set_timeout_scale(base * BUG_TIMEOUT_SCALE)
+            self.set_timeout_scale(self.base_scale * BUG_TIMEOUT_SCALE)
         wrong = [t for t in tests if _passes(self.run(self.nb.cells[index[t]], index[t])) != should_pass]
         if wrong and should_pass:     # honest code, maybe slowed by a loaded machine
             wrong = [t for t in wrong if not self._passes_with_more_time(self.nb.cells[index[t]], index[t])]
         if not should_pass:
-            self.set_timeout_scale(base)
+            self.set_timeout_scale(self.base_scale)
         self.run(self.nb.cells[i], i)     # the correct cell again, for the next entry
         return wrong, time.perf_counter() - start
 
