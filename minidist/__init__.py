@@ -10,7 +10,7 @@ the ones above it in this list):
 * ``checks``, ``tour``, ``benchmarks``, ``plots``, ``diagrams``, ``cli``: the top layer.
 """
 from minidist import trace
-from minidist.runtime import LAUNCH_TIMEOUT, LaunchError, init_from_env, launch
+from minidist.runtime import LAUNCH_TIMEOUT, LaunchError, device, init_from_env, launch, synchronize, timed
 
-__all__ = ["launch", "LaunchError", "init_from_env", "trace", "LAUNCH_TIMEOUT"]
+__all__ = ["launch", "LaunchError", "init_from_env", "device", "synchronize", "timed", "trace", "LAUNCH_TIMEOUT"]
 __version__ = "0.1.0"

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from minidist import trace as _trace
 
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
+DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"   # tests only: torch's default device inside every rank
 STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,6 +77,11 @@ def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, for
         # to it, and the peer fails in init with "Connection closed by peer".
         dist.barrier()
         status.set_phase(1)
+        # Tests of device discipline (tests/test_device_discipline.py): inputs stay on the CPU while
+        # anything made without ``device=`` lands on ``meta`` and fails, as it would on a GPU rank.
+        emulated = os.environ.get(DEFAULT_DEVICE_ENV)
+        if emulated:
+            torch.set_default_device(emulated)
     except BaseException:
         return _report_exception(rank, run_dir, "failed to start")
     try:

@@ -1,0 +1,110 @@
+"""Where a rank's tensors live: the one device model every part of minidist asks.
+
+A rank computes on one device. On a CPU machine that is ``cpu`` and the process group is
+gloo. On a GPU node each rank owns one GPU (``cuda:<local rank>``, counted among the GPUs in
+``CUDA_VISIBLE_DEVICES``, so students sharing a node each see only their own), and its process
+group is *device-mapped*, ``"cpu:gloo,cuda:nccl"``: CUDA tensors travel over NCCL, and the
+small CPU tensors and pickled objects that control code exchanges keep working over gloo.
+
+* :func:`device` — this rank's device (``cpu`` outside a launch, or on CPU ranks). Code that
+  makes a tensor passes ``device=`` explicitly, its inputs' device first, else this one.
+* :func:`resolve_device` — what ``launch(..., device=None|"cpu"|"cuda")`` asks for, checked
+  against the machine before any rank starts.
+* :func:`synchronize` and :func:`timed` — CUDA kernels run asynchronously to the host, so a
+  time read without synchronising measures the launch, not the work. Every timing in minidist
+  goes through :func:`timed`.
+
+Nothing here initialises CUDA in the calling process: the GPU count comes from NVML
+(``torch.cuda.device_count``), so a parent can still fork its ranks.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+DEVICES = ("cpu", "cuda")
+
+# Set once per rank by the launcher (or by init_from_env under torchrun).
+_rank_device: torch.device | None = None
+
+
+def device() -> torch.device:
+    """The device this rank's tensors live on: ``cuda:<i>`` on a GPU rank, ``cpu`` otherwise."""
+    return _rank_device if _rank_device is not None else torch.device("cpu")
+
+
+def set_rank_device(dev: torch.device | str | None) -> None:
+    """The launcher's hook: this process is a rank on ``dev`` (None: back to the CPU)."""
+    global _rank_device
+    _rank_device = torch.device(dev) if dev is not None else None
+    if _rank_device is not None and _rank_device.type == "cuda":
+        torch.cuda.set_device(_rank_device)
+        # Ampere and later round fp32 matmuls to TF32 when allowed; the checks' fp32
+        # tolerances (1e-5) assume true fp32, so it is switched off explicitly.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use (CUDA_VISIBLE_DEVICES applied), counted without initialising CUDA."""
+    try:
+        return torch.cuda.device_count() if dist.is_nccl_available() else 0
+    except Exception:       # a broken driver reads as no GPU: the CPU path still works
+        return 0
+
+
+def resolve_device(requested: str | None, world_size: int, gpus: int | None = None) -> str:
+    """``"cpu"`` or ``"cuda"`` for a launch of ``world_size`` ranks; a clear error before any rank starts.
+
+    ``None`` picks ``cuda`` when there is one visible GPU per rank, else ``cpu``."""
+    gpus = visible_gpus() if gpus is None else gpus
+    if requested is None:
+        return "cuda" if gpus >= world_size else "cpu"
+    if isinstance(requested, torch.device):
+        requested = requested.type
+    if requested not in DEVICES:
+        raise ValueError(f"device must be 'cpu', 'cuda' or None, got {requested!r}")
+    if requested == "cuda" and gpus < world_size:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
+        raise ValueError(f"device='cuda' needs one GPU per rank: world_size={world_size}, but this machine "
+                         f"has {gpus} visible GPU(s){where}; use a smaller world_size or device='cpu'")
+    return requested
+
+
+def backend_for(kind: str) -> str:
+    """The process-group backend for ranks on ``kind``: gloo on CPU, device-mapped on GPUs."""
+    return "cpu:gloo,cuda:nccl" if kind == "cuda" else "gloo"
+
+
+def rank_device(kind: str, local_rank: int) -> torch.device:
+    """The device of the rank with this local rank, for a launch on ``kind``."""
+    return torch.device("cuda", local_rank) if kind == "cuda" else torch.device("cpu")
+
+
+def synchronize(dev: torch.device | str | None = None) -> None:
+    """Wait until the work queued on ``dev`` (default: this rank's device) has finished."""
+    dev = torch.device(dev) if dev is not None else device()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+@contextlib.contextmanager
+def timed(dev: torch.device | str | None = None):
+    """``with timed() as t: ...`` then ``t.seconds``: wall time of the block's work on ``dev``,
+    synchronised at both ends (on the CPU, a plain ``perf_counter`` difference)."""
+    class Elapsed:
+        seconds = float("nan")
+
+    result = Elapsed()
+    synchronize(dev)
+    start = time.perf_counter()
+    try:
+        yield result
+    finally:
+        synchronize(dev)
+        result.seconds = time.perf_counter() - start
