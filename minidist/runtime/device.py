@@ -15,13 +15,16 @@ small CPU tensors and pickled objects that control code exchanges keep working o
   goes through :func:`timed`.
 
 Nothing here initialises CUDA in the calling process: the GPU count comes from NVML
-(``torch.cuda.device_count``), so a parent can still fork its ranks.
+(``torch.cuda.device_count``), so a parent can still fork its ranks. Only where NVML cannot
+count (no NVML library, MIG) does torch fall back to the CUDA runtime, which initialises the
+driver here; :func:`parent_initialised_cuda` then says so and the launcher spawns instead.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -41,20 +44,42 @@ def set_rank_device(dev: torch.device | str | None) -> None:
     """The launcher's hook: this process is a rank on ``dev`` (None: back to the CPU)."""
     global _rank_device
     _rank_device = torch.device(dev) if dev is not None else None
-    if _rank_device is not None and _rank_device.type == "cuda":
-        torch.cuda.set_device(_rank_device)
+    if _rank_device is not None:
+        if _rank_device.type == "cuda":
+            torch.cuda.set_device(_rank_device)
         # Ampere and later round fp32 matmuls to TF32 when allowed; the checks' fp32
-        # tolerances (1e-5) assume true fp32, so it is switched off explicitly.
+        # tolerances (1e-5) assume true fp32, so it is switched off explicitly, on every rank
+        # (a forked rank would otherwise inherit whatever its parent chose).
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
 
 
+# True once visible_gpus() had to ask the CUDA runtime (NVML could not count): the driver is
+# then initialised in this process and a fork would give ranks a CUDA they cannot use.
+_counted_with_cuda_runtime = False
+
+
 def visible_gpus() -> int:
     """GPUs this process may use (CUDA_VISIBLE_DEVICES applied), counted without initialising CUDA."""
+    global _counted_with_cuda_runtime
+    if not dist.is_nccl_available() or not torch.backends.cuda.is_built():
+        return 0
     try:
-        return torch.cuda.device_count() if dist.is_nccl_available() else 0
+        if not torch.cuda.is_initialized():
+            nvml = getattr(torch.cuda, "_device_count_nvml", None)
+            with warnings.catch_warnings():     # "Can't initialize NVML": a warning would fail a graded cell
+                warnings.simplefilter("ignore")
+                if nvml is None or nvml() < 0:
+                    _counted_with_cuda_runtime = True
+                return torch.cuda.device_count()
+        return torch.cuda.device_count()
     except Exception:       # a broken driver reads as no GPU: the CPU path still works
         return 0
+
+
+def parent_initialised_cuda() -> bool:
+    """Whether CUDA is initialised in this process, so that forked children could not use it."""
+    return torch.cuda.is_initialized() or _counted_with_cuda_runtime
 
 
 def resolve_device(requested: str | None, world_size: int, gpus: int | None = None) -> str:
@@ -74,6 +99,30 @@ def resolve_device(requested: str | None, world_size: int, gpus: int | None = No
         raise ValueError(f"device='cuda' needs one GPU per rank: world_size={world_size}, but this machine "
                          f"has {gpus} visible GPU(s){where}; use a smaller world_size or device='cpu'")
     return requested
+
+
+# What a CUDA rank's environment needs before its process group exists (ProcessGroupNCCL reads
+# these when it is built; names as in torch 2.4-2.13, the flight recorder's newer names too):
+# * blocking wait: without it ``work.wait()`` only makes the CUDA stream wait and returns, so a
+#   rank stuck in recv moves on and hangs later in some unrelated copy, and on a timeout the
+#   watchdog kills the process (SIGABRT) instead of raising. With it the op that never
+#   completes raises DistBackendError in the rank after the group timeout, at the user's line.
+# * the flight recorder: the last collectives of every rank, dumped on a timeout.
+NCCL_BLOCKING_ENV = {"TORCH_NCCL_BLOCKING_WAIT": "1"}
+FLIGHT_RECORDER_ENV = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_FR_BUFFER_SIZE": "2000",
+                       "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+FLIGHT_RECORDER_FILE_ENV = ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+
+
+def prepare_nccl_environment(dump_prefix: str | None = None) -> None:
+    """Set, unless the user already has, what makes a hung NCCL op raise and leave a trace.
+
+    ``dump_prefix``: where the flight recorder writes (``<prefix><rank>``)."""
+    for key, value in {**NCCL_BLOCKING_ENV, **FLIGHT_RECORDER_ENV}.items():
+        os.environ.setdefault(key, value)
+    if dump_prefix is not None:
+        for key in FLIGHT_RECORDER_FILE_ENV:
+            os.environ.setdefault(key, dump_prefix)
 
 
 def backend_for(kind: str) -> str:

@@ -3,7 +3,9 @@
 The launcher (:mod:`minidist.runtime.launcher`) calls :func:`failure_report` for every rank
 that did not return a result. The rank's files in the launch's run directory are the
 evidence: ``error`` (a formatted exception written by the rank), ``stack`` (faulthandler's
-dump when the launcher stopped a stuck rank), ``out`` (everything the rank printed).
+dump when the launcher stopped a stuck rank), ``out`` (everything the rank printed). On CUDA
+ranks NCCL's flight recorder may also have dumped the rank's last collectives, outside the run
+directory (which the launch removes): the report says where.
 """
 from __future__ import annotations
 
@@ -20,6 +22,21 @@ NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|S
 
 def failure_report(r, timeout: float, user_clock_started: bool) -> str:
     """One rank's report (``r``: the launcher's handle of a rank that returned no result)."""
+    report = _report(r, user_clock_started)
+    dump = flight_recorder_dump(r)
+    return report + (f"\n  NCCL flight recorder dump (its last collectives): {dump}" if dump else "")
+
+
+def flight_recorder_dump(r) -> str | None:
+    """The file NCCL's flight recorder wrote for this rank on a timeout, if it wrote one."""
+    dump_dir = getattr(r, "dump_dir", None)
+    if not dump_dir or not os.path.isdir(dump_dir):
+        return None
+    mine = sorted(f for f in os.listdir(dump_dir) if re.fullmatch(rf"rank{r.rank}(\D.*)?", f))
+    return os.path.join(dump_dir, mine[0]) if mine else None
+
+
+def _report(r, user_clock_started: bool) -> str:
     if os.path.exists(r.path("error")):
         with open(r.path("error")) as f:
             return f.read().rstrip()

@@ -1,24 +1,39 @@
 """Run a function on N ranks, and never hang doing it.
 
-``launch(fn, world_size)`` starts one process per rank, joins them into a process
-group (gloo on CPU, NCCL on GPUs) through a FileStore in a private temp dir (no ports,
-so any number of launches can run side by side) and returns each rank's return value.
+``launch(fn, world_size, device=None)`` starts one process per rank, joins them into a
+process group through a FileStore in a private temp dir (no ports, so any number of launches
+can run side by side) and returns each rank's return value, loaded onto the CPU.
+
+Where ranks compute (the device model, :mod:`minidist.runtime.device`): ``device=None`` puts
+each rank on its own GPU when there is one visible GPU per rank, else on the CPU; ``"cpu"`` and
+``"cuda"`` ask, and a ``"cuda"`` the machine cannot give is a ValueError before any rank
+starts. CPU ranks join a gloo group; CUDA ranks join the device-mapped ``"cpu:gloo,cuda:nccl"``
+group bound to their GPU (rank r on visible GPU r, so ``CUDA_VISIBLE_DEVICES`` gives each
+student on a shared node their own), communicators made eagerly. Inside a rank
+``minidist.device()`` answers. ``backend="gloo"``/``"nccl"`` still work and mean CPU/CUDA ranks.
 
 How ranks start:
-* ``fork`` (CPU, CUDA not initialised here): ~0.1 s for 4 ranks, and functions defined
-  in a notebook cell just work because the child is a copy of the kernel.
-* ``spawn``: fresh interpreters that receive ``fn`` through cloudpickle. Needed for
-  NCCL (CUDA cannot survive a fork) and on platforms without fork.
+* ``fork`` whenever this process has not initialised CUDA (the GPU count comes from NVML, which
+  does not): ~0.1 s for 4 ranks, and functions defined in a notebook cell just work because
+  the child is a copy of the kernel. A forked child may initialise CUDA itself; only a parent's
+  initialised CUDA is unusable after fork. CUDA ranks fork too.
+* ``spawn`` when the parent already initialised CUDA, or on platforms without fork: fresh
+  interpreters that receive ``fn`` through cloudpickle.
 
 How it fails (the reason this file exists):
 * a rank raises -> the others are stopped and :class:`LaunchError` shows each failed
   rank's traceback, user frames first, within a second or two;
 * a deadlock -> once ``timeout`` has passed since every rank joined the group, every
   stuck rank's Python stack is dumped (``faulthandler`` on SIGUSR1, which works even
-  inside a blocking C++ recv) next to the operation it is blocked in;
+  inside a blocking C++ recv) next to the operation it is blocked in. The group carries the
+  same timeout, so usually the stuck op raises in the rank first; on CUDA ranks NCCL's
+  blocking wait makes it raise instead of returning at once (``prepare_nccl_environment``);
 * a rank killed by a signal (the OOM killer sends SIGKILL) is reported as such;
 * every rank runs in its own process group, which is SIGKILLed on every exit path,
   KeyboardInterrupt included, and Linux's parent-death signal covers a killed parent.
+
+A rank that returned destroys its process group (its communicators) after writing its
+result, bounded in time: a teardown that hangs cannot hold the launch.
 
 ``MINIDIST_TIMEOUT_SCALE`` (a number, unset normally) multiplies every ``timeout``: the grader
 sets it when it re-runs a test that timed out on a loaded machine.
@@ -38,8 +53,8 @@ import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 
+from minidist.runtime.device import parent_initialised_cuda, resolve_device
 from minidist.runtime.failure_report import NOISE, failure_report
 from minidist.runtime.rank_process import STARTUP_TIMEOUT, STATUS_BYTES, rank_main, spawn_entry
 from minidist.runtime.torchrun import launch_under_torchrun
@@ -47,6 +62,8 @@ from minidist.runtime.torchrun import launch_under_torchrun
 LAUNCH_TIMEOUT = 60.0       # seconds of user code, counted once every rank has joined
 FAILURE_GRACE = 1.0         # after a first failure, time for the others to report theirs
 WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the op; this catches the rest
+# NCCL's blocking wait polls, then aborts the communicator before it raises: give it longer.
+CUDA_WATCHDOG_GRACE = 10.0
 MAX_CPU_WORLD = 64
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
 
@@ -72,9 +89,11 @@ def timeout_scale() -> float:
     return scale
 
 
-def launch(fn, world_size: int, *args, backend: str | None = None, timeout: float = LAUNCH_TIMEOUT,
-           start_method: str | None = None, **kwargs) -> list:
-    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results by rank."""
+def launch(fn, world_size: int, *args, device: str | None = None, backend: str | None = None,
+           timeout: float = LAUNCH_TIMEOUT, start_method: str | None = None, **kwargs) -> list:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results by rank.
+
+    ``device``: None (a GPU per rank when there are enough, else the CPU), "cpu" or "cuda"."""
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
@@ -83,10 +102,12 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     timeout = timeout * timeout_scale()
     if os.environ.get("TORCHELASTIC_RUN_ID") and "RANK" in os.environ:
-        return launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout)
-    backend = _resolve_backend(backend, world_size)
-    start_method = _resolve_start_method(start_method, backend)
+        return launch_under_torchrun(fn, world_size, args, kwargs, device, backend, timeout)
+    kind = resolve_kind(device, backend, world_size)
+    start_method = _resolve_start_method(start_method)
     run_dir = tempfile.mkdtemp(prefix="minidist-")
+    # The flight recorder's dumps must outlive run_dir, which goes when the launch returns.
+    dump_dir = tempfile.mkdtemp(prefix="minidist-nccl-trace-") if kind == "cuda" else None
     ranks: list[_Rank] = []
     try:
         if start_method == "spawn":
@@ -98,35 +119,40 @@ def launch(fn, world_size: int, *args, backend: str | None = None, timeout: floa
             with open(os.path.join(run_dir, "payload.pkl"), "wb") as f:
                 f.write(payload)
             with open(os.path.join(run_dir, "payload.json"), "w") as f:
-                json.dump({"sys_path": sys.path, "cwd": os.getcwd()}, f)
+                json.dump({"sys_path": sys.path, "cwd": os.getcwd(), "dump_dir": dump_dir}, f)
         for rank in range(world_size):
-            ranks.append(_Rank(rank, run_dir))
+            ranks.append(_Rank(rank, run_dir, dump_dir))
         for r in ranks:
-            job = (r.rank, world_size, backend, run_dir, float(timeout))
+            job = (r.rank, world_size, kind, run_dir, float(timeout))
             if start_method == "fork":
-                r.start_fork(lambda job=job: rank_main(*job, fn, args, kwargs, forked=True))
+                r.start_fork(lambda job=job: rank_main(*job, fn, args, kwargs, forked=True, dump_dir=dump_dir))
             else:
                 r.start_spawn(job)
-        return _supervise(ranks, float(timeout))
+        grace = CUDA_WATCHDOG_GRACE if kind == "cuda" else WATCHDOG_GRACE
+        return _supervise(ranks, float(timeout), grace)
     finally:
         for r in ranks:
             r.kill()
         shutil.rmtree(run_dir, ignore_errors=True)
+        if dump_dir is not None and not os.listdir(dump_dir):
+            os.rmdir(dump_dir)
 
 
-def _resolve_backend(backend, world_size):
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend is None:
-        backend = "nccl" if gpus >= world_size and dist.is_nccl_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
+def resolve_kind(device, backend, world_size) -> str:
+    """"cpu" or "cuda" from ``launch``'s ``device=`` and the older ``backend=``; errors before any rank starts."""
+    if backend not in (None, "gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
-    if backend == "nccl" and (gpus < world_size or not dist.is_nccl_available()):
-        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} "
-                         f"but {gpus} GPU(s) are visible{'' if dist.is_nccl_available() else ' and NCCL is not built in'}")
-    if backend == "gloo" and world_size > max(MAX_CPU_WORLD, os.cpu_count() or 1):
+    implied = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+    if implied is not None:
+        if device is not None and resolve_device(device, world_size, gpus=world_size) != implied:
+            raise ValueError(f"backend={backend!r} means {implied} ranks, but device={device!r} was asked for: "
+                             f"pass only device= (backend='gloo' is device='cpu', backend='nccl' is device='cuda')")
+        device = implied
+    kind = resolve_device(device, world_size)
+    if kind == "cpu" and world_size > max(MAX_CPU_WORLD, os.cpu_count() or 1):
         raise ValueError(f"world_size={world_size} CPU processes is more than this machine can run "
                          f"(limit {MAX_CPU_WORLD}); use a smaller world_size")
-    return backend
+    return kind
 
 
 def import_optimizers_before_fork() -> None:
@@ -143,23 +169,24 @@ def import_optimizers_before_fork() -> None:
             pass
 
 
-def _resolve_start_method(method, backend):
-    fork_ok = hasattr(os, "fork") and backend == "gloo" and not torch.cuda.is_initialized()
+def _resolve_start_method(method):
+    # CUDA ranks fork too: a child may initialise CUDA itself, only an initialised parent's is lost.
+    fork_ok = hasattr(os, "fork") and not parent_initialised_cuda()
     if method is None:
         return "fork" if fork_ok else "spawn"
     if method not in ("fork", "spawn"):
         raise ValueError(f"start_method must be 'fork', 'spawn' or None, got {method!r}")
     if method == "fork" and not fork_ok:
-        raise ValueError("start_method='fork' is unsafe here (NCCL, CUDA already initialised, or no fork); "
-                         "use start_method='spawn'")
+        raise ValueError("start_method='fork' is unsafe here (this process already initialised CUDA, "
+                         "or the platform has no fork); use start_method='spawn'")
     return method
 
 
 class _Rank:
     """The parent's handle on one rank: its process, status page and output file."""
 
-    def __init__(self, rank, run_dir):
-        self.rank, self.run_dir = rank, run_dir
+    def __init__(self, rank, run_dir, dump_dir=None):
+        self.rank, self.run_dir, self.dump_dir = rank, run_dir, dump_dir
         self.path = lambda ext: os.path.join(run_dir, f"rank{rank}.{ext}")
         with open(self.path("status"), "wb") as f:
             f.write(b"\0" * STATUS_BYTES)
@@ -187,12 +214,12 @@ class _Rank:
             pass
 
     def start_spawn(self, job):
-        rank, world_size, backend, run_dir, timeout = job
+        rank, world_size, kind, run_dir, timeout = job
         out = open(self.path("out"), "wb")
         # Named from the function itself, so the entry point follows the code if it moves.
         entry = f"from {spawn_entry.__module__} import {spawn_entry.__name__}; {spawn_entry.__name__}()"
         cmd = [sys.executable, "-c", entry,
-               run_dir, str(rank), str(world_size), backend, str(timeout)]
+               run_dir, str(rank), str(world_size), kind, str(timeout)]
         self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
         out.close()
@@ -259,7 +286,7 @@ class _Rank:
             self.exit = ("killed", signal.SIGKILL)
 
 
-def _supervise(ranks: list[_Rank], timeout: float) -> list:
+def _supervise(ranks: list[_Rank], timeout: float, grace: float = WATCHDOG_GRACE) -> list:
     started = time.monotonic()
     deadline = started + STARTUP_TIMEOUT
     user_clock_started = False
@@ -278,7 +305,7 @@ def _supervise(ranks: list[_Rank], timeout: float) -> list:
         if first_failure is not None and now - first_failure > FAILURE_GRACE:
             break
         if not user_clock_started and all(e is not None or r.status()[0] >= 1 for r, e in zip(ranks, exits)):
-            user_clock_started, deadline = True, now + timeout + WATCHDOG_GRACE
+            user_clock_started, deadline = True, now + timeout + grace
         if now > deadline:
             break
         time.sleep(nap)
@@ -319,4 +346,6 @@ def _load_result(r: _Rank):
     if not os.path.exists(path):
         raise LaunchError(f"rank {r.rank} exited without returning a result (os._exit()?)",
                           {r.rank: "exited without a result"})
-    return torch.load(path, weights_only=False)
+    # Onto the CPU whatever the rank saved (a module left on its GPU, say): the parent may have
+    # no GPU, and loading onto one would initialise CUDA here and forbid the next fork.
+    return torch.load(path, weights_only=False, map_location="cpu")

@@ -4,7 +4,9 @@ The parent (``minidist.launch``) watches from outside; this side makes that poss
 output goes to a file the parent relays, a page of shared memory says which operation the
 rank is in, ``faulthandler`` dumps the Python stack on SIGUSR1 (even inside a blocking C++
 recv), errors are written as short reports with the user's frames, results as files that
-outlive the process.
+outlive the process. A rank on a GPU binds to it before joining (``set_rank_device``), joins
+the device-mapped group with its communicators made eagerly, and, once its result is safe on
+disk, destroys the group again so that no communicator outlives its launch.
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ import torch
 import torch.distributed as dist
 
 from minidist import trace as _trace
+from minidist.runtime.device import backend_for, prepare_nccl_environment, rank_device, set_rank_device
 
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
 DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"   # tests only: torch's default device inside every rank
 STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
+DESTROY_TIMEOUT = 10.0      # seconds a returned rank waits for its group's teardown before exiting anyway
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Parts of minidist whose frames a student never needs to read: how ranks start and report
@@ -55,8 +59,8 @@ def indent(lines):
     return "\n".join("  " + l.replace("\n", "\n  ") for l in lines)
 
 
-def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, forked=False) -> int:
-    """Body of every rank. Returns the process exit code; never raises."""
+def rank_main(rank, world_size, kind, run_dir, timeout, fn, args, kwargs, forked=False, dump_dir=None) -> int:
+    """Body of every rank (``kind``: "cpu" or "cuda"). Returns the process exit code; never raises."""
     try:
         _become_rank_process(rank, run_dir, forked)
         status = _StatusPage(os.path.join(run_dir, f"rank{rank}.status"))
@@ -65,14 +69,20 @@ def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, for
         # once the parent has run a parallel region, the child's first one hangs (measured:
         # a 1-rank launch after a 2-thread matmul). One thread never enters that pool.
         torch.set_num_threads(1 if forked else max(1, (os.cpu_count() or 1) // world_size))
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
+        # One node: the local rank is the rank, so rank r takes visible GPU r.
+        dev = rank_device(kind, rank)
+        set_rank_device(dev)
+        if kind == "cuda":
+            prepare_nccl_environment(os.path.join(dump_dir, "rank") if dump_dir else None)
         store = dist.FileStore(os.path.join(run_dir, "store"), world_size)
         _wait_for_all_ranks(store, world_size)
         # Everyone is here, so connecting is quick even under load: the group can carry the
         # user's timeout, and a stuck op raises on its own before the watchdog has to step in.
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        # device_id binds the group to this GPU and builds its NCCL communicator now, not on
+        # the first collective (where a failure would look like the user's fault).
+        dist.init_process_group(backend_for(kind), store=store, rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout),
+                                **({"device_id": dev} if kind == "cuda" else {}))
         # Without this a rank that finishes fast can exit while a peer is still connecting
         # to it, and the peer fails in init with "Connection closed by peer".
         dist.barrier()
@@ -97,7 +107,28 @@ def rank_main(rank, world_size, backend, run_dir, timeout, fn, args, kwargs, for
                                     f"({type(err).__name__}: {err}); return tensors, numbers, lists or dicts")
         return 1
     sys.stdout.flush()
+    destroy_group(DESTROY_TIMEOUT)
     return 0
+
+
+def destroy_group(limit: float) -> bool:
+    """Destroy this rank's process group (its NCCL communicators), waiting at most ``limit`` s.
+
+    Runs in a daemon thread: a teardown stuck on a peer must not turn a finished launch into a
+    timed-out one; the process exits right after and takes a stuck teardown with it. True when done."""
+    if not dist.is_initialized():
+        return True
+    worker = threading.Thread(target=_destroy_quietly, name="minidist-destroy", daemon=True)
+    worker.start()
+    worker.join(limit)
+    return not worker.is_alive()
+
+
+def _destroy_quietly():
+    try:
+        dist.destroy_process_group()
+    except Exception:       # the result is already written; a failed teardown changes nothing for it
+        pass
 
 
 def _become_rank_process(rank, run_dir, forked):
@@ -181,7 +212,7 @@ def to_cpu(obj):
 
 def spawn_entry():
     """Entry point of a fresh-interpreter rank (``start_method='spawn'``)."""
-    run_dir, rank, world_size, backend, timeout = sys.argv[1:6]
+    run_dir, rank, world_size, kind, timeout = sys.argv[1:6]
     rank = int(rank)
     code = 1
     try:
@@ -196,6 +227,7 @@ def spawn_entry():
         _become_rank_process(rank, run_dir, forked=False)
         code = _report_exception(rank, run_dir, "could not load the function to run")
     else:
-        code = rank_main(rank, int(world_size), backend, run_dir, float(timeout), fn, args, kwargs)
+        code = rank_main(rank, int(world_size), kind, run_dir, float(timeout), fn, args, kwargs,
+                         dump_dir=meta.get("dump_dir"))
     sys.stdout.flush()
     os._exit(code)

@@ -1,28 +1,46 @@
-"""Under torchrun: the same ``launch(fn, N)`` call, one rank per process, across nodes."""
+"""Under torchrun: the same ``launch(fn, N)`` call, one rank per process, across nodes.
+
+torchrun starts the processes and describes them in the environment (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_*). The device model is the launcher's: on a node with one
+visible GPU per local rank, ``LOCAL_RANK`` picks this process's GPU and the group is the
+device-mapped ``"cpu:gloo,cuda:nccl"``; otherwise the ranks are CPU ranks on gloo.
+"""
 from __future__ import annotations
 
 import atexit
 import datetime
 import os
 
-import torch
 import torch.distributed as dist
 
 from minidist import trace as _trace
+from minidist.runtime.device import backend_for, prepare_nccl_environment, rank_device, resolve_device, set_rank_device
 from minidist.runtime.rank_process import to_cpu
 
+_BACKEND_KIND = {None: None, "gloo": "cpu", "nccl": "cuda"}
 
-def init_from_env(backend: str | None = None, timeout: float = 600.0) -> tuple[int, int]:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+
+def init_from_env(backend: str | None = None, timeout: float = 600.0, device: str | None = None) -> tuple[int, int]:
+    """Join the process group torchrun describes; ``device``/``backend`` as in ``launch``."""
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise RuntimeError(f"init_from_env() needs {', '.join(missing)} in the environment: run under torchrun")
     if not dist.is_initialized():
-        if backend is None:
-            backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        if backend not in _BACKEND_KIND:
+            raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+        implied = _BACKEND_KIND[backend]
+        if implied is not None and device is not None and device != implied:
+            raise ValueError(f"backend={backend!r} means {implied} ranks, but device={device!r} was asked for")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        # GPUs are counted per node: this node must have one for each of its local ranks.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+        kind = resolve_device(device or implied, local_world)
+        dev = rank_device(kind, local_rank)
+        set_rank_device(dev)
+        if kind == "cuda":
+            prepare_nccl_environment()      # the flight recorder dumps where torch's default says
+        dist.init_process_group(backend_for(kind), timeout=datetime.timedelta(seconds=timeout),
+                                **({"device_id": dev} if kind == "cuda" else {}))
         # Torn down before the interpreter's own teardown: left to that, gloo's threads were
         # sometimes destroyed while joinable and the rank aborted at exit ("terminate called
         # without an active exception"; 4 of 15 runs of tests/test_torchrun.py's job).
@@ -36,11 +54,11 @@ def _destroy():
         dist.destroy_process_group()
 
 
-def launch_under_torchrun(fn, world_size, args, kwargs, backend, timeout):
+def launch_under_torchrun(fn, world_size, args, kwargs, device, backend, timeout):
     env_world = int(os.environ["WORLD_SIZE"])
     if world_size != env_world:
         raise ValueError(f"launch(world_size={world_size}) under torchrun with WORLD_SIZE={env_world}: they must match")
-    init_from_env(backend, timeout)
+    init_from_env(backend, timeout, device)
     result = to_cpu(fn(*args, **kwargs))
     gathered = [None] * env_world
     dist.all_gather_object(gathered, result)
