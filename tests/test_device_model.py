@@ -1,0 +1,149 @@
+"""The device model on a CPU machine: which device a launch asks for, what ranks see, what the
+parent never does (initialise CUDA), and what every rank undoes (its process group)."""
+import importlib
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist.runtime.device import resolve_device
+
+# By module path: the package's attribute ``minidist.runtime.device`` is the function device().
+device_model = importlib.import_module("minidist.runtime.device")
+launcher = importlib.import_module("minidist.runtime.launcher")
+rank_process = importlib.import_module("minidist.runtime.rank_process")
+
+
+@pytest.mark.parametrize("requested, gpus, world_size, expected", [
+    (None, 0, 4, "cpu"), (None, 1, 4, "cpu"), (None, 4, 4, "cuda"), (None, 1, 1, "cuda"), (None, 0, 1, "cpu"),
+    ("cpu", 0, 4, "cpu"), ("cpu", 1, 4, "cpu"), ("cpu", 4, 4, "cpu"),
+    ("cuda", 4, 4, "cuda"), ("cuda", 1, 1, "cuda"), (torch.device("cuda"), 4, 2, "cuda"),
+    ("cuda", 0, 4, "has 0 visible GPU(s)"), ("cuda", 1, 4, "has 1 visible GPU(s)"), ("cuda", 4, 8, "world_size=8"),
+])
+def test_device_resolution_table(requested, gpus, world_size, expected):
+    if expected in ("cpu", "cuda"):
+        assert resolve_device(requested, world_size, gpus=gpus) == expected
+    else:
+        with pytest.raises(ValueError, match=r"one GPU per rank.*" + expected.replace("(", r"\(").replace(")", r"\)")):
+            resolve_device(requested, world_size, gpus=gpus)
+
+
+@pytest.mark.parametrize("bad", ["gpu", "cuda:0", "CPU", 3, "mps"])
+def test_bad_device_values_are_named(bad):
+    with pytest.raises(ValueError, match=r"device must be 'cpu', 'cuda' or None, got " + repr(bad).replace("(", r"\(")):
+        resolve_device(bad, 2, gpus=4)
+
+
+def _no_process_started(call):
+    before = {p for p in os.listdir("/proc") if p.isdigit()}
+    call()
+    return not ({p for p in os.listdir("/proc") if p.isdigit()} - before)
+
+
+def test_too_few_gpus_is_a_clear_error_before_any_rank_starts(monkeypatch):
+    monkeypatch.setattr(device_model, "visible_gpus", lambda: 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+
+    def call():
+        with pytest.raises(ValueError, match=r"world_size=4, but this machine has 1 visible GPU\(s\) "
+                                             r"\(CUDA_VISIBLE_DEVICES=3\); use a smaller world_size or device='cpu'"):
+            minidist.launch(lambda: 0, 4, device="cuda")
+    assert _no_process_started(call)
+
+
+@pytest.mark.parametrize("device, backend, gpus, expected", [
+    (None, None, 0, "cpu"), (None, None, 4, "cuda"), (None, "gloo", 4, "cpu"), ("cpu", "gloo", 4, "cpu"),
+    (None, "nccl", 4, "cuda"), ("cuda", "nccl", 4, "cuda"), ("cpu", None, 4, "cpu"),
+    ("cuda", "gloo", 4, "backend='gloo' means cpu ranks, but device='cuda'"),
+    ("cpu", "nccl", 4, "backend='nccl' means cuda ranks, but device='cpu'"),
+    (None, "nccl", 1, "one GPU per rank"),
+    (None, "mpi", 4, "backend must be 'gloo', 'nccl' or None, got 'mpi'"),
+    ("gpu", "gloo", 4, "device must be"),
+])
+def test_backend_and_device_combinations(monkeypatch, device, backend, gpus, expected):
+    monkeypatch.setattr(device_model, "visible_gpus", lambda: gpus)
+    if expected in ("cpu", "cuda"):
+        assert launcher.resolve_kind(device, backend, 4) == expected
+    else:
+        with pytest.raises(ValueError, match=expected.replace("(", r"\(")):
+            launcher.resolve_kind(device, backend, 4)
+
+
+def _where_am_i():
+    return {"device": str(minidist.device()), "rank": dist.get_rank(),
+            "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)}
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_cpu_ranks_know_their_device_and_compute_in_true_fp32(start_method):
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True   # a forked rank inherits these
+        out = minidist.launch(_where_am_i, 2, device="cpu", start_method=start_method)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+    assert out == [{"device": "cpu", "rank": r, "tf32": (False, False)} for r in range(2)]
+    assert str(minidist.device()) == "cpu"      # the parent is no rank
+
+
+def _return_tensors_tagged_as_cuda():
+    # Every storage this rank saves is labelled cuda:0, as a rank on a GPU would save it: the
+    # launcher's own move to the CPU does not reach inside a module, so a module comes back so.
+    torch.serialization.register_package(0, lambda storage: "cuda:0", lambda storage, location: None)
+    return torch.nn.Linear(2, 3)
+
+
+def test_results_are_loaded_onto_the_cpu():
+    [module] = minidist.launch(_return_tensors_tagged_as_cuda, 1, device="cpu")
+    assert module.weight.device == torch.device("cpu") and module.weight.shape == (3, 2)
+
+
+def test_each_rank_destroys_its_process_group_after_returning(monkeypatch, tmp_path):
+    real = dist.destroy_process_group
+
+    def recording_destroy(*args, **kwargs):     # runs in the (forked) rank
+        rank = dist.get_rank()
+        real(*args, **kwargs)
+        (tmp_path / f"rank{rank}").write_text(str(dist.is_initialized()))
+
+    monkeypatch.setattr(dist, "destroy_process_group", recording_destroy)
+    assert minidist.launch(lambda: dist.get_rank(), 3, start_method="fork") == [0, 1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["rank0", "rank1", "rank2"]
+    assert {(tmp_path / f).read_text() for f in os.listdir(tmp_path)} == {"False"}
+
+
+def test_a_teardown_that_hangs_does_not_hold_the_launch(monkeypatch):
+    monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: time.sleep(3600))
+    monkeypatch.setattr(rank_process, "DESTROY_TIMEOUT", 0.2)
+    start = time.monotonic()
+    assert minidist.launch(lambda: dist.get_rank(), 2, start_method="fork", timeout=30) == [0, 1]
+    assert time.monotonic() - start < 10
+
+
+def test_the_launcher_never_initialises_cuda_in_the_parent(monkeypatch):
+    def forbidden(*args):
+        raise AssertionError("the parent asked the CUDA runtime (cudaGetDeviceCount initialises CUDA)")
+
+    monkeypatch.setattr(torch.cuda, "is_available", forbidden)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", forbidden, raising=False)
+    assert minidist.launch(lambda: str(minidist.device()), 2) == ["cpu", "cpu"]
+    assert not torch.cuda.is_initialized() and not device_model.parent_initialised_cuda()
+
+
+def _what_the_parent_set():
+    return getattr(device_model, "_set_by_the_parent", None)
+
+
+def test_ranks_fork_unless_the_parent_initialised_cuda(monkeypatch):
+    # A forked rank inherits what the parent set; a spawned one imports minidist afresh.
+    monkeypatch.setattr(device_model, "_set_by_the_parent", "yes", raising=False)
+    assert minidist.launch(_what_the_parent_set, 1) == ["yes"]
+    # As if NVML could not count and the CUDA runtime did: the parent's CUDA is initialised.
+    monkeypatch.setattr(device_model, "_counted_with_cuda_runtime", True)
+    assert device_model.parent_initialised_cuda()
+    assert minidist.launch(_what_the_parent_set, 1) == [None]
+    with pytest.raises(ValueError, match="start_method='fork' is unsafe here"):
+        minidist.launch(_what_the_parent_set, 1, start_method="fork")
