@@ -41,43 +41,74 @@ def _emit(rows, as_json):
 
 
 # ------------------------------------------------------------------------------ doctor
+class Skip(Exception):
+    """A doctor check that cannot run on this machine; its message says why."""
+
+
+GPU_SUITE_LEVELS = ((1, "kernels, TP and the pipeline in a group of one, memory meters, fork rules"),
+                    (4, "the tour, the deadlock report, a measured bubble, teardown, memory given back"))
+
+
 def _doctor_checks():
     import torch
     import torch.distributed as dist
     import minidist
+    from minidist.runtime.device import visible_gpus
 
     def all_reduce_check():
-        t = torch.full((8,), float(dist.get_rank() + 1), device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        t = torch.full((8,), float(dist.get_rank() + 1), device=minidist.device())
         dist.all_reduce(t)
-        return t.cpu()
+        return t, str(t.device)
 
-    def launch_case(n, **kw):
+    def launch_case(n, device, **kw):
         def check():
-            out = minidist.launch(all_reduce_check, n, timeout=30, **kw)
+            if device == "cuda" and gpus < n:
+                raise Skip(f"needs {n} GPU(s), {gpus} visible")
+            out = minidist.launch(all_reduce_check, n, device=device, timeout=60, **kw)
             expected = n * (n + 1) / 2
-            bad = [r for r, t in enumerate(out) if not torch.allclose(t, torch.full((8,), expected))]
+            bad = [r for r, (t, _) in enumerate(out) if not torch.allclose(t, torch.full((8,), expected))]
             if bad:
                 raise AssertionError(f"ranks {bad} got the wrong sum")
-            return f"sum correct on {n} ranks"
+            return f"sum correct on {n} ranks ({', '.join(sorted({d for _, d in out}))})"
         return check
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    checks = [
+    def gpu_name():     # asked inside a rank: CUDA initialised here would make every later launch spawn
+        return torch.cuda.get_device_name(minidist.device())
+
+    def gpus_row():
+        if not gpus:
+            return "0 (CPU only: labs run on gloo)"
+        [name] = minidist.launch(gpu_name, 1, device="cuda", timeout=60)
+        return f"{gpus}: {name}"
+
+    def nccl_row():
+        if not dist.is_nccl_available():
+            raise Skip("this torch is built without NCCL (a CPU build): CUDA ranks cannot run here")
+        if not gpus:
+            raise Skip("no GPU visible: CUDA ranks cannot run here")
+        return f"available, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
+
+    def suite_row(n, what):
+        def check():
+            if gpus < n:
+                raise Skip(f"make test-gpu skips this level here: needs {n} GPU(s), {gpus} visible ({what})")
+            return f"runnable here: make test-gpu ({what})"
+        return check
+
+    gpus = visible_gpus()
+    return [
         ("python", lambda: platform.python_version()),
         ("torch", lambda: f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})"),
         ("gloo backend", lambda: _require(dist.is_gloo_available(), "gloo is available")),
-        ("GPUs", lambda: f"{gpus}" + (f": {torch.cuda.get_device_name(0)}" if gpus else " (CPU only: labs run on gloo)")),
-        ("nccl backend", lambda: (f"available, NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}"
-                                  if gpus and dist.is_nccl_available() else "not usable here (needs GPUs)")),
-        ("launch 2 ranks (gloo, fork)", launch_case(2, backend="gloo")),
-        ("launch 4 ranks (gloo, fork)", launch_case(4, backend="gloo")),
-        ("launch 2 ranks (gloo, spawn)", launch_case(2, backend="gloo", start_method="spawn")),
-    ]
-    if gpus >= 2 and dist.is_nccl_available():
-        checks.append(("launch 2 ranks (nccl)", launch_case(2, backend="nccl")))
-    if gpus >= 4 and dist.is_nccl_available():
-        checks.append(("launch 4 ranks (nccl)", launch_case(4, backend="nccl")))
-    return checks
+        ("GPUs", gpus_row),
+        ("nccl backend", nccl_row),
+        ("launch 2 ranks (cpu, fork)", launch_case(2, "cpu")),
+        ("launch 4 ranks (cpu, fork)", launch_case(4, "cpu")),
+        ("launch 2 ranks (cpu, spawn)", launch_case(2, "cpu", start_method="spawn")),
+        ("launch 1 rank (cuda)", launch_case(1, "cuda")),
+        ("launch 2 ranks (cuda)", launch_case(2, "cuda")),
+        ("launch 4 ranks (cuda)", launch_case(4, "cuda")),
+    ] + [(f"GPU suite, {n} GPU{'s' if n > 1 else ''}", suite_row(n, what)) for n, what in GPU_SUITE_LEVELS]
 
 
 def _require(ok, message):
@@ -87,19 +118,23 @@ def _require(ok, message):
 
 
 def doctor(as_json=False) -> int:
+    """One row per check: PASS, FAIL, or SKIP with the reason it cannot run here. 1 if any FAIL."""
     rows = []
     for name, check in _doctor_checks():
         start = time.perf_counter()
         try:
-            detail, ok = check(), True
+            detail, status = check(), "PASS"
+        except Skip as why:
+            detail, status = str(why), "SKIP"
         except Exception as err:
-            detail, ok = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}", False
-        rows.append({"check": name, "ok": ok, "detail": detail, "time_s": time.perf_counter() - start})
+            detail, status = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}", "FAIL"
+        rows.append({"check": name, "status": status, "ok": status != "FAIL", "detail": detail,
+                     "time_s": time.perf_counter() - start})
     if as_json:
         _emit(rows, True)
     else:
         for row in rows:
-            print(f"{'PASS' if row['ok'] else 'FAIL'}  {row['check']:<30} {row['detail']}")
+            print(f"{row['status']}  {row['check']:<30} {row['detail']}")
     return 0 if all(r["ok"] for r in rows) else 1
 
 
@@ -162,7 +197,8 @@ def _benchmarks():
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="minidist", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("doctor", help="check torch, backends, GPUs, and that 2 and 4 ranks launch and all-reduce")
+    p = sub.add_parser("doctor", help="check torch, backends, GPUs, that ranks launch and all-reduce on CPU "
+                                      "and CUDA, and which GPU-suite levels this machine can run")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("tour", help="run every technique on 4 CPU ranks against a single-process reference")
     p.add_argument("--json", action="store_true")

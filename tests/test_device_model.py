@@ -1,6 +1,7 @@
 """The device model on a CPU machine: which device a launch asks for, what ranks see, what the
 parent never does (initialise CUDA), and what every rank undoes (its process group)."""
 import importlib
+import json
 import os
 import time
 
@@ -147,3 +148,16 @@ def test_ranks_fork_unless_the_parent_initialised_cuda(monkeypatch):
     assert minidist.launch(_what_the_parent_set, 1) == [None]
     with pytest.raises(ValueError, match="start_method='fork' is unsafe here"):
         minidist.launch(_what_the_parent_set, 1, start_method="fork")
+
+
+def test_doctor_skips_what_cannot_run_here_and_says_why(capsys, monkeypatch):
+    from minidist.cli import main
+    monkeypatch.setattr(device_model, "visible_gpus", lambda: 0)     # as on this CPU machine
+    assert main(["doctor", "--json"]) == 0
+    rows = {r["check"]: r for r in json.loads(capsys.readouterr().out)}
+    for name in ("launch 2 ranks (cpu, fork)", "launch 4 ranks (cpu, fork)", "launch 2 ranks (cpu, spawn)"):
+        assert rows[name]["status"] == "PASS" and rows[name]["ok"], rows[name]
+    for name in ("nccl backend", "launch 1 rank (cuda)", "launch 4 ranks (cuda)", "GPU suite, 1 GPU", "GPU suite, 4 GPUs"):
+        assert rows[name]["status"] == "SKIP" and rows[name]["detail"], rows[name]
+    assert "needs 4 GPU(s), 0 visible" in rows["GPU suite, 4 GPUs"]["detail"]
+    assert "make test-gpu" in rows["GPU suite, 1 GPU"]["detail"]
