@@ -25,16 +25,16 @@ def init_from_env(backend: str | None = None, timeout: float = 600.0, device: st
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise RuntimeError(f"init_from_env() needs {', '.join(missing)} in the environment: run under torchrun")
+    if backend not in _BACKEND_KIND:
+        raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
+    implied = _BACKEND_KIND[backend]
+    if implied is not None and device is not None and device != implied:
+        raise ValueError(f"backend={backend!r} means {implied} ranks, but device={device!r} was asked for")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    # GPUs are counted per node: this node must have one for each of its local ranks.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    kind = resolve_device(device or implied, local_world)      # checked on every call, before any collective
     if not dist.is_initialized():
-        if backend not in _BACKEND_KIND:
-            raise ValueError(f"backend must be 'gloo', 'nccl' or None, got {backend!r}")
-        implied = _BACKEND_KIND[backend]
-        if implied is not None and device is not None and device != implied:
-            raise ValueError(f"backend={backend!r} means {implied} ranks, but device={device!r} was asked for")
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        # GPUs are counted per node: this node must have one for each of its local ranks.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
-        kind = resolve_device(device or implied, local_world)
         dev = rank_device(kind, local_rank)
         set_rank_device(dev)
         if kind == "cuda":
