@@ -1,7 +1,8 @@
 """minidist: distributed training rebuilt from send/recv, for teaching.
 
-Start here: ``minidist.launch(fn, world_size)`` runs ``fn`` on N ranks;
-``minidist.trace`` records who sent what to whom. Layout (each layer imports only
+Start here: ``minidist.launch(fn, world_size, device=None)`` runs ``fn`` on N ranks (each on
+its own GPU when there are enough, else on the CPU); inside a rank ``minidist.device()`` is
+where its tensors go; ``minidist.trace`` records who sent what to whom. Layout (each layer imports only
 the ones above it in this list):
 
 * ``runtime``, ``trace``, ``models``, ``memory``, ``cost``: the shared bottom layer;

@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 
@@ -40,3 +41,12 @@ def attempt(fn):
         except Exception as err:    # noqa: BLE001  (reported, the test asserts the kind)
             raised = err
     return type(raised).__name__ if raised else None, str(raised), len(tr.comm())
+
+
+
+def forbid_starting_processes(monkeypatch):
+    """Make fork and Popen fail loudly: for tests that bad input is rejected before any rank starts."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a process was started")
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import minidist
+from conftest import forbid_starting_processes
 from minidist.runtime.device import resolve_device
 
 # By module path: the package's attribute ``minidist.runtime.device`` is the function device().
@@ -38,21 +39,13 @@ def test_bad_device_values_are_named(bad):
         resolve_device(bad, 2, gpus=4)
 
 
-def _no_process_started(call):
-    before = {p for p in os.listdir("/proc") if p.isdigit()}
-    call()
-    return not ({p for p in os.listdir("/proc") if p.isdigit()} - before)
-
-
 def test_too_few_gpus_is_a_clear_error_before_any_rank_starts(monkeypatch):
     monkeypatch.setattr(device_model, "visible_gpus", lambda: 1)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-
-    def call():
-        with pytest.raises(ValueError, match=r"world_size=4, but this machine has 1 visible GPU\(s\) "
-                                             r"\(CUDA_VISIBLE_DEVICES=3\); use a smaller world_size or device='cpu'"):
-            minidist.launch(lambda: 0, 4, device="cuda")
-    assert _no_process_started(call)
+    forbid_starting_processes(monkeypatch)
+    with pytest.raises(ValueError, match=r"world_size=4, but this machine has 1 visible GPU\(s\) "
+                                         r"\(CUDA_VISIBLE_DEVICES=3\); use a smaller world_size or device='cpu'"):
+        minidist.launch(lambda: 0, 4, device="cuda")
 
 
 @pytest.mark.parametrize("device, backend, gpus, expected", [

@@ -1,8 +1,9 @@
 """How ranks start, fail and report: the bottom layer every technique runs on.
 
-``device`` (where a rank's tensors live, and timing that waits for them), ``launcher`` (the parent: start N ranks, supervise), ``failure_report`` (what a failed rank's
-report says), ``rank_process``
-(the child: join the group, run, report), ``torchrun`` (the same call under torchrun).
+``device`` (where a rank's tensors live, which group it joins, timing that waits for them),
+``launcher`` (the parent: resolve the device, start N ranks, supervise), ``failure_report``
+(what a failed rank's report says), ``rank_process`` (the child: bind its device, join the
+group, run, report, tear the group down), ``torchrun`` (the same call under torchrun).
 """
 from minidist.runtime.device import device, synchronize, timed
 from minidist.runtime.launcher import LAUNCH_TIMEOUT, LaunchError, import_optimizers_before_fork, launch

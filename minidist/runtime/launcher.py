@@ -46,8 +46,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,8 +53,9 @@ import time
 import torch
 
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
-from minidist.runtime.failure_report import NOISE, failure_report
-from minidist.runtime.rank_process import STARTUP_TIMEOUT, STATUS_BYTES, rank_main, spawn_entry
+from minidist.runtime.failure_report import failure_report
+from minidist.runtime.rank_handle import RankHandle
+from minidist.runtime.rank_process import STARTUP_TIMEOUT, rank_main
 from minidist.runtime.torchrun import launch_under_torchrun
 
 LAUNCH_TIMEOUT = 60.0       # seconds of user code, counted once every rank has joined
@@ -65,7 +64,6 @@ WATCHDOG_GRACE = 1.5        # the group's own timeout fires first and names the 
 # NCCL's blocking wait polls, then aborts the communicator before it raises: give it longer.
 CUDA_WATCHDOG_GRACE = 10.0
 MAX_CPU_WORLD = 64
-OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
 
 
 class LaunchError(RuntimeError):
@@ -108,7 +106,7 @@ def launch(fn, world_size: int, *args, device: str | None = None, backend: str |
     run_dir = tempfile.mkdtemp(prefix="minidist-")
     # The flight recorder's dumps must outlive run_dir, which goes when the launch returns.
     dump_dir = tempfile.mkdtemp(prefix="minidist-nccl-trace-") if kind == "cuda" else None
-    ranks: list[_Rank] = []
+    ranks: list[RankHandle] = []
     try:
         if start_method == "spawn":
             import cloudpickle
@@ -121,7 +119,7 @@ def launch(fn, world_size: int, *args, device: str | None = None, backend: str |
             with open(os.path.join(run_dir, "payload.json"), "w") as f:
                 json.dump({"sys_path": sys.path, "cwd": os.getcwd(), "dump_dir": dump_dir}, f)
         for rank in range(world_size):
-            ranks.append(_Rank(rank, run_dir, dump_dir))
+            ranks.append(RankHandle(rank, run_dir, dump_dir))
         for r in ranks:
             job = (r.rank, world_size, kind, run_dir, float(timeout))
             if start_method == "fork":
@@ -182,111 +180,7 @@ def _resolve_start_method(method):
     return method
 
 
-class _Rank:
-    """The parent's handle on one rank: its process, status page and output file."""
-
-    def __init__(self, rank, run_dir, dump_dir=None):
-        self.rank, self.run_dir, self.dump_dir = rank, run_dir, dump_dir
-        self.path = lambda ext: os.path.join(run_dir, f"rank{rank}.{ext}")
-        with open(self.path("status"), "wb") as f:
-            f.write(b"\0" * STATUS_BYTES)
-        open(self.path("out"), "wb").close()
-        self.pid = None
-        self.popen = None
-        self.exit = None            # ("code", n) or ("signal", n) once reaped
-        self.out_pos = 0
-        self.out_printed = 0
-        self.out_partial = b""
-        self.op_when_stopped = ""
-
-    def start_fork(self, target):
-        pid = os.fork()
-        if pid == 0:                # the child never returns from here
-            code = 1
-            try:
-                code = target()
-            finally:
-                os._exit(code)
-        self.pid = pid
-        try:                        # also here, so a kill right after fork reaches the group
-            os.setpgid(pid, pid)
-        except OSError:
-            pass
-
-    def start_spawn(self, job):
-        rank, world_size, kind, run_dir, timeout = job
-        out = open(self.path("out"), "wb")
-        # Named from the function itself, so the entry point follows the code if it moves.
-        entry = f"from {spawn_entry.__module__} import {spawn_entry.__name__}; {spawn_entry.__name__}()"
-        cmd = [sys.executable, "-c", entry,
-               run_dir, str(rank), str(world_size), kind, str(timeout)]
-        self.popen = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      start_new_session=True)
-        out.close()
-        self.pid = self.popen.pid
-
-    def poll(self):
-        if self.exit is not None or self.pid is None:
-            return self.exit
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            self.exit = ("code", -1)
-            return self.exit
-        if pid:
-            if self.popen is not None:
-                self.popen.returncode = os.waitstatus_to_exitcode(status)
-            self.exit = ("signal", os.WTERMSIG(status)) if os.WIFSIGNALED(status) else ("code", os.WEXITSTATUS(status))
-        return self.exit
-
-    def status(self):
-        with open(self.path("status"), "rb") as f:
-            raw = f.read(STATUS_BYTES)
-        op = raw[32:].split(b"\0", 1)[0].decode(errors="replace")
-        return raw[0], raw[1:17].split(b"\0", 1)[0].decode(), op
-
-    def relay_output(self, final=False):
-        with open(self.path("out"), "rb") as f:
-            f.seek(self.out_pos)
-            data = f.read()
-        self.out_pos += len(data)
-        data = self.out_partial + data
-        lines = data.split(b"\n")
-        self.out_partial = b"" if final else lines.pop()
-        for raw in lines:
-            line = raw.decode(errors="replace")
-            if (not line and final) or NOISE.search(line):
-                continue
-            if self.out_printed < OUTPUT_LIMIT:
-                print(f"[rank {self.rank}] {line}", flush=True)
-            elif self.out_printed - len(line) < OUTPUT_LIMIT:
-                print(f"[rank {self.rank}] ... output beyond {OUTPUT_LIMIT} characters not shown", flush=True)
-            self.out_printed += len(line) + 1
-
-    def dump_stack(self):
-        if self.pid is not None and self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-
-    def kill(self):
-        if self.pid is None:
-            return
-        for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-            try:
-                target()
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.exit is None:
-            try:
-                os.waitpid(self.pid, 0)
-            except ChildProcessError:
-                pass
-            self.exit = ("killed", signal.SIGKILL)
-
-
-def _supervise(ranks: list[_Rank], timeout: float, grace: float = WATCHDOG_GRACE) -> list:
+def _supervise(ranks: list[RankHandle], timeout: float, grace: float = WATCHDOG_GRACE) -> list:
     started = time.monotonic()
     deadline = started + STARTUP_TIMEOUT
     user_clock_started = False
@@ -341,7 +235,7 @@ def _supervise(ranks: list[_Rank], timeout: float, grace: float = WATCHDOG_GRACE
     raise LaunchError(f"{head}\n{body}", {k: failures[k] for k in order})
 
 
-def _load_result(r: _Rank):
+def _load_result(r: RankHandle):
     path = r.path("result")
     if not os.path.exists(path):
         raise LaunchError(f"rank {r.rank} exited without returning a result (os._exit()?)",
