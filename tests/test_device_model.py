@@ -71,12 +71,11 @@ def _where_am_i():
             "tf32": (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)}
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_cpu_ranks_know_their_device_and_compute_in_true_fp32(start_method):
+def test_cpu_ranks_know_their_device_and_compute_in_true_fp32():
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True   # a forked rank inherits these
-        out = minidist.launch(_where_am_i, 2, device="cpu", start_method=start_method)
+        out = minidist.launch(_where_am_i, 2, device="cpu", start_method="fork")
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
     assert out == [{"device": "cpu", "rank": r, "tf32": (False, False)} for r in range(2)]
@@ -128,17 +127,20 @@ def test_the_launcher_never_initialises_cuda_in_the_parent(monkeypatch):
 
 
 def _what_the_parent_set():
-    return getattr(device_model, "_set_by_the_parent", None)
+    return getattr(device_model, "_set_by_the_parent", None), _where_am_i()
 
 
 def test_ranks_fork_unless_the_parent_initialised_cuda(monkeypatch):
     # A forked rank inherits what the parent set; a spawned one imports minidist afresh.
     monkeypatch.setattr(device_model, "_set_by_the_parent", "yes", raising=False)
-    assert minidist.launch(_what_the_parent_set, 1) == ["yes"]
+    [(inherited, _)] = minidist.launch(_what_the_parent_set, 1)
+    assert inherited == "yes"
     # As if NVML could not count and the CUDA runtime did: the parent's CUDA is initialised.
     monkeypatch.setattr(device_model, "_counted_with_cuda_runtime", True)
     assert device_model.parent_initialised_cuda()
-    assert minidist.launch(_what_the_parent_set, 1) == [None]
+    [(inherited, where)] = minidist.launch(_what_the_parent_set, 1)
+    assert inherited is None
+    assert where == {"device": "cpu", "rank": 0, "tf32": (False, False)}     # a spawned rank is set up too
     with pytest.raises(ValueError, match="start_method='fork' is unsafe here"):
         minidist.launch(_what_the_parent_set, 1, start_method="fork")
 
