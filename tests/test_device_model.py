@@ -156,3 +156,29 @@ def test_doctor_skips_what_cannot_run_here_and_says_why(capsys, monkeypatch):
         assert rows[name]["status"] == "SKIP" and rows[name]["detail"], rows[name]
     assert "needs 4 GPU(s), 0 visible" in rows["GPU suite, 4 GPUs"]["detail"]
     assert "make test-gpu" in rows["GPU suite, 1 GPU"]["detail"]
+
+
+def test_nccl_environment_makes_hangs_raise_and_keeps_what_the_user_set(monkeypatch):
+    for key in ("TORCH_NCCL_BLOCKING_WAIT", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE",
+                "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "0")         # a user who switched the recorder off
+    device_model.prepare_nccl_environment("/tmp/x/rank")
+    assert os.environ["TORCH_NCCL_BLOCKING_WAIT"] == "1"
+    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0"
+    assert os.environ["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == os.environ["TORCH_FR_DUMP_TEMP_FILE"] == "/tmp/x/rank"
+
+
+def test_a_failure_report_names_the_rank_s_flight_recorder_dump(tmp_path):
+    from minidist.runtime.failure_report import failure_report
+    from minidist.runtime.rank_handle import RankHandle
+    run_dir, dump_dir = tmp_path / "run", tmp_path / "dumps"
+    run_dir.mkdir(), dump_dir.mkdir()
+    handles = [RankHandle(r, str(run_dir), str(dump_dir)) for r in (1, 10)]
+    for h in handles:
+        with open(h.path("error"), "w") as f:
+            f.write(f"rank {h.rank} raised: DistBackendError: timed out")
+    (dump_dir / "rank10").write_text("a pickled trace")
+    one, ten = (failure_report(h, 1.0, True) for h in handles)
+    assert one == "rank 1 raised: DistBackendError: timed out"         # rank 10's dump is not rank 1's
+    assert ten.endswith(f"NCCL flight recorder dump (its last collectives): {dump_dir / 'rank10'}")
