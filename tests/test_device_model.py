@@ -182,3 +182,17 @@ def test_a_failure_report_names_the_rank_s_flight_recorder_dump(tmp_path):
     one, ten = (failure_report(h, 1.0, True) for h in handles)
     assert one == "rank 1 raised: DistBackendError: timed out"         # rank 10's dump is not rank 1's
     assert ten.endswith(f"NCCL flight recorder dump (its last collectives): {dump_dir / 'rank10'}")
+
+
+@pytest.mark.parametrize("nvml_count, runtime_count, counted_with_runtime", [(4, 4, False), (-1, 2, True)])
+def test_gpus_are_counted_by_nvml_and_a_runtime_count_marks_the_parent(monkeypatch, nvml_count, runtime_count,
+                                                                       counted_with_runtime):
+    # As on a CUDA build of torch on a GPU node: NVML counts without initialising CUDA; where
+    # it cannot (MIG, no NVML library) torch asks the CUDA runtime, and forking is then unsafe.
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: nvml_count, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: runtime_count if nvml_count < 0 else nvml_count)
+    monkeypatch.setattr(device_model, "_counted_with_cuda_runtime", False)
+    assert device_model.visible_gpus() == runtime_count
+    assert device_model.parent_initialised_cuda() is counted_with_runtime

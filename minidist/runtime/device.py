@@ -65,14 +65,14 @@ def visible_gpus() -> int:
     if not dist.is_nccl_available() or not torch.backends.cuda.is_built():
         return 0
     try:
-        if not torch.cuda.is_initialized():
-            nvml = getattr(torch.cuda, "_device_count_nvml", None)
-            with warnings.catch_warnings():     # "Can't initialize NVML": a warning would fail a graded cell
-                warnings.simplefilter("ignore")
+        with warnings.catch_warnings():     # "Can't initialize NVML": a warning would fail a graded cell
+            warnings.simplefilter("ignore")
+            if not torch.cuda.is_initialized():
+                # torch.cuda.device_count() asks NVML first and the CUDA runtime only if NVML fails
+                nvml = getattr(torch.cuda, "_device_count_nvml", None)
                 if nvml is None or nvml() < 0:
                     _counted_with_cuda_runtime = True
-                return torch.cuda.device_count()
-        return torch.cuda.device_count()
+            return torch.cuda.device_count()
     except Exception:       # a broken driver reads as no GPU: the CPU path still works
         return 0
 

@@ -132,8 +132,8 @@ def launch(fn, world_size: int, *args, device: str | None = None, backend: str |
         for r in ranks:
             r.kill()
         shutil.rmtree(run_dir, ignore_errors=True)
-        if dump_dir is not None and not os.listdir(dump_dir):
-            os.rmdir(dump_dir)
+        if dump_dir is not None and not os.listdir(dump_dir):   # kept only when it holds a dump
+            shutil.rmtree(dump_dir, ignore_errors=True)
 
 
 def resolve_kind(device, backend, world_size) -> str:
