@@ -186,3 +186,63 @@ def test_async_wait_timeout_names_the_op():
     # whichever rank times out first names its own isend (the other may then see its peer gone)
     assert re.search(r"wait\(\) on isend\(dst=[01], 3\.9 KiB\)|isend\(dst=[01], 3\.9 KiB\) did not complete", message), message
     assert "Timed out waiting" not in message
+
+
+# --------------------------------------------------------------------------- other threads
+def _on_other_threads():
+    import _thread
+    import threading
+
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 2, bias=False)
+    model.weight.register_hook(lambda g: dist.all_reduce(g) or g)   # data parallelism's gradient sync
+    x = torch.full((3, 4), float(rank + 1))
+    out = {}
+
+    def backward_on_a_thread(loss):
+        errors = []
+
+        def run():
+            try:
+                loss.backward()
+            except Exception as err:     # noqa: BLE001  (reported to the main thread)
+                errors.append(str(err))
+        worker = threading.Thread(target=run)     # autograd's device threads on a GPU; this one here
+        worker.start()
+        worker.join()
+        return errors
+
+    with trace() as t:
+        out["errors"] = backward_on_a_thread(model(x).sum())
+    out["counted"] = [(e.op, e.nbytes) for e in t.comm()]
+    out["grad"] = model.weight.grad.tolist()
+    with guard():
+        out["refused"] = backward_on_a_thread(model(x).sum())
+
+    def raw_thread(results, done):
+        try:
+            dist.all_reduce(torch.ones(2))
+            results.append("ran")
+        except ForbiddenOperation as err:
+            results.append(str(err))
+        finally:
+            done.release()
+
+    for name, ctx in [("_thread traced", trace()), ("_thread guarded", guard())]:
+        results, done = [], _thread.allocate_lock()
+        done.acquire()
+        with ctx as t:
+            _thread.start_new_thread(raw_thread, (results, done))
+            done.acquire()                # released by the thread when it is through
+        out[name] = (results, [(e.op, e.nbytes) for e in t.comm()] if t is not None else None)
+    return out
+
+
+def test_traffic_on_other_threads_is_counted_and_guarded():
+    for out in minidist.launch(_on_other_threads, 2):
+        assert out["errors"] == [] and out["counted"] == [("all_reduce", 32)]
+        assert out["grad"] == [[9.0] * 4] * 2           # 3 rows of (rank + 1), summed over ranks 0 and 1
+        assert len(out["refused"]) == 1 and "all_reduce is not allowed here" in out["refused"][0]
+        assert out["_thread traced"] == (["ran"], [("all_reduce", 8)])
+        results, _ = out["_thread guarded"]
+        assert len(results) == 1 and results[0].startswith("all_reduce is not allowed here (test_trace.py:")
