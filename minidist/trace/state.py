@@ -16,6 +16,7 @@ under the GIL, and a lock held by another thread at ``fork`` would hang the fork
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable
 
@@ -30,6 +31,18 @@ wait_hooks: list[Callable] = []
 listener: Callable[[str | None], None] | None = None     # the launcher's: which op this rank is in
 
 _local = threading.local()
+
+
+def _forget() -> None:
+    """A forked process starts with nothing open, as a spawned one does: a trace or guard that another
+    thread of the parent held at the fork is that thread's, and the child has no such thread."""
+    global listener
+    for shared in (traces, guards, async_rewriters, wait_hooks):
+        shared.clear()
+    listener = None
+
+
+os.register_at_fork(after_in_child=_forget)
 
 
 def per_thread(name: str) -> list:
