@@ -5,6 +5,7 @@ Each emulation is the strict legal extreme of the CUDA behaviour, so correct cod
 reference result under it and code that leans on CPU luck (a handle per op, wait() meaning
 "landed") gets a wrong result or a named error.
 """
+import contextlib
 import threading
 
 import pytest
@@ -39,9 +40,11 @@ def _coalesced_pipeline(p):
         out["handles per batch"] = len(probe)
         probe[0].wait()
         for name in SCHEDULES:
-            chunks = rank_chunks(partition(_model(p), p), p, rank)
-            stats = run_schedule(make(name, p, M), chunks, x, y)
-            out[name] = ([q.grad.clone() for c in chunks for q in c.parameters()], stats.loss)
+            for host in ("host waits", "host does not wait"):      # the latter: all of a GPU node at once
+                chunks = rank_chunks(partition(_model(p), p), p, rank)
+                with host_does_not_wait() if host == "host does not wait" else contextlib.nullcontext():
+                    stats = run_schedule(make(name, p, M), chunks, x, y)
+                out[name, host] = ([q.grad.clone() for c in chunks for q in c.parameters()], stats.loss)
     out["received"] = t.bytes_received()
     return out
 
@@ -57,9 +60,9 @@ def test_the_executor_waits_for_one_handle_per_batch_as_nccl_returns(p):
         assert out["handles per batch"] == 1
         assert out["received"] > 0
         ref = [q.grad for q in rank_chunks(partition(model, p), p, rank)[0].parameters()]
-        for name in SCHEDULES:
-            grads, loss = out[name]
-            assert max((g - r).abs().max().item() for g, r in zip(grads, ref)) <= 1e-5, (rank, name)
+        for key in [(name, host) for name in SCHEDULES for host in ("host waits", "host does not wait")]:
+            grads, loss = out[key]
+            assert max((g - r).abs().max().item() for g, r in zip(grads, ref)) <= 1e-5, (rank, key)
             if rank == p - 1:
                 assert loss == pytest.approx(ref_loss.item(), abs=1e-5)
 
@@ -76,6 +79,10 @@ def _host_does_not_wait():
         with torch._C.DisableTorchFunction():      # a look past the emulated stream: not landed yet
             seen["raw after wait"] = x.tolist()
         seen["used after wait"] = (x * 1).tolist()   # the next op is ordered after the data
+
+        parts = [torch.zeros(2) for _ in range(n)]
+        dist.all_gather(parts, torch.full((2,), float(rank)), async_op=True).wait()
+        seen["all_gather"] = torch.cat(parts).tolist()
 
         got = torch.full((2,), -1.0)
         reqs = [dist.isend(torch.full((2,), float(rank)), (rank + 1) % n), dist.irecv(got, (rank - 1) % n)]
@@ -111,6 +118,7 @@ def test_wait_returns_before_the_data_land_and_correct_code_stays_correct():
     for rank, (seen, total, prev) in enumerate(minidist.launch(_host_does_not_wait, 2)):
         assert seen["raw after wait"] == [rank + 1.0] * 3        # wait() returned, the data had not landed
         assert seen["used after wait"] == [total] * 3
+        assert seen["all_gather"] == [float(r) for r in range(2) for _ in range(2)]
         assert seen["irecv"] == [prev] * 2
         assert seen["future"] == [2 * total] * 2
         assert seen["landed at the end"] == [total] * 2

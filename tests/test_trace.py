@@ -246,3 +246,15 @@ def test_traffic_on_other_threads_is_counted_and_guarded():
         assert out["_thread traced"] == (["ran"], [("all_reduce", 8)])
         results, _ = out["_thread guarded"]
         assert len(results) == 1 and results[0].startswith("all_reduce is not allowed here (test_trace.py:")
+
+
+def rank_1_returns_without_the_matching_send():
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(4), src=1)
+
+
+def test_a_peer_that_returned_before_the_matching_call_is_said_as_such():
+    with pytest.raises(minidist.LaunchError) as info:
+        minidist.launch(rank_1_returns_without_the_matching_send, 2, timeout=20)
+    message = str(info.value)
+    assert "recv(src=1, 16 B) failed: a peer rank exited (returned or crashed) before the matching call" in message, message
