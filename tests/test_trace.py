@@ -258,3 +258,29 @@ def test_a_peer_that_returned_before_the_matching_call_is_said_as_such():
         minidist.launch(rank_1_returns_without_the_matching_send, 2, timeout=20)
     message = str(info.value)
     assert "recv(src=1, 16 B) failed: a peer rank exited (returned or crashed) before the matching call" in message, message
+
+
+def test_the_launcher_hears_the_op_a_thread_is_still_blocked_in():
+    import threading
+    from minidist.trace import state
+    heard, saved = [], state.listener
+    state.listener = heard.append
+    try:
+        blocked, done = threading.Event(), threading.Event()
+
+        def stuck():                        # e.g. a backward hook's all_reduce waiting for its peer
+            state.entered("all_reduce(64 B)")
+            blocked.set()
+            done.wait()
+            state.left()
+        worker = threading.Thread(target=stuck)
+        worker.start()
+        blocked.wait()
+        state.entered("send(dst=1, 4 B)")   # the main thread's op comes and goes meanwhile
+        state.left()
+        after_main = heard[-1]
+        done.set()
+        worker.join()
+    finally:
+        state.listener = saved
+    assert after_main == "all_reduce(64 B)" and heard[-1] is None

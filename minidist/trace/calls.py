@@ -95,9 +95,7 @@ def call(name: str, fn: Callable, args, kwargs, *, where: str, size: int, peer=N
          land: Callable | None = None, meta: dict | None = None):
     """Run ``fn(*args, **kwargs)`` as the traced op ``name`` (guard already checked)."""
     description = describe(name, peer, size)
-    listener = state.listener
-    if listener:
-        listener(description)
+    state.entered(description)
     depth = state.per_thread("depth")
     start = time.perf_counter()
     depth.append(name)
@@ -111,8 +109,7 @@ def call(name: str, fn: Callable, args, kwargs, *, where: str, size: int, peer=N
     finally:
         depth.pop()
         end = time.perf_counter()
-        if listener:
-            listener(None)
+        state.left()
     if name == "recv" and peer is None and isinstance(result, int):
         peer = result           # recv() from any source returns who sent it
     event = record(name, peer, group, size, start, end, tag, where, meta)
@@ -145,9 +142,7 @@ class TracedWork:
 
     def complete(self, *args, **kwargs):
         """Block until the operation is done, then land its outputs (what wait() does on a CPU)."""
-        listener = state.listener
-        if listener:
-            listener(f"wait() on {self._description}")
+        state.entered(f"wait() on {self._description}")
         try:
             done = self._work.wait(*args, **kwargs)
         except RuntimeError as err:
@@ -163,8 +158,7 @@ class TracedWork:
                         self._event.peer = self._work._source_rank()
                     except (RuntimeError, AttributeError):
                         pass
-            if listener:
-                listener(None)
+            state.left()
         self._outputs()
         return done
 
