@@ -79,8 +79,8 @@ def _method(method: str, name: str, position: int | None, raw):
         if name in ("isend", "irecv") and method != "recv_anysource" and len(args) > 1:
             peer = global_rank(group, args[1])
         payload = args[position] if position is not None and len(args) > position else None
-        return call(name, lambda *a, **k: raw(self, *a, **k), args, kwargs, where=where, size=nbytes(payload), peer=peer,
-                    group=group, meta={"via": f"{type(self).__name__}.{method}"})
+        return call(name, lambda *a, **k: raw(self, *a, **k), args, kwargs, where=where, size=nbytes(payload),
+                    peer=peer, group=group, meta={"via": f"{type(self).__name__}.{method}"})
 
     traced.__name__ = traced.__qualname__ = method
     traced.__doc__ = raw.__doc__
