@@ -273,8 +273,10 @@ def host_does_not_wait():
     ``item()`` or ``print``, which on CUDA synchronises) first completes the queued handles on the host
     and lands their outputs, oldest first. So data land after ``wait()`` has returned, at the latest
     point at which a correct program could observe them, and a correct program's results do not change.
-    Under :func:`outputs_at_wait` a handle never waited for is still never landed and still named when
-    the block ends; what was waited for is landed when this block ends, if nothing used it before.
+    (Without :func:`outputs_at_wait` gloo may write an output earlier, any time after the launch: a
+    correct program cannot tell that apart either.) Under :func:`outputs_at_wait` a handle never waited
+    for is still never landed and still named when the block ends; what was waited for is landed when
+    this block ends, if nothing used it before.
     Threads that do not run inside the block (``threading.Thread``) keep CPU semantics: their ``wait()``
     blocks. Blocking calls (``async_op=False``) still block, one of the two legal extremes.
     """
