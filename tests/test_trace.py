@@ -186,3 +186,101 @@ def test_async_wait_timeout_names_the_op():
     # whichever rank times out first names its own isend (the other may then see its peer gone)
     assert re.search(r"wait\(\) on isend\(dst=[01], 3\.9 KiB\)|isend\(dst=[01], 3\.9 KiB\) did not complete", message), message
     assert "Timed out waiting" not in message
+
+
+# --------------------------------------------------------------------------- other threads
+def _on_other_threads():
+    import _thread
+    import threading
+
+    rank = dist.get_rank()
+    model = torch.nn.Linear(4, 2, bias=False)
+    model.weight.register_hook(lambda g: dist.all_reduce(g) or g)   # data parallelism's gradient sync
+    x = torch.full((3, 4), float(rank + 1))
+    out = {}
+
+    def backward_on_a_thread(loss):
+        errors = []
+
+        def run():
+            try:
+                loss.backward()
+            except Exception as err:     # noqa: BLE001  (reported to the main thread)
+                errors.append(str(err))
+        worker = threading.Thread(target=run)     # autograd's device threads on a GPU; this one here
+        worker.start()
+        worker.join()
+        return errors
+
+    with trace() as t:
+        out["errors"] = backward_on_a_thread(model(x).sum())
+    out["counted"] = [(e.op, e.nbytes) for e in t.comm()]
+    out["grad"] = model.weight.grad.tolist()
+    with guard():
+        out["refused"] = backward_on_a_thread(model(x).sum())
+
+    def raw_thread(results, done):
+        try:
+            dist.all_reduce(torch.ones(2))
+            results.append("ran")
+        except ForbiddenOperation as err:
+            results.append(str(err))
+        finally:
+            done.release()
+
+    for name, ctx in [("_thread traced", trace()), ("_thread guarded", guard())]:
+        results, done = [], _thread.allocate_lock()
+        done.acquire()
+        with ctx as t:
+            _thread.start_new_thread(raw_thread, (results, done))
+            done.acquire()                # released by the thread when it is through
+        out[name] = (results, [(e.op, e.nbytes) for e in t.comm()] if t is not None else None)
+    return out
+
+
+def test_traffic_on_other_threads_is_counted_and_guarded():
+    for out in minidist.launch(_on_other_threads, 2):
+        assert out["errors"] == [] and out["counted"] == [("all_reduce", 32)]
+        assert out["grad"] == [[9.0] * 4] * 2           # 3 rows of (rank + 1), summed over ranks 0 and 1
+        assert len(out["refused"]) == 1 and "all_reduce is not allowed here" in out["refused"][0]
+        assert out["_thread traced"] == (["ran"], [("all_reduce", 8)])
+        results, _ = out["_thread guarded"]
+        assert len(results) == 1 and results[0].startswith("all_reduce is not allowed here (test_trace.py:")
+
+
+def rank_1_returns_without_the_matching_send():
+    if dist.get_rank() == 0:
+        dist.recv(torch.empty(4), src=1)
+
+
+def test_a_peer_that_returned_before_the_matching_call_is_said_as_such():
+    with pytest.raises(minidist.LaunchError) as info:
+        minidist.launch(rank_1_returns_without_the_matching_send, 2, timeout=20)
+    message = str(info.value)
+    assert "recv(src=1, 16 B) failed: a peer rank exited (returned or crashed) before the matching call" in message, message
+
+
+def test_the_launcher_hears_the_op_a_thread_is_still_blocked_in():
+    import threading
+    from minidist.trace import state
+    heard, saved = [], state.listener
+    state.listener = heard.append
+    try:
+        blocked, done = threading.Event(), threading.Event()
+
+        def stuck():                        # e.g. a backward hook's all_reduce waiting for its peer
+            state.entered("all_reduce(64 B)")
+            blocked.set()
+            done.wait()
+            state.left()
+        worker = threading.Thread(target=stuck)
+        worker.start()
+        blocked.wait()
+        state.entered("send(dst=1, 4 B)")   # the main thread's op comes and goes meanwhile
+        state.left()
+        after_main = heard[-1]
+        done.set()
+        worker.join()
+    finally:
+        state.listener = saved
+    assert after_main == "all_reduce(64 B)" and heard[-1] is None

@@ -18,7 +18,8 @@ Why it cannot deadlock, under NCCL too: the schedule groups the messages that mu
 be in flight together (a send and the receive of its neighbour's reply) and the
 executor posts each group at once — ``batch_isend_irecv`` on NCCL, isend/irecv
 otherwise — and waits only for the group's receives; sends finish in the background
-and are waited for at the end. The validator proved that order deadlock-free under
+and are waited for at the end. A batch is waited for whole: NCCL returns one work for
+it (not one per op), which completes with its last send or receive. The validator proved that order deadlock-free under
 rendezvous semantics (:mod:`minidist.pipeline.simulator`) before anything runs. On
 gloo, whose ops progress independently, the next group's receives are also posted
 early, which only ever lets messages complete sooner.
@@ -154,13 +155,15 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
         actions = prog[slice(*groups[g])]
         ops = [(dist.isend, outgoing.pop(key_of(a)), a.peer) if a.kind.startswith("SEND")
                else (dist.irecv, buffer(a), a.peer) for a in actions if key_of(a) not in early]
-        if (nccl or ALWAYS_BATCH) and len(ops) > 1:   # one group: the pair cannot block each other
-            works = dist.batch_isend_irecv([dist.P2POp(op, t, peer(q), group) for op, t, q in ops])
-        else:
-            works = [op(t, peer(q), group=group) for op, t, q in ops]
         recvs = [early.pop(key_of(a)) for a in actions if key_of(a) in early]
-        for (op, t, _), w in zip(ops, works):
-            (pending_sends.append((w, t)) if op is dist.isend else recvs.append(w))
+        if (nccl or ALWAYS_BATCH) and len(ops) > 1:   # one group: the pair cannot block each other
+            # One work per op on gloo, one for the whole group on NCCL: which is which is unknown,
+            # so all of them are waited for before the next compute (on NCCL that is the only choice).
+            recvs += dist.batch_isend_irecv([dist.P2POp(op, t, peer(q), group) for op, t, q in ops])
+        else:
+            for op, t, q in ops:        # isend/irecv: exactly one work each
+                w = op(t, peer(q), group=group)
+                (pending_sends.append((w, t)) if op is dist.isend else recvs.append(w))
         if prefetch and g + 1 < len(groups):
             for a in prog[slice(*groups[g + 1])]:
                 if a.kind.startswith("RECV"):

@@ -38,7 +38,7 @@ DESTROY_TIMEOUT = 10.0      # seconds a returned rank waits for its group's tear
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Parts of minidist whose frames a student never needs to read: how ranks start and report
 # (runtime/), the tracer's wrappers, and the checks and harness that call the student's code.
-_HIDDEN = tuple(os.path.join(_PACKAGE_DIR, p) for p in ("runtime" + os.sep, "trace.py", "checks" + os.sep,
+_HIDDEN = tuple(os.path.join(_PACKAGE_DIR, p) for p in ("runtime" + os.sep, "trace", "checks" + os.sep,
                                                          "harness" + os.sep))
 
 
