@@ -540,7 +540,7 @@ CASES = {
 _SCHEDULE_DATA = "builds a schedule: lists of actions (pure data, no tensor)"
 EXEMPT = {
     "minidist.collectives.group_info": "returns (rank, size) as ints; makes no tensor",
-    "minidist.harness.data_parallel.Trainer": "a dataclass of callables; the trainers built by library_trainer are cased",
+    "minidist.harness.data_parallel.Trainer": "a dataclass of callables (library_trainer's trainers are cased)",
     "minidist.models.describe_mlp": "formats a model's keyword arguments as a string",
     **{f"minidist.pipeline.{n}": _SCHEDULE_DATA for n in ("make", "naive", "gpipe", "one_f_one_b",
                                                           "interleaved_1f1b", "zb_h1", "with_comms")},
