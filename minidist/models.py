@@ -2,6 +2,8 @@
 
 Shared file: add models, don't restructure. Everything here is deterministic from a
 seed, so every rank builds the same model and the same global batch without talking.
+The MLP models and batches take ``device=`` (default: this rank's, ``minidist.device()``):
+they are drawn on the CPU from the seed and then moved, so every device gets the same numbers.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from minidist.runtime.device import device as rank_device
+
 
 # ----------------------------------------------------------------------------- data parallel
 class TinyMLP(nn.Module):
@@ -21,25 +25,29 @@ class TinyMLP(nn.Module):
     arrives in two pieces and must be all-reduced once. ``frozen``: the input bias has
     ``requires_grad=False``. ``unused``: a layer that forward never calls, so its
     parameters get no gradient at all. The default sizes give a parameter count that is
-    not divisible by 2, 3 or 4, so sharding needs padding.
+    not divisible by 2, 3 or 4, so sharding needs padding. The weights are drawn on the CPU
+    (the same on every device), then moved to ``device`` (default: ``minidist.device()``).
     """
 
     def __init__(self, d_in: int = 6, hidden: int = 13, d_out: int = 5, n_hidden: int = 3,
-                 tied: bool = False, frozen: bool = False, unused: bool = False, seed: int = 0):
+                 tied: bool = False, frozen: bool = False, unused: bool = False, seed: int = 0,
+                 device: torch.device | str | None = None):
         super().__init__()
         if n_hidden < (2 if tied else 0):
             raise ValueError("tied=True needs n_hidden >= 2 (the first and last hidden layers share a weight)")
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
-        self.inp = nn.Linear(d_in, hidden)
-        self.hidden = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(n_hidden))
-        self.out = nn.Linear(hidden, d_out)
-        self.unused = nn.Linear(hidden, hidden) if unused else None
+        with torch.device("cpu"):               # the CPU generator draws them, whatever the default device
+            self.inp = nn.Linear(d_in, hidden)
+            self.hidden = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(n_hidden))
+            self.out = nn.Linear(hidden, d_out)
+            self.unused = nn.Linear(hidden, hidden) if unused else None
         torch.random.set_rng_state(gen_state)   # don't disturb the caller's random stream
         if tied:
             self.hidden[-1].weight = self.hidden[0].weight
         if frozen:
             self.inp.bias.requires_grad_(False)
+        self.to(device if device is not None else rank_device())    # .to keeps the tie: one shared tensor
 
     def forward(self, x):
         h = torch.tanh(self.inp(x))
@@ -58,10 +66,17 @@ def describe_mlp(kwargs: dict) -> str:
     return "TinyMLP(" + ", ".join(f"{k}={v}" for k, v in kwargs.items()) + ")"
 
 
-def mlp_batch(step: int, batch: int, d_in: int = 6, d_out: int = 5, seed: int = 1234):
-    """The global batch of training step ``step``: (inputs, regression targets)."""
+def _cpu_randn(g: torch.Generator, device, *shape) -> torch.Tensor:
+    """Drawn on the CPU from ``g`` (the same numbers on every device), then moved to ``device``."""
+    return torch.randn(*shape, generator=g, device="cpu").to(device if device is not None else rank_device())
+
+
+def mlp_batch(step: int, batch: int, d_in: int = 6, d_out: int = 5, seed: int = 1234,
+              device: torch.device | str | None = None):
+    """The global batch of training step ``step``: (inputs, regression targets), on ``device``
+    (default: ``minidist.device()``)."""
     g = torch.Generator().manual_seed(seed * 100_003 + step)
-    return torch.randn(batch, d_in, generator=g), torch.randn(batch, d_out, generator=g)
+    return _cpu_randn(g, device, batch, d_in), _cpu_randn(g, device, batch, d_out)
 
 
 def flat_parameters(module: nn.Module) -> torch.Tensor:
@@ -83,8 +98,9 @@ def train_reference(model: nn.Module, steps: int, batch: int, lr: float = 1e-2,
     ``loss_scale`` and ``only_slice=(rank, world_size)`` (train on that rank's slice alone)
     give the usual wrong answers, so a check can say which mistake it is looking at."""
     opt = make_optimizer(model.parameters(), optimizer, lr)
+    dev = model.inp.weight.device
     for step in range(steps):
-        x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
+        x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features, device=dev)
         if only_slice is not None:
             x, y = local_slice(x, *only_slice), local_slice(y, *only_slice)
         (loss_scale * F.mse_loss(model(x), y)).backward()
@@ -105,31 +121,37 @@ def make_optimizer(params, name: str = "adam", lr: float = 1e-2) -> torch.optim.
 # ----------------------------------------------------------------------------- pipeline parallel
 class ResidualMLPBlock(nn.Module):
     """x + W2 tanh(W1 x): keeps the width, so any cut between blocks is a valid pipeline
-    stage boundary with the same activation shape (batch, width) everywhere."""
+    stage boundary with the same activation shape (batch, width) everywhere. Drawn on the CPU
+    from the global random stream, then moved to ``device`` (default: ``minidist.device()``)."""
 
-    def __init__(self, width: int, hidden: int | None = None):
+    def __init__(self, width: int, hidden: int | None = None, device: torch.device | str | None = None):
         super().__init__()
-        self.fc1 = nn.Linear(width, hidden or 2 * width)
-        self.fc2 = nn.Linear(hidden or 2 * width, width)
+        with torch.device("cpu"):
+            self.fc1 = nn.Linear(width, hidden or 2 * width)
+            self.fc2 = nn.Linear(hidden or 2 * width, width)
+        self.to(device if device is not None else rank_device())
 
     def forward(self, x):
         return x + self.fc2(torch.tanh(self.fc1(x)))
 
 
-def block_stack(n_blocks: int = 8, width: int = 16, seed: int = 0) -> nn.Sequential:
+def block_stack(n_blocks: int = 8, width: int = 16, seed: int = 0,
+                device: torch.device | str | None = None) -> nn.Sequential:
     """A sequential stack of residual MLP blocks: the model pipeline stages are cut from.
-    Same seed, same weights on every rank (the caller's random stream is left alone)."""
+    Same seed, same weights on every rank and device (the caller's random stream is left alone)."""
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
-    model = nn.Sequential(*(ResidualMLPBlock(width) for _ in range(n_blocks)))
+    model = nn.Sequential(*(ResidualMLPBlock(width, device=device) for _ in range(n_blocks)))
     torch.random.set_rng_state(state)
     return model
 
 
-def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321):
-    """(inputs, targets), both (batch, width): deterministic, identical on every rank."""
+def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321,
+                     device: torch.device | str | None = None):
+    """(inputs, targets), both (batch, width) on ``device`` (default: ``minidist.device()``):
+    deterministic, identical on every rank."""
     g = torch.Generator().manual_seed(seed * 100_003 + step)
-    return torch.randn(batch, width, generator=g), torch.randn(batch, width, generator=g)
+    return _cpu_randn(g, device, batch, width), _cpu_randn(g, device, batch, width)
 
 
 # ----------------------------------------------------------------------------- transformer (labs 5-7)

@@ -278,16 +278,35 @@ def naive_sendrecv_ring(names, lengths_):
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_op_order_is_deadlock_free_when_every_op_blocks_until_matched(n):
-    names = [a for a in C.ALL_REDUCES if a != "fast_ring"] + list(OTHERS)   # fast_ring: gloo only (documented)
+    names = list(C.ALL_REDUCES) + list(OTHERS)
     res = minidist.launch(under_blocking_semantics, n, names, [n + 2], timeout=20)
     xs = [inputs(n, n + 2, torch.float32, r) for r in range(n)]
     for name in C.ALL_REDUCES:
-        if name != "fast_ring":
-            torch.testing.assert_close(res[n - 1][name, n + 2], torch.stack(xs).sum(0))
+        torch.testing.assert_close(res[n - 1][name, n + 2], torch.stack(xs).sum(0))
     for name, (_, reference) in OTHERS.items():
         want = reference(xs, 0, n)
         if want is not None:
             torch.testing.assert_close(res[0][name, n + 2], want)
+
+
+def fast_ring_under_blocking_p2p(cases):
+    from minidist.runtime.strict_async import blocking_p2p
+    n, r = dist.get_world_size(), dist.get_rank()
+    with blocking_p2p():
+        return [C.fast_ring_all_reduce(inputs(n, length, torch.float32, r), segment_bytes=seg) for length, seg in cases]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_fast_ring_completes_when_every_p2p_op_blocks_until_matched(n):
+    """NCCL's send waits for its receive, and at N = 2 the left and the right neighbour are one
+    rank: posting every receive first deadlocked there. Lengths give empty chunks (1), unequal
+    chunks and, with 4-byte segments, unequal segment counts per chunk."""
+    cases = [(1, 4), (2 * n + 1, 4), (4 * n + 3, 8), (13, 1 << 20)]
+    res = minidist.launch(fast_ring_under_blocking_p2p, n, cases, timeout=20)
+    for i, (length, _) in enumerate(cases):
+        want = torch.stack([inputs(n, length, torch.float32, r) for r in range(n)]).sum(0)
+        for r in range(n):
+            torch.testing.assert_close(res[r][i], want, msg=f"n={n} length={length} rank {r}")
 
 
 def test_the_blocking_model_does_catch_a_bad_order():

@@ -1,18 +1,19 @@
 """minidist.memory: ActivationMeter, the one exact count of what autograd keeps for backward,
-LiveBytes, every byte of CPU tensors held throughout a phase, and CreatedBytes, the
+LiveBytes, every byte on a device held throughout a phase, and CreatedBytes, the
 temporaries a piece of code creates.
 
 Single process, hand-sized tensors: every expected number below is worked out from the
 shapes, so a counter that charges a whole storage for a slice, counts overlapping views
 twice, counts weights, or never releases would fail.
 """
+import importlib
 import threading
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.memory import ActivationMeter, CreatedBytes, LiveBytes, Metered, saved_activation_bytes
+from minidist.memory import ActivationMeter, CreatedBytes, LiveBytes, Metered, peak_bytes, saved_activation_bytes
 from minidist.runtime import launch
 
 
@@ -129,3 +130,24 @@ def test_created_bytes_leave_out_what_a_collective_fills_in_place():
     for into_place, into_new, flat in launch(_gather_every_way, 2, timeout=30):
         assert (into_place, into_new) == (0, 6 * 2 * 4)
         assert flat == [0.0] * 6 + [1.0] * 6
+
+
+def test_the_allocator_meters_read_the_device_they_are_given_else_the_ranks(monkeypatch):
+    """peak_bytes and LiveBytes measure one device's allocator, the rank's by default
+    (``minidist.device()``): a rank on another device does not see these CPU bytes."""
+    x = torch.ones(1 << 16)
+
+    def work():
+        return (x * 2).sum()                # a 256 KiB temporary on the CPU
+
+    def held(meter):                        # 256 KiB made inside the recording, held through the phase
+        with meter.recording():
+            z = x + 1
+            with meter.phase("p"):
+                z += 1
+        return meter.held["p"]
+
+    assert peak_bytes(work)[1] >= x.nbytes                  # outside a launch the rank's device is the CPU
+    monkeypatch.setattr(importlib.import_module("minidist.runtime.device"), "_rank_device", torch.device("meta"))
+    assert peak_bytes(work)[1] == 0 and held(LiveBytes()) == 0
+    assert held(LiveBytes("cpu")) >= x.nbytes

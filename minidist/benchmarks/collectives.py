@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -70,7 +69,8 @@ def _measure(sizes, algorithms, iters, warmup, functions):
     """Runs on every rank: {(algorithm, size): [seconds per call]} of this rank."""
     times = {}
     for nbytes in sizes:
-        x = torch.randn(max(1, nbytes // 4), generator=torch.Generator().manual_seed(dist.get_rank()))
+        g = torch.Generator().manual_seed(dist.get_rank())
+        x = torch.randn(max(1, nbytes // 4), generator=g, device="cpu").to(minidist.device())
         inplace, out = x.clone(), torch.zeros_like(x)        # preallocated and touched: no page faults timed
         fns = {a: functions.get(a) or ALL_REDUCES[a] for a in algorithms if a != NATIVE}
         fns[NATIVE] = lambda x: dist.all_reduce(inplace)
@@ -84,9 +84,9 @@ def _measure(sizes, algorithms, iters, warmup, functions):
             for a in algorithms:                    # interleaved: see the module docstring
                 inplace.copy_(x)                    # native sums in place: restore its input, untimed
                 dist.barrier()
-                start = time.perf_counter()
-                fns[a](x)
-                times.setdefault((a, nbytes), []).append(time.perf_counter() - start)
+                with minidist.timed() as t:
+                    fns[a](x)
+                times.setdefault((a, nbytes), []).append(t.seconds)
     return times
 
 

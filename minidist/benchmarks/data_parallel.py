@@ -8,7 +8,6 @@ minidist's bucketed DDP within 1.15× of torch's step time.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -41,19 +40,19 @@ def _bench(hidden, layers, batch, bucket_mb, steps, warmup):
     }
     opts = {k: torch.optim.Adam(m.parameters(), lr=1e-3) for k, m in impls.items()}
     g = torch.Generator().manual_seed(rank)
-    x, y = torch.randn(batch // n, 256, generator=g), torch.randn(batch // n, 256, generator=g)
+    x, y = (torch.randn(batch // n, 256, generator=g, device="cpu").to(minidist.device()) for _ in range(2))
     times = {k: [] for k in impls}
     for step in range(warmup + steps):
         for name, model in impls.items():
             dist.barrier()
-            start = time.perf_counter()
-            F.mse_loss(model(x), y).backward()
-            if isinstance(model, NaiveDDP):
-                model.sync_gradients()
-            opts[name].step()
-            opts[name].zero_grad()
+            with minidist.timed() as t:
+                F.mse_loss(model(x), y).backward()
+                if isinstance(model, NaiveDDP):
+                    model.sync_gradients()
+                opts[name].step()
+                opts[name].zero_grad()
             if step >= warmup:
-                times[name].append(time.perf_counter() - start)
+                times[name].append(t.seconds)
     numel = sum(p.numel() for p in impls["torch DDP"].parameters())
     return {k: v for k, v in times.items()}, numel
 

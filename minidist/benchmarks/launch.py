@@ -9,7 +9,6 @@ import datetime
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
@@ -45,9 +44,9 @@ def _torch_spawn(world_size):
 def _time(fn, repeats):
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
+        with minidist.timed() as t:
+            fn()
+        times.append(t.seconds)
     return times
 
 

@@ -14,7 +14,6 @@ Schedule1F1B from ``torch.distributed.pipelining`` (which run on CPU gloo).
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -119,7 +118,7 @@ def _torch_rank(p, m, width, batch, n_blocks, repeats):
     rank = dist.get_rank()
     stages = partition(block_stack(n_blocks, width), p)
     x, y = regression_batch(batch, width)
-    stage = PipelineStage(stages[rank], rank, p, torch.device("cpu"))
+    stage = PipelineStage(stages[rank], rank, p, minidist.device())
     runners = {}
     for name, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
         sched = make(name, p, m)
@@ -139,10 +138,10 @@ def _torch_rank(p, m, width, batch, n_blocks, repeats):
         for key, fn in runners.items():
             stages[rank].zero_grad()
             dist.barrier()
-            start = time.perf_counter()
-            fn()
-            dist.barrier()
-            times[key].append(time.perf_counter() - start)
+            with minidist.timed() as t:
+                fn()
+                dist.barrier()
+            times[key].append(t.seconds)
     return {k: v[1:] for k, v in times.items()}
 
 

@@ -39,7 +39,7 @@ def _fsdp2(model_kwargs, batch):
     """torch FSDP2 on the same model; returns (memory dict, peak) or raises if unsupported."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(minidist.device().type, (dist.get_world_size(),))
     model = TinyMLP(**model_kwargs)
     for m in model.modules():
         if isinstance(m, nn.Linear):

@@ -209,40 +209,52 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
 
     Why it is faster than the plain ring:
 
-    1. **Receives are posted before the data arrives.** gloo (like NCCL, and MPI's
-       rendezvous protocol for large messages) moves no bytes until the receiver has
-       told the sender "my receive is posted" (gloo's NOTIFY_RECV_READY message). In the
-       plain ring a rank posts the receive for step s only when it reaches step s, so
-       every step pays that handshake (an extra one-way latency, plus a thread wake-up
-       on a busy CPU) before any data moves. Here every receive of both phases is
-       posted up front, straight into its place in the output, so the handshakes are
-       done before the data exists and each segment flows the moment it is ready.
-    2. **Chunks are cut into segments** of ``segment_bytes``, and each segment is
+    1. **Chunks are cut into segments** of ``segment_bytes``, and each segment is
        forwarded as soon as it has been reduced: the add of segment j overlaps the
-       transfer of segment j+1, and step s+1 starts while step s is still arriving.
+       transfer of segment j+1, and step t+1 starts while step t is still arriving.
        The ring becomes a pipeline, with no barrier between steps.
+    2. **Receives are posted before the data is needed.** gloo (like NCCL, and MPI's
+       rendezvous protocol for large messages) moves no bytes until the receiver has
+       told the sender "my receive is posted" (gloo's NOTIFY_RECV_READY message). Each
+       segment's receive is posted with the send of its slot, a whole ring step before
+       it is waited for (on odd ranks even before the add that readies that send), so
+       the handshake is mostly done when the data comes. The plain ring posts a receive
+       only when it needs the data.
     3. **No extra memory or copies:** partial sums are formed in the output
        (``out[c] += x[c]``) and sent from there; the first step sends straight from the
        input. Fresh memory is expensive (every new page is a page fault), so ``out=``
        accepts a preallocated output, as nccl-tests' out-of-place mode uses.
+
+    One loop serves both phases: at ring step t (0 ≤ t < 2(n-1); reduce-scatter, then
+    all-gather) a rank sends chunk (me-t-1) to the right and receives chunk (me-t-2) from
+    the left, so what it sends at step t is what arrived at step t-1 (plus its own part
+    while reducing).
+
+    Deadlock freedom, under NCCL too. NCCL's send blocks until the matching receive is
+    posted, and ops between the same two ranks run in posting order. An earlier version
+    posted every receive up front: at N = 2 the left and the right neighbour are the same
+    rank, so both ranks' first ops were receives from each other and neither ever sent.
+    Here slot (t, j), segment j of step t, is a send to the right and a receive from the
+    left posted in :func:`~minidist.collectives.p2p.post_exchange`'s order (the lower rank
+    of a pair sends first; in a ring of n > 2 even ranks send first), so it completes even
+    when every op blocks until matched (tests/test_collectives.py runs it under
+    :func:`minidist.runtime.strict_async.blocking_p2p`). The price on gloo, where receives
+    up front were legal: 1 MiB and 16 MiB on 4 ranks took 17 and 71 ms instead of 12 and
+    61 (the plain ring: 23 and 86; 2 busy shared cores, ``minidist bench collectives``).
 
     Why two receives may target the same output chunk (the reduce-scatter partial of
     chunk c, then the finished chunk c in the all-gather): transfers from the left
     neighbour match receives in posting order, and the finished chunk c can only come
     back round the ring after our partial of c has been forwarded and received, i.e.
     after our send from that memory is complete.
-
-    Transport note: this relies on receives progressing in the background while the
-    rank computes, as gloo's I/O threads do. Under NCCL, whose p2p ops are
-    stream-ordered, use :func:`ring_all_reduce` (NCCL's own ring already does all this
-    inside one kernel).
     """
     check_tensor(tensor)
     if not isinstance(segment_bytes, int) or segment_bytes <= 0:
         raise ValueError(f"segment_bytes must be a positive int, got {segment_bytes!r}")
     if out is not None and (not isinstance(out, torch.Tensor) or out.dtype != tensor.dtype
+                            or out.device != tensor.device
                             or out.numel() != tensor.numel() or not out.is_contiguous()):
-        raise ValueError("out must be a contiguous tensor with the input's dtype and number of elements")
+        raise ValueError("out must be a contiguous tensor with the input's dtype, device and number of elements")
     me, n = group_info(group)
     x = tensor.detach().reshape(-1).contiguous()
     res = torch.empty_like(x) if out is None else out.detach().view(-1)
@@ -253,31 +265,29 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
     xc, oc = x.tensor_split(n), res.tensor_split(n)
     seg = max(1, segment_bytes // x.element_size())
     right, left = (me + 1) % n, (me - 1) % n
+    send_first = me < right if right == left else me % 2 == 0      # post_exchange's order
 
     def segments(t):
         return [t[i:i + seg] for i in range(0, t.numel(), seg)]
 
-    rs_in = [(me - s - 2) % n for s in range(n - 1)]         # chunk arriving at RS step s (last: me)
-    ag_in = [(me - s - 1) % n for s in range(n - 1)]         # chunk arriving at AG step s
-    # 1. post every receive, in exactly the order the left neighbour will send
-    rs_recv = [[(p, recv_from(p, left, group)) for p in segments(oc[c])] for c in rs_in]
-    ag_recv = [[(p, recv_from(p, left, group)) for p in segments(oc[c])] for c in ag_in]
-    sends = [send_to(p, right, group) for p in segments(xc[(me - 1) % n])]   # RS step 0
-    # 2. reduce-scatter: add my part to each arriving segment and forward it at once
-    #    (after the last step, chunk me is final and the same send is all-gather step 0)
-    for s, c in enumerate(rs_in):
-        for (partial, work), own in zip(rs_recv[s], segments(xc[c])):
-            if work is not None:
-                work.wait()
-            partial += own
-            sends.append(send_to(partial, right, group))
-    # 3. all-gather: every finished segment that arrives is forwarded unchanged
-    for s in range(n - 2):
-        for done, work in ag_recv[s]:
-            if work is not None:
-                work.wait()
-            sends.append(send_to(done, right, group))
-    wait_all([w for _, w in ag_recv[-1]] + sends)
+    sends, arrived = [], []          # arrived: [segment, its receive] of the previous step
+    for t in range(2 * (n - 1)):
+        c_out, c_in = (me - t - 1) % n, (me - t - 2) % n
+        outgoing = segments(xc[c_out] if t == 0 else oc[c_out])
+        own = segments(xc[c_out]) if 0 < t <= n - 1 else None     # reducing: my part of what I forward
+        incoming = [[p, None] for p in segments(oc[c_in])]
+        for j in range(max(len(outgoing), len(incoming))):
+            for op in ("send", "recv") if send_first else ("recv", "send"):
+                if op == "send" and j < len(outgoing):
+                    if t > 0:        # what arrived in slot (t-1, j), plus my part while reducing
+                        wait_all([arrived[j][1]])
+                        if own is not None:
+                            outgoing[j] += own[j]
+                    sends.append(send_to(outgoing[j], right, group))
+                elif op == "recv" and j < len(incoming):
+                    incoming[j][1] = recv_from(incoming[j][0], left, group)
+        arrived = incoming
+    wait_all([w for _, w in arrived] + sends)
     return res.view(tensor.shape)
 
 

@@ -106,7 +106,7 @@ def gather(tensor: torch.Tensor, dst: int = 0, group=None) -> torch.Tensor | Non
         wait_all([send_to(mine, dst, group)])
         return None
     out = torch.empty((n * mine.shape[0],) + tuple(mine.shape[1:]) if mine.dim() else (n,),
-                      dtype=mine.dtype)
+                      dtype=mine.dtype, device=mine.device)
     parts = chunks(out, n)
     works = [recv_from(p, i, group) for i, p in enumerate(parts) if i != me]
     parts[me].copy_(mine.reshape(parts[me].shape))
@@ -127,7 +127,7 @@ def all_gather(tensor: torch.Tensor, group=None) -> torch.Tensor:
     me, n = group_info(group)
     mine = tensor.detach().contiguous()
     out = torch.empty((n * mine.shape[0],) + tuple(mine.shape[1:]) if mine.dim() else (n,),
-                      dtype=mine.dtype)
+                      dtype=mine.dtype, device=mine.device)
     parts = chunks(out, n)
     parts[me].copy_(mine.reshape(parts[me].shape))
     right, left = (me + 1) % n, (me - 1) % n

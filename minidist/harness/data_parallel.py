@@ -14,7 +14,6 @@ step, turned into wire bytes by :func:`minidist.cost.ring_wire_bytes`.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -29,7 +28,7 @@ from minidist.data_parallel import (BucketedDDP, FullyShardedDataParallel, Naive
                                     ZeroDataParallel)
 from minidist.memory import LiveBytes, model_state_bytes, peak_bytes
 from minidist.models import TinyMLP, flat_parameters, local_slice, make_optimizer, mlp_batch, train_reference
-from minidist.runtime import import_optimizers_before_fork, launch
+from minidist.runtime import device, import_optimizers_before_fork, launch, timed
 from minidist.trace import trace
 
 import_optimizers_before_fork()      # the ranks it launches build optimizers: they inherit the import
@@ -89,7 +88,8 @@ def library_trainer(variant: str, optimizer: str = "adam", lr: float = 1e-2, buc
 def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: dict | None = None,
           steps: int = 3, batch: int = 24, accum: int = 1, use_no_sync: bool = True, group=None,
           measure: bool = False, peak: bool = False, live: bool = False) -> dict:
-    """Train a :class:`~minidist.models.TinyMLP` on this rank; trace the last step.
+    """Train a :class:`~minidist.models.TinyMLP` on this rank's device (``minidist.device()``);
+    trace the last step.
 
     Returns ``params`` (flat, full), ``numel`` (trainable Ψ), ``events`` ([(op, payload
     bytes)] of the last step), ``traced`` ({op: payload bytes}), ``wire_bytes`` (ring-model
@@ -98,7 +98,7 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
     forward and its backward) and ``memory_after_backward`` (right after the last backward,
     before the step); with ``peak`` also ``peak_step_bytes`` (the absolute
     peak of live memory during the last step, from the profiler's allocation timeline); with
-    ``live`` also ``live_bytes``: every byte of CPU tensors the rank held throughout the last
+    ``live`` also ``live_bytes``: every byte of tensors on its device the rank held throughout the last
     step (forward, backward, the work after it and the optimizer step), counted from before the
     model was built (:class:`minidist.memory.LiveBytes`): what it keeps from one step to the next.
     """
@@ -107,9 +107,10 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
         raise ValueError(f"batch={batch} must split evenly into {n} ranks × {accum} micro-batches")
     if peak and live:
         raise ValueError("peak and live each run the profiler: ask for one of them")
-    meter = LiveBytes() if live else None
+    dev = device()
+    meter = LiveBytes(dev) if live else None
     with meter.recording() if meter else contextlib.nullcontext():
-        model = TinyMLP(**(model_kwargs or {}))
+        model = TinyMLP(**({"device": dev} | (model_kwargs or {})))
         numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
         tr = make_trainer(model, group)
         state = tr.state_tensors or (lambda: list(model.parameters()))
@@ -117,7 +118,7 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
         out: dict = {"numel": numel}
 
         def one_step(step, last=False):
-            x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features)
+            x, y = mlp_batch(step, batch, model.inp.in_features, model.out.out_features, device=dev)
             x, y = local_slice(x, rank, n), local_slice(y, rank, n)
             for m in range(accum):
                 quiet = use_no_sync and m < accum - 1
@@ -141,7 +142,7 @@ def train(make_trainer: Callable[[nn.Module, object], Trainer], model_kwargs: di
                 # at the start is read at the end (the states after the step, minus what the step
                 # allocated and kept): persistent buffers such as DDP's buckets, which hold no
                 # gradient between steps, are then counted too.
-                _, top, kept = peak_bytes(one_step, steps - 1, True)
+                _, top, kept = peak_bytes(one_step, steps - 1, True, device=dev)
                 out["memory"] = model_state_bytes(state(), tr.optimizer)
                 out["peak_step_bytes"] = out["memory"]["total"] - kept + top
             else:
@@ -191,12 +192,12 @@ def _step_time_body(BucketedDDP, caps, model_kwargs, steps, batch):
         times = []
         for step in range(steps + 1):
             dist.barrier()
-            start = time.perf_counter()
-            F.mse_loss(ddp(x), y).backward()
-            ddp.finish_gradient_sync()
-            opt.step()
-            opt.zero_grad()
-            times.append(time.perf_counter() - start)
+            with timed() as t:
+                F.mse_loss(ddp(x), y).backward()
+                ddp.finish_gradient_sync()
+                opt.step()
+                opt.zero_grad()
+            times.append(t.seconds)
         rows.append({"cap": cap, "buckets": len(ddp.buckets), "times": times[1:]})
     return rows
 

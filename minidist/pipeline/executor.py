@@ -40,6 +40,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 import torch.nn.functional as F
 
 from minidist.memory import ActivationMeter, model_state
+from minidist.runtime.device import device as rank_device
 from minidist.trace import span
 from minidist.pipeline.schedules import Schedule
 from minidist.pipeline.simulator import Costs, frees_activation
@@ -115,7 +116,7 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
         _VALID.add(fingerprint)               # checking costs ms: do it once per schedule, not per step
 
     param = next((p for c in chunks for p in c.parameters()), None)
-    device = param.device if param is not None else torch.device("cpu")
+    device = param.device if param is not None else x.device if x is not None else rank_device()
     dtype = dtype or (param.dtype if param is not None else torch.float32)
     xs = x.chunk(s.m) if x is not None else None
     ys = y.chunk(s.m) if y is not None else None

@@ -2,21 +2,18 @@
 all-reduce of lecture 1 built from send/recv, each against the sum and its byte formula."""
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
 from minidist.collectives import ALL_REDUCES
 from minidist.cost import allreduce_bytes_per_rank
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 from minidist.tour import TourEntry
 from minidist.trace import trace
 
 
 def _native_all_reduce(numel):
-    torch.manual_seed(dist.get_rank())
-    x = torch.randn(numel)
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()), device="cpu").to(device())
     with trace() as t:
         y = x.clone()
         dist.all_reduce(y)
@@ -24,13 +21,12 @@ def _native_all_reduce(numel):
 
 
 def _run_native(world_size=4, numel=1 << 16):
-    start = time.perf_counter()
-    out = launch(_native_all_reduce, world_size, numel)
-    elapsed = time.perf_counter() - start
+    with timed() as elapsed:
+        out = launch(_native_all_reduce, world_size, numel)
     reference = sum(x for x, _, _ in out)
     err = max((y - reference).abs().max().item() for _, y, _ in out)
     return {"technique": "all_reduce (torch native, baseline)", "world_size": world_size, "max_err": err,
-            "bytes_per_rank": max(b for _, _, b in out), "bytes_theory": numel * 4, "time_s": elapsed,
+            "bytes_per_rank": max(b for _, _, b in out), "bytes_theory": numel * 4, "time_s": elapsed.seconds,
             "note": "payload bytes handed to gloo; its algorithm is not traced"}
 
 
@@ -44,14 +40,12 @@ _THEORY = {"parameter_server": "rank 0: (N-1)·S", "naive": "rank 0: (N-1)·S", 
 
 
 def _tour_rank(name, numel):
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()))
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(dist.get_rank()), device="cpu").to(device())
     ALL_REDUCES[name](x)                                     # warm-up: connections, allocator
     dist.barrier()
-    with trace() as t:
-        start = time.perf_counter()
+    with trace() as t, timed() as elapsed:
         y = ALL_REDUCES[name](x)
-        elapsed = time.perf_counter() - start
-    return x, y, t.bytes_sent(), elapsed
+    return x, y, t.bytes_sent(), elapsed.seconds
 
 
 def tour_entries():

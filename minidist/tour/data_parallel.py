@@ -3,11 +3,9 @@ server, ZeRO-1/2/3, each against single-process training, the lecture's traffic 
 ZeRO memory formula."""
 from __future__ import annotations
 
-import time
-
 from minidist.cost import theory_wire_bytes, zero_memory_bytes_fp32
 from minidist.harness.data_parallel import ZERO_STAGE, reference_parameters, train_cases
-from minidist.runtime import launch
+from minidist.runtime import launch, timed
 from minidist.tour import TourEntry
 
 TOUR_LABELS = {"naive_ddp": "DDP, naive (all-reduce per gradient)",
@@ -22,9 +20,8 @@ def tour_row(variant: str, world_size: int = 4) -> dict:
     """One row: error vs reference, traffic vs theory, memory vs formula."""
     case = dict(variant=variant, model_kwargs={"hidden": 32, "tied": True}, batch=24, steps=3,
                 bucket_cap_bytes=2048, measure=True, peak=True)
-    start = time.perf_counter()
-    out = launch(train_cases, world_size, [case], timeout=120)
-    elapsed = time.perf_counter() - start
+    with timed() as elapsed:
+        out = launch(train_cases, world_size, [case], timeout=120)
     ref = reference_parameters(case["model_kwargs"], case["steps"], case["batch"])
     err = max((o[0]["params"] - ref).abs().max().item() for o in out)
     r0 = out[0][0]
@@ -32,7 +29,7 @@ def tour_row(variant: str, world_size: int = 4) -> dict:
     mem = r0["memory"]["total"]
     return {"technique": TOUR_LABELS[variant], "world_size": world_size, "max_err": err,
             "bytes_per_rank": max(o[0]["wire_bytes"] for o in out),
-            "bytes_theory": theory_wire_bytes(variant, r0["numel"], world_size), "time_s": elapsed,
+            "bytes_theory": theory_wire_bytes(variant, r0["numel"], world_size), "time_s": elapsed.seconds,
             "note": (f"ring model of traced payloads; rank-0 model states {mem} B vs formula "
                      f"{formula:.0f} B ({100 * (mem / formula - 1):+.1f}%)"),
             "memory_bytes": mem, "memory_formula": formula, "peak_step_bytes": r0["peak_step_bytes"]}

@@ -7,15 +7,13 @@ bubble in sleep-compute mode against the formula in :mod:`minidist.cost`.
 """
 from __future__ import annotations
 
-import time
-
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from minidist.cost import pipeline_bubble
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import Costs, bubble_of, make, partition, rank_chunks, run_schedule, slots_from_trace
-from minidist.runtime import launch
+from minidist.runtime import launch, timed
 from minidist.tour import TourEntry
 from minidist.trace import merge, trace
 
@@ -45,9 +43,8 @@ def _rank(name, m, v):
 
 def _entry(name, m, v):
     def run():
-        start = time.perf_counter()
-        out = launch(_rank, P, name, m, v, timeout=120)
-        elapsed = time.perf_counter() - start
+        with timed() as elapsed:
+            out = launch(_rank, P, name, m, v, timeout=120)
         model = block_stack(2 * P * v, WIDTH)
         x, y = regression_batch(BATCH, WIDTH)
         F.mse_loss(model(x), y).backward()
@@ -62,7 +59,7 @@ def _entry(name, m, v):
         theory = pipeline_bubble(name, P, m, v, t_f=c.F, t_b=c.B)
         label = name if v == 1 else f"{name} (v={v})"
         return {"technique": f"pipeline {label}, m={m}", "world_size": P, "max_err": err,
-                "bytes_per_rank": max(o[1] for o in out), "bytes_theory": max(per_rank), "time_s": elapsed,
+                "bytes_per_rank": max(o[1] for o in out), "bytes_theory": max(per_rank), "time_s": elapsed.seconds,
                 "note": f"bubble measured {measured:.3f} vs theory {theory:.3f} (sleep-compute)",
                 "bubble_measured": measured, "bubble_theory": theory}
     return run
