@@ -159,7 +159,8 @@ def regression_batch(batch: int, width: int, step: int = 0, seed: int = 4321,
 # parallelism. Attention is written out (no fused kernel) so that what autograd saves is
 # the textbook list that Korthikanti et al. 2022 count, and the head count is read from
 # the tensors (``view(b, s, -1, head_dim)``) so torch's own tensor parallelism can shard
-# the projections of this very module without patching attributes.
+# the projections of this very module without patching attributes. Modules and batches
+# take ``device=`` (default: this rank's, ``minidist.device()``).
 @dataclass(frozen=True)
 class GPTConfig:
     """Sizes of a :class:`TinyGPT`. ``n_kv_heads`` < ``n_heads`` gives grouped-query
@@ -217,15 +218,17 @@ def causal_attention(q, k, v, future: torch.Tensor, dropout=None) -> torch.Tenso
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, device=None):
         super().__init__()
+        device = device or rank_device()
         self.head_dim = cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=cfg.bias)
-        self.k = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
-        self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=cfg.bias)
-        self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=cfg.bias)
+        linear = lambda i, o: nn.Linear(i, o, bias=cfg.bias, device=device)     # noqa: E731
+        self.q = linear(cfg.d_model, cfg.n_heads * cfg.head_dim)
+        self.k = linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
+        self.v = linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
+        self.o = linear(cfg.n_heads * cfg.head_dim, cfg.d_model)
         self.attn_drop, self.resid_drop = nn.Dropout(cfg.dropout), nn.Dropout(cfg.dropout)
-        self.register_buffer("future", torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool).triu(1),
+        self.register_buffer("future", torch.ones(cfg.seq_len, cfg.seq_len, dtype=torch.bool, device=device).triu(1),
                              persistent=False)
 
     def forward(self, x):
@@ -236,11 +239,12 @@ class CausalSelfAttention(nn.Module):
 
 
 class GPTMLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, device=None):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        device = device or rank_device()
+        self.fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias, device=device)
         self.act = nn.GELU()
-        self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias, device=device)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -250,10 +254,11 @@ class GPTMLP(nn.Module):
 class GPTBlock(nn.Module):
     """Pre-LN transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, device=None):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(cfg.d_model), CausalSelfAttention(cfg)
-        self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model), GPTMLP(cfg)
+        device = device or rank_device()
+        self.ln_1, self.attn = nn.LayerNorm(cfg.d_model, device=device), CausalSelfAttention(cfg, device)
+        self.ln_2, self.mlp = nn.LayerNorm(cfg.d_model, device=device), GPTMLP(cfg, device)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -270,20 +275,22 @@ class TinyGPT(nn.Module):
     Deterministic from ``cfg.seed``, and the caller's random stream is left alone. Every
     parameter is random (biases and LayerNorm affine too, at unit-ish scale): at this
     width a zero bias or a unit LayerNorm weight would hide a bias added twice or a
-    LayerNorm gradient left unreduced.
+    LayerNorm gradient left unreduced. The weights are drawn on the CPU and then moved to
+    ``device``, so a model is the same numbers on every device.
     """
 
-    def __init__(self, cfg: GPTConfig | None = None, **overrides):
+    def __init__(self, cfg: GPTConfig | None = None, *, device=None, **overrides):
         super().__init__()
         cfg = GPTConfig(**overrides) if cfg is None else replace(cfg, **overrides)
         self.cfg = cfg
+        cpu = torch.device("cpu")
         state = torch.random.get_rng_state()
-        self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.vocab, cfg.d_model, device=cpu)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model, device=cpu)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(GPTBlock(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.blocks = nn.ModuleList(GPTBlock(cfg, cpu) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, device=cpu)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab, bias=False, device=cpu)
         torch.random.set_rng_state(state)
         g = torch.Generator().manual_seed(cfg.seed)
         with torch.no_grad():
@@ -296,6 +303,7 @@ class TinyGPT(nn.Module):
                     p.normal_(0.0, 1.0, generator=g)
                 else:
                     p.normal_(0.0, p.shape[1] ** -0.5, generator=g)
+        self.to(device or rank_device())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         s = ids.shape[1]
@@ -312,9 +320,10 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -1
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index)
 
 
-def gpt_batch(step: int, batch: int, seq: int, vocab: int, seed: int = 1234):
+def gpt_batch(step: int, batch: int, seq: int, vocab: int, seed: int = 1234, device=None):
     """The global batch of step ``step``: (ids, targets), both (batch, seq) int64, where
-    ``targets`` is ``ids`` shifted by one token. Identical on every rank."""
+    ``targets`` is ``ids`` shifted by one token. Identical on every rank (drawn on the CPU,
+    then moved to ``device``, by default this rank's)."""
     g = torch.Generator().manual_seed(seed * 100_003 + step)
-    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g)
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=g, device="cpu").to(device or rank_device())
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()

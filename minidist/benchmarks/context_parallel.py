@@ -11,19 +11,19 @@ steps). Bytes are the payloads the tracer saw on rank 0 in one step, next to
 overlap): what sending the next block during this block's compute buys on this machine;
 ``pass_ms`` (one isend of a K/V or dK/dV block, posted to completed) and ``block_ms`` (one
 block's attention compute), medians from the traced no-overlap ring, say how much there is
-to hide: at most min(pass, block) per step.
+to hide: at most min(pass, block) per step. Inputs live on the rank's device
+(``minidist.device()``); step times go through ``minidist.timed``.
 """
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from minidist import cost
 from minidist.context_parallel import ring_attention, shard, ulysses_attention
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 from minidist.trace import trace
 
 IMPLS = {
@@ -48,15 +48,16 @@ def _inputs(name, seq, heads, kv_heads, head_dim, batch):
     r, p = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
     zigzag = name.startswith("ring")
-    q = shard(torch.randn(batch, seq, heads, head_dim, generator=g), r, p, zigzag)
-    k, v = (shard(torch.randn(batch, seq, kv_heads, head_dim, generator=g), r, p, zigzag) for _ in range(2))
+    draw = lambda h: torch.randn(batch, seq, h, head_dim, generator=g, device="cpu").to(device())  # noqa: E731
+    q = shard(draw(heads), r, p, zigzag)
+    k, v = (shard(draw(kv_heads), r, p, zigzag) for _ in range(2))
     return [x.contiguous().requires_grad_() for x in (q, k, v)]
 
 
 def _step(name, inputs):
-    start = time.perf_counter()
-    IMPLS[name](*inputs).sum().backward()
-    return time.perf_counter() - start
+    with timed() as clock:
+        IMPLS[name](*inputs).sum().backward()
+    return clock.seconds
 
 
 def _bench(seq, heads, kv_heads, head_dim, batch, steps, warmup):

@@ -17,13 +17,13 @@ whether that ranking holds where it can be checked: one launch of 8 ranks
 
 The planner knows nothing of Python's per-operation overhead, which dominates tiny
 layers on CPU: ρ says how much of the order the model still explains here. On shared
-cores it varies from run to run; it is reported as measured, never asserted.
+cores it varies from run to run; it is reported as measured, never asserted. Tensors are
+on the rank's device (``minidist.device()``), and every time goes through ``minidist.timed``.
 """
 from __future__ import annotations
 
 import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -33,7 +33,7 @@ from minidist.cost import planner
 from minidist.cost.tensor_parallel import Link
 from minidist.mesh import Trainer3D, check_3d
 from minidist.models import GPTConfig, TinyGPT, gpt_batch
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 
 DEFAULT_LAYOUTS = "8x1x1,4x2x1,4x1x2,2x2x2,2x4x1,2x1x4,1x2x4,1x4x2"      # d x p x t
 P2P_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
@@ -121,33 +121,33 @@ def _p2p(sizes, reps):
     peer = rank ^ 1
     out = {}
     for nbytes in sizes:
-        buf = torch.zeros(max(1, nbytes // 4))
+        buf = torch.zeros(max(1, nbytes // 4), device=device())
         out[nbytes] = []
         for _ in range(reps):
             dist.barrier()
-            t0 = time.perf_counter()
-            if rank % 2 == 0:
-                dist.send(buf, peer)
-                dist.recv(buf, peer)
-            else:
-                dist.recv(buf, peer)
-                dist.send(buf, peer)
-            out[nbytes].append((time.perf_counter() - t0) / 2)
+            with timed() as clock:
+                if rank % 2 == 0:
+                    dist.send(buf, peer)
+                    dist.recv(buf, peer)
+                else:
+                    dist.recv(buf, peer)
+                    dist.send(buf, peer)
+            out[nbytes].append(clock.seconds / 2)
     return out
 
 
 def _matmul_flops(m, k, n, reps=5, inner=20):
     """FLOP/s of this rank's (m, k) @ (k, n), all ranks at once; ``inner`` products per timing so that
     a timing spans several scheduler slices of the shared cores, as a training step does."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+    a, b = torch.randn(m, k, device=device()), torch.randn(k, n, device=device())
     a @ b
     times = []
     for _ in range(reps):
         dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            a @ b
-        times.append(time.perf_counter() - t0)
+        with timed() as clock:
+            for _ in range(inner):
+                a @ b
+        times.append(clock.seconds)
     return 2 * m * k * n * inner / statistics.median(times)
 
 
@@ -161,10 +161,10 @@ def _measure(cfg, layouts, batch, micro_batches, schedule, steps, warmup):
         ids, targets = gpt_batch(step, batch, cfg.seq_len, cfg.vocab)
         for i, trainer in enumerate(trainers):
             dist.barrier()
-            t0 = time.perf_counter()
-            trainer.step(ids, targets)
+            with timed() as clock:
+                trainer.step(ids, targets)
             if step >= warmup:
-                step_s[i].append(time.perf_counter() - t0)
+                step_s[i].append(clock.seconds)
     return {"p2p": p2p, "flops": flops, "step_s": step_s}
 
 

@@ -8,19 +8,19 @@ with and without sequence parallelism, on CPU gloo. The implementations take alt
 steps (after a barrier) so load from other processes hits both alike; a step is forward,
 vocab-parallel loss, backward, (SP) LayerNorm-gradient sync, and Adam. A step ends when
 the slowest rank ends: max over ranks, then median over steps. Target: minidist ≤ 1.1×
-torch's step time.
+torch's step time. Models, batch and mesh are on the rank's device (``minidist.device()``),
+and times go through ``minidist.timed`` (on a GPU it waits for the queued kernels).
 """
 from __future__ import annotations
 
 import copy
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 
 from minidist.models import GPTConfig, TinyGPT, gpt_batch, gpt_loss
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 from minidist.tensor_parallel import tensor_parallel_gpt, torch_parallelize
 
 
@@ -39,18 +39,18 @@ def add_arguments(parser):
 def _step(model, opt, ids, targets, ours: bool):
     """One training step; returns (seconds for forward+backward, seconds in all)."""
     from torch.distributed.tensor.parallel import loss_parallel
-    start = time.perf_counter()
-    logits = model(ids)
-    if ours:
-        model.loss(logits, targets).backward()
-        model.sync_grads()
-    else:
-        with loss_parallel():
-            gpt_loss(logits, targets).backward()
-    mid = time.perf_counter()
-    opt.step()
-    opt.zero_grad()
-    return mid - start, time.perf_counter() - start
+    with timed() as step:
+        with timed() as fwd_bwd:
+            logits = model(ids)
+            if ours:
+                model.loss(logits, targets).backward()
+                model.sync_grads()
+            else:
+                with loss_parallel():
+                    gpt_loss(logits, targets).backward()
+        opt.step()
+        opt.zero_grad()
+    return fwd_bwd.seconds, step.seconds
 
 
 def _bench(cfg_kwargs, batch, steps, warmup):
@@ -58,7 +58,7 @@ def _bench(cfg_kwargs, batch, steps, warmup):
     cfg = GPTConfig(**cfg_kwargs)
     ref = TinyGPT(cfg)
     ids, targets = gpt_batch(0, batch, cfg.seq_len, cfg.vocab)
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mesh = init_device_mesh(device().type, (dist.get_world_size(),))
     impls = {}
     for sp in (False, True):
         tag = " + SP" if sp else ""

@@ -27,7 +27,9 @@ non-square block: torch's CPU SDPA aligns ``is_causal`` top-left, flash-attn
 bottom-right; with explicit positions there is nothing to align. :func:`visible_window`
 trims a block to the query rows that see at least one key (a suffix, positions being
 increasing) and the keys that some query sees (a prefix), so fully masked rows and
-columns are never computed.
+columns are never computed. Positions are control data: the host decides from them which
+block to compute and how much of it, so they live on the CPU (no device synchronisation
+per block), and a block's mask is made from them on the scores' device.
 
 Layout here is (batch, heads, seq, head_dim); ``k``/``v`` may have fewer heads than
 ``q`` (GQA/MQA: query head i reads kv head i // (h / h_kv)). Arithmetic runs in
@@ -70,21 +72,24 @@ def _scores(q, k, scale, mask):
     return s if mask is None else s.masked_fill(mask, float("-inf"))
 
 
-def _mask(q_pos, k_pos, masked):
-    return (k_pos[None, :] > q_pos[:, None]) if masked else None
+def _mask(q_pos, k_pos, masked, device):
+    """Key later than query, on the scores' ``device`` (None when no key of the block is)."""
+    if not masked:
+        return None
+    return k_pos.to(device)[None, :] > q_pos.to(device)[:, None]
 
 
-def _record(q_pos, k_pos, mask):
-    n = len(q_pos) * len(k_pos)
-    return span("attention block", rows=len(q_pos), cols=len(k_pos),
-                unmasked=n if mask is None else n - int(mask.sum()))
+def _record(q_pos, k_pos, masked):
+    # query i sees the keys up to its own position: a prefix of the increasing k_pos
+    unmasked = int(torch.searchsorted(k_pos, q_pos, right=True).sum()) if masked else len(q_pos) * len(k_pos)
+    return span("attention block", rows=len(q_pos), cols=len(k_pos), unmasked=unmasked)
 
 
 def block_forward(q, k, v, scale, q_pos, k_pos, masked):
     """(out, lse) of ``q`` against the block ``k``, ``v`` (all already in the accumulation
     dtype and trimmed to the visible window)."""
-    mask = _mask(q_pos, k_pos, masked)
-    with _record(q_pos, k_pos, mask):
+    mask = _mask(q_pos, k_pos, masked, q.device)
+    with _record(q_pos, k_pos, masked):
         s = _scores(q, k, scale, mask)
         m = s.amax(dim=-1, keepdim=True)            # s − m is exact near the max: the weights that matter
         e = torch.exp(s - m)
@@ -101,9 +106,9 @@ def _sum_groups(x, h_kv):
 
 def block_backward(q, k, v, dout, delta, lse, scale, q_pos, k_pos, masked):
     """(dq, dk, dv) of one block from the final ``lse`` and ``delta`` = rowsum(dO ∘ O)."""
-    mask = _mask(q_pos, k_pos, masked)
+    mask = _mask(q_pos, k_pos, masked, q.device)
     h_kv, g = k.size(1), q.size(1) // k.size(1)
-    with _record(q_pos, k_pos, mask):
+    with _record(q_pos, k_pos, masked):
         p = torch.exp(_scores(q, k, scale, mask) - lse[..., None])     # masked entries: exp(-inf) = 0
         dv = _sum_groups(p.transpose(-2, -1) @ dout, h_kv)
         ds = p * (dout @ repeat_kv(v, g).transpose(-2, -1) - delta[..., None])
@@ -161,10 +166,10 @@ class LocalAttention(torch.autograd.Function):
 def local_attention(q, k, v, causal: bool = False, scale: float | None = None, q_pos=None, k_pos=None):
     """softmax(q kᵀ/√d) v on one rank: (out (b, s, h, d), lse (b, h, s)).
 
-    ``q_pos``/``k_pos`` are the global positions of the rows (default 0..s-1) for the
-    causal mask; the reference every context-parallel result is compared with."""
+    ``q_pos``/``k_pos`` are the global positions of the rows (default 0..s-1, on the CPU)
+    for the causal mask; the reference every context-parallel result is compared with."""
     check_qkv(q, k, v)
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
-    q_pos = torch.arange(q.size(1)) if q_pos is None else q_pos
-    k_pos = torch.arange(k.size(1)) if k_pos is None else k_pos
+    q_pos = torch.arange(q.size(1), device="cpu") if q_pos is None else q_pos
+    k_pos = torch.arange(k.size(1), device="cpu") if k_pos is None else k_pos
     return LocalAttention.apply(q, k, v, causal, scale, q_pos, k_pos)

@@ -60,12 +60,12 @@ class RingAttention(torch.autograd.Function):
         qh = q.transpose(1, 2).to(acc)                          # (b, h, s/P, d)
         kv = torch.stack([k, v]).transpose(2, 3).contiguous()   # (2, b, h_kv, s/P, d), travels in q's dtype
         seq = q.size(1) * p
-        q_pos = shard_positions(seq, rank, p, zigzag)
+        q_pos = shard_positions(seq, rank, p, zigzag, device="cpu")     # control data (see kernel)
         out = lse = None
         for i in range(p):
             src = (rank - i) % p
             incoming, works = _pass(kv, group, overlap) if i < p - 1 else (None, [])
-            k_pos = shard_positions(seq, src, p, zigzag)
+            k_pos = shard_positions(seq, src, p, zigzag, device="cpu")
             window = visible_window(q_pos, k_pos, causal)
             if window is not None:
                 row0, col1, masked = window
@@ -94,13 +94,13 @@ class RingAttention(torch.autograd.Function):
         delta = (dout * out).sum(-1)                            # D_i = Σ_k dO_ik O_ik
         kv = torch.stack([k, v]).transpose(2, 3).contiguous()
         dq = torch.zeros_like(qh)
-        dkv = torch.zeros(kv.shape, dtype=acc)                  # the visiting block's dK, dV
+        dkv = kv.new_zeros(kv.shape, dtype=acc)                 # the visiting block's dK, dV
         seq = q.size(1) * p
-        q_pos = shard_positions(seq, rank, p, zigzag)
+        q_pos = shard_positions(seq, rank, p, zigzag, device="cpu")
         for i in range(p):
             src = (rank - i) % p
             incoming, works = _pass(kv, group, overlap) if i < p - 1 else (None, [])
-            k_pos = shard_positions(seq, src, p, zigzag)
+            k_pos = shard_positions(seq, src, p, zigzag, device="cpu")
             window = visible_window(q_pos, k_pos, causal)
             if window is not None:
                 row0, col1, masked = window

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from minidist.runtime.device import device as current_device
+
 __all__ = ["shard_positions", "shard", "unshard", "zigzag_shard"]
 
 
@@ -34,18 +36,21 @@ def _check(seq: int, world_size: int, zigzag: bool) -> int:
     return seq // parts
 
 
-def shard_positions(seq: int, rank: int, world_size: int, zigzag: bool = False) -> torch.Tensor:
-    """Global positions of the tokens rank ``rank`` holds, increasing."""
+def shard_positions(seq: int, rank: int, world_size: int, zigzag: bool = False, device=None) -> torch.Tensor:
+    """Global positions of the tokens rank ``rank`` holds, increasing, on ``device``
+    (default: this rank's)."""
     c = _check(seq, world_size, zigzag)
+    device = device or current_device()
     if not zigzag:
-        return torch.arange(rank * c, (rank + 1) * c)
+        return torch.arange(rank * c, (rank + 1) * c, device=device)
     late = 2 * world_size - 1 - rank
-    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange(late * c, (late + 1) * c)])
+    return torch.cat([torch.arange(rank * c, (rank + 1) * c, device=device),
+                      torch.arange(late * c, (late + 1) * c, device=device)])
 
 
 def shard(x: torch.Tensor, rank: int, world_size: int, zigzag: bool = False, dim: int = 1) -> torch.Tensor:
     """Rank ``rank``'s tokens of the full ``x`` (sequence along ``dim``)."""
-    return x.index_select(dim, shard_positions(x.size(dim), rank, world_size, zigzag))
+    return x.index_select(dim, shard_positions(x.size(dim), rank, world_size, zigzag, x.device))
 
 
 def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
@@ -57,5 +62,5 @@ def unshard(shards: list[torch.Tensor], zigzag: bool = False, dim: int = 1) -> t
     """The full tensor from every rank's shard (rank order), inverse of :func:`shard`."""
     p = len(shards)
     full = torch.cat(shards, dim)
-    order = torch.cat([shard_positions(full.size(dim), r, p, zigzag) for r in range(p)])
+    order = torch.cat([shard_positions(full.size(dim), r, p, zigzag, full.device) for r in range(p)])
     return full.index_select(dim, torch.argsort(order))

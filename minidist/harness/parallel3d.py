@@ -12,10 +12,12 @@ returns what the tests, the tour and the bench hold against the model:
 * ``model_states`` (``minidist.memory.model_state_bytes``) and ``activations`` (the
   executor's ``ActivationMeter`` peak) next to :func:`minidist.cost.parallel3d.memory_per_rank`;
 * ``groups``: this rank's DP/PP/TP groups as torch's mesh made them.
+
+Everything lives on this rank's device (``minidist.device()``); times go through
+``minidist.timed``, which waits for the device's queued work.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -25,7 +27,7 @@ from minidist.cost.parallel3d import memory_per_rank, step_collectives
 from minidist.memory import model_state_bytes
 from minidist.mesh import AXES, GPTStage, Trainer3D, coordinate, groups_of
 from minidist.models import GPTConfig, TinyGPT, gpt_batch, gpt_loss, make_optimizer
-from minidist.runtime import import_optimizers_before_fork, launch
+from minidist.runtime import import_optimizers_before_fork, launch, timed
 from minidist.trace import trace
 
 import_optimizers_before_fork()      # the ranks it launches build optimizers: they inherit the import
@@ -77,18 +79,17 @@ def axis_of(group: tuple | None, rank: int, layout: Layout) -> str:
 
 def _layout_on_rank(cfg, layout: Layout, steps, batch, dtype, optimizer, lr, ref_state) -> dict:
     rank = dist.get_rank()
-    start = time.perf_counter()
-    trainer = Trainer3D(TinyGPT(cfg).to(dtype), layout.dp, layout.pp, layout.tp, batch=batch,
-                        micro_batches=layout.micro_batches, schedule=layout.schedule,
-                        sequence_parallel=layout.sequence_parallel, optimizer=optimizer, lr=lr)
-    losses, traffic, step_s = [], {a: [] for a in AXES}, []
-    for step in range(steps):
-        ids, targets = gpt_batch(step, batch, cfg.seq_len, cfg.vocab)
-        dist.barrier()                       # steps timed from a common start
-        t0 = time.perf_counter()
-        with trace() as t:
-            losses.append(trainer.step(ids, targets))
-        step_s.append(time.perf_counter() - t0)
+    with timed() as whole:
+        trainer = Trainer3D(TinyGPT(cfg).to(dtype), layout.dp, layout.pp, layout.tp, batch=batch,
+                            micro_batches=layout.micro_batches, schedule=layout.schedule,
+                            sequence_parallel=layout.sequence_parallel, optimizer=optimizer, lr=lr)
+        losses, traffic, step_s = [], {a: [] for a in AXES}, []
+        for step in range(steps):
+            ids, targets = gpt_batch(step, batch, cfg.seq_len, cfg.vocab)
+            dist.barrier()                       # steps timed from a common start
+            with timed() as clock, trace() as t:
+                losses.append(trainer.step(ids, targets))
+            step_s.append(clock.seconds)
     for e in t.comm():
         if e.op != "barrier":
             traffic[axis_of(e.group, rank, layout)].append((e.op, e.nbytes))
@@ -101,7 +102,7 @@ def _layout_on_rank(cfg, layout: Layout, steps, batch, dtype, optimizer, lr, ref
     return {"losses": losses, "weight_err": err, "traffic": {a: sorted(v) for a, v in traffic.items()},
             "model_states": model_state_bytes(trainer.params, trainer.optimizer),
             "activations": trainer.last_stats.peak_activation_bytes, "groups": groups,
-            "step_s": step_s, "time_s": time.perf_counter() - start}
+            "step_s": step_s, "time_s": whole.seconds}
 
 
 def layouts_on_rank(layouts, cfg, steps, batch, dtype, optimizer, lr, ref_state) -> list[dict]:

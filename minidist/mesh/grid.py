@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from itertools import product
 
+from minidist.runtime.device import device as current_device
+
 AXES = ("dp", "pp", "tp")
 
 
@@ -113,11 +115,10 @@ def rank_grid(dp: int, pp: int, tp: int, gpus_per_node: int | None = None) -> st
 
 def make_mesh(dp: int, pp: int, tp: int, device_type: str | None = None):
     """torch's ``DeviceMesh`` of shape (dp, pp, tp) with dims named "dp", "pp", "tp", over the
-    current world (checked first: a wrong size raises before any group is created).
+    current world (checked first: a wrong size raises before any group is created), on this
+    rank's device type (``minidist.device().type``) unless ``device_type`` says otherwise.
     ``mesh.get_group("tp")`` is this rank's TP group, and so on."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     check_layout(dist.get_world_size(), dp, pp, tp)
-    if device_type is None:
-        device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    return init_device_mesh(device_type, (dp, pp, tp), mesh_dim_names=AXES)
+    return init_device_mesh(device_type or current_device().type, (dp, pp, tp), mesh_dim_names=AXES)

@@ -101,7 +101,7 @@ class Trainer3D:
 
     def report_loss(self, local: float | None) -> float:
         """The global mean loss on every rank: the last stage's over PP, the mean over DP."""
-        loss = torch.tensor([local if local is not None else 0.0], dtype=LOSS_DTYPE)
+        loss = torch.tensor([local if local is not None else 0.0], dtype=LOSS_DTYPE, device=self.params[0].device)
         if self.pp > 1:
             dist.all_reduce(loss, group=self.pp_group)      # only the last stage adds a non-zero
         if self.dp > 1:

@@ -41,6 +41,7 @@ import torch.nn as nn
 
 from minidist.collectives.p2p import group_info
 from minidist.models import causal_attention
+from minidist.runtime.device import device as current_device
 from minidist.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["RNGTracker", "ParallelDropout", "ParallelMLP", "ParallelAttention", "kv_layout"]
@@ -48,7 +49,11 @@ __all__ = ["RNGTracker", "ParallelDropout", "ParallelMLP", "ParallelAttention", 
 
 # ----------------------------------------------------------------------------- dropout RNG
 class RNGTracker:
-    """Dropout random streams per region; share one tracker across a whole model."""
+    """Dropout random streams per region; share one tracker across a whole model.
+
+    One ``torch.Generator`` per (region, device), made on the device of the tensor it
+    drops from: on a GPU rank that is a CUDA generator (the state Megatron's tracker
+    swaps into ``torch.cuda``), on a CPU rank a CPU one; the global streams stay untouched."""
     REGIONS = ("replicated", "parallel")
 
     def __init__(self, seed: int = 0, group=None):
@@ -159,8 +164,8 @@ class ParallelAttention(nn.Module):
         self.o = RowParallelLinear(n_heads * self.head_dim, d_model, bias, **kw)
         self.attn_drop = ParallelDropout(dropout, rng, "parallel")
         self.resid_drop = ParallelDropout(dropout, rng, "parallel" if sequence_parallel else "replicated")
-        self.register_buffer("future", torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1),
-                             persistent=False)
+        self.register_buffer("future", torch.ones(seq_len, seq_len, dtype=torch.bool,
+                                                  device=device or current_device()).triu(1), persistent=False)
         if self.kv_replicated and t > 1:
             hook = functools.partial(_sum_kv_replicas, q_rows=self.q_local * self.head_dim, slot=self.kv_first,
                                      n_slots=n_kv_heads, group=group)

@@ -21,8 +21,10 @@ the row layer's output are sharded along the sequence (dim 1): the column layer
 all-gathers, the row layer reduce-scatters (:mod:`.sequence_parallel`).
 
 Layers are built from full weights with ``from_full(module, group)`` (so tests compare
-with one process) or from sizes, then ``load_shard``. Shards follow ``tensor_split``: rank
-r owns chunk r; the linear layers need sizes divisible by t, the embedding does not.
+with one process; the shard lands on the full module's device) or from sizes, then
+``load_shard`` (``device=`` defaults to this rank's, ``minidist.device()``). Shards follow
+``tensor_split``: rank r owns chunk r; the linear layers need sizes divisible by t, the
+embedding does not.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist.collectives.p2p import group_info
+from minidist.runtime.device import device as current_device
 from minidist.tensor_parallel.comm import (copy_to_tp, gather_from_tp, reduce_from_tp, reduce_scatter_along_dim,
                                            shard_range, split_along_dim)
 from minidist.tensor_parallel.sequence_parallel import (SEQ_DIM, _check_seq, mark_sequence_parallel,
@@ -105,6 +108,7 @@ class _ShardedLinear(nn.Module):
                    ("out_features", "in_features")[self.shard_dim])
         shape = [out_features, in_features]
         shape[self.shard_dim] //= self.t
+        device = device or current_device()
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(shape[0], device=device, dtype=dtype)) if bias else None
         bound = 1 / math.sqrt(in_features)      # nn.Linear's default scale for the full matrix
@@ -186,7 +190,8 @@ class VocabParallelEmbedding(nn.Module):
         if num_embeddings < self.t:
             raise ValueError(f"a vocabulary of {num_embeddings} cannot be split over t = {self.t} ranks")
         self.start, self.stop = shard_range(num_embeddings, self.rank, self.t)
-        self.weight = nn.Parameter(torch.randn(self.stop - self.start, embedding_dim, device=device, dtype=dtype))
+        self.weight = nn.Parameter(torch.randn(self.stop - self.start, embedding_dim, device=device or current_device(),
+                                               dtype=dtype))
 
     def load_shard(self, weight):
         _check_shape(weight, self.weight.shape, "weight")

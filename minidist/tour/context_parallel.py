@@ -8,11 +8,10 @@ reference value where that exceeds 1), the payload bytes the tracer saw on the b
 rank next to ``minidist.cost.context_parallel`` (bytes_per_rank vs bytes_theory), and for
 causal rows the per-rank attention work (unmasked scores, from the kernel's trace spans)
 as most-loaded over mean. A row's own ``passed`` says the traced bytes equal theory (and,
-for zigzag, that the work is balanced within 5%); the tour judges max_err.
+for zigzag, that the work is balanced within 5%); the tour judges max_err. Inputs are drawn
+on the CPU and moved to the rank's device, ``minidist.device()``.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 
 from minidist import cost
 from minidist.context_parallel import ring_attention, shard, ulysses_attention
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 from minidist.tour import TourEntry
 from minidist.trace import trace
 
@@ -35,8 +34,9 @@ def _err(a, b) -> float:
 def _rank(kind, n_kv, causal, zigzag):
     r, p = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
-    q, w = (torch.randn(B, S, H, D, generator=g).double() for _ in range(2))
-    k, v = (torch.randn(B, S, n_kv, D, generator=g).double() for _ in range(2))
+    draw = lambda h: torch.randn(B, S, h, D, generator=g, device="cpu").to(device(), torch.float64)  # noqa: E731
+    q, w = draw(H), draw(H)
+    k, v = draw(n_kv), draw(n_kv)
     full = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in full), is_causal=causal,
                                          enable_gqa=True).transpose(1, 2)
@@ -75,12 +75,11 @@ def _theory(kind, n_kv):
 
 def tour_row(label: str) -> dict:
     kind, n_kv, causal, zigzag = ROWS[label]
-    start = time.perf_counter()
-    out = launch(_rank, P, kind, n_kv, causal, zigzag, timeout=120)
-    elapsed = time.perf_counter() - start
+    with timed() as clock:
+        out = launch(_rank, P, kind, n_kv, causal, zigzag, timeout=120)
     theory = cost.tp_payload_bytes(_theory(kind, n_kv))
     row = {"technique": label, "world_size": P, "max_err": max(o[0] for o in out),
-           "bytes_per_rank": max(o[1] for o in out), "bytes_theory": theory, "time_s": elapsed}
+           "bytes_per_rank": max(o[1] for o in out), "bytes_theory": theory, "time_s": clock.seconds}
     row["passed"] = row["bytes_per_rank"] == theory and len({o[1] for o in out}) == 1
     if kind == "ulysses":
         row["note"] = "4 all-to-alls forward, 4 backward" + ("; kv heads replicated to P" if n_kv % P else "")

@@ -9,23 +9,22 @@ states equal the model's bytes and its saved activations are within 5%.
 """
 from __future__ import annotations
 
-import time
-
 from minidist.harness.parallel3d import TINY, Layout, run_layouts
+from minidist.runtime import timed
 from minidist.tour import TourEntry
 
 LAYOUT = Layout(2, 2, 2, "1f1b", 2)
 
 
 def _run() -> dict:
-    start = time.perf_counter()
-    (row,) = run_layouts([LAYOUT], TINY, steps=3, batch=8, optimizer="sgd", lr=0.1)
+    with timed() as clock:
+        (row,) = run_layouts([LAYOUT], TINY, steps=3, batch=8, optimizer="sgd", lr=0.1)
     by_axis = row["bytes_by_axis"]
     note = ", ".join(f"{a.upper()} {m} B" for a, (m, _) in by_axis.items())
     return {"technique": f"3D DP2 x PP2 x TP2 ({LAYOUT.schedule}, m={LAYOUT.micro_batches})", "world_size": 8,
             "max_err": max(row["loss_err"], row["weight_err"]),
             "bytes_per_rank": sum(m for m, _ in by_axis.values()), "bytes_theory": sum(p for _, p in by_axis.values()),
-            "time_s": time.perf_counter() - start,
+            "time_s": clock.seconds,
             "passed": row["traffic_equal"] and row["model_states_equal"] and row["activation_rel_err"] <= 0.05,
             "note": f"{note}; activations within {row['activation_rel_err']:.1%} of the model"}
 

@@ -6,11 +6,10 @@ output and of every gradient (max_err), the payload bytes the tracer saw on the 
 rank next to ``minidist.cost.tensor_parallel`` (bytes_per_rank vs bytes_theory), and
 for the blocks the activation bytes autograd saved next to the formula. A row's own
 ``passed`` says the traced bytes (and, for blocks, the saved bytes) equal theory exactly;
-the tour adds the max_err verdict (fp32 tolerance).
+the tour adds the max_err verdict (fp32 tolerance). Inputs are drawn on the CPU (the same
+numbers everywhere) and moved to the rank's device, ``minidist.device()``.
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.distributed as dist
@@ -19,7 +18,7 @@ import torch.nn as nn
 from minidist import cost
 from minidist.memory import saved_activation_bytes
 from minidist.models import GPTConfig, TinyGPT
-from minidist.runtime import launch
+from minidist.runtime import device, launch, timed
 from minidist.tensor_parallel import (ColumnParallelLinear, ParallelAttention, ParallelMLP, RowParallelLinear,
                                       grads_as_params, max_grad_error, shard_range,
                                       sync_sequence_parallel_grads, tensor_parallel_block,
@@ -33,7 +32,7 @@ CFG = GPTConfig(vocab=50, d_model=32, n_heads=8, d_ff=128, n_layers=1, seq_len=S
 
 
 def _x(shape, seed=0):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), device="cpu").to(device())
 
 
 def _diff(a, b) -> float:
@@ -66,11 +65,11 @@ def _rank(kind):
     block = TinyGPT(CFG).blocks[0]
     x = _x((B, S, CFG.d_model))
     if kind == "column":
-        lin = nn.Linear(CFG.d_model, CFG.d_ff)
+        lin = nn.Linear(CFG.d_model, CFG.d_ff, device=device())
         return _run_pair(ColumnParallelLinear.from_full(lin, gather_output=True), lin, x.clone(), x.clone(),
                          lambda g: ColumnParallelLinear.from_full(g, gather_output=True))
     if kind == "row":
-        lin = nn.Linear(CFG.d_ff, CFG.d_model)
+        lin = nn.Linear(CFG.d_ff, CFG.d_model, device=device())
         x = _x((B, S, CFG.d_ff))
         cols = slice(*shard_range(CFG.d_ff, rank, t))
         return _run_pair(RowParallelLinear.from_full(lin), lin, x[..., cols].clone(), x.clone(),
@@ -82,7 +81,8 @@ def _rank(kind):
         return _run_pair(ParallelAttention.from_full(attn), attn, x.clone(), x.clone(), ParallelAttention.from_full)
     if kind == "cross_entropy":
         logits = 3 * _x((B * S, CFG.vocab))
-        target = torch.randint(0, CFG.vocab, (B * S,), generator=torch.Generator().manual_seed(2))
+        target = torch.randint(0, CFG.vocab, (B * S,), generator=torch.Generator().manual_seed(2),
+                               device="cpu").to(device())
         target[::7] = -100
         start, stop = shard_range(CFG.vocab, rank, t)
         full = logits.clone().requires_grad_()
@@ -141,12 +141,11 @@ NOTES = {
 
 
 def tour_row(kind: str, world_size: int = T) -> dict:
-    start = time.perf_counter()
-    out = launch(_rank, world_size, kind, timeout=120)
-    elapsed = time.perf_counter() - start
+    with timed() as clock:
+        out = launch(_rank, world_size, kind, timeout=120)
     row = {"technique": LABELS[kind], "world_size": world_size, "max_err": max(o[0] for o in out),
            "bytes_per_rank": max(o[1] for o in out),
-           "bytes_theory": cost.tp_payload_bytes(_theory(kind, world_size)), "time_s": elapsed,
+           "bytes_theory": cost.tp_payload_bytes(_theory(kind, world_size)), "time_s": clock.seconds,
            "note": NOTES.get(kind, "")}
     row["passed"] = row["bytes_per_rank"] == row["bytes_theory"]      # max_err is judged by the tour
     if kind.startswith("block"):
