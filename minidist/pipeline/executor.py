@@ -120,7 +120,9 @@ def run_schedule(schedule: Schedule, chunks, x=None, y=None, loss_fn=F.mse_loss,
     dtype = dtype or (param.dtype if param is not None else torch.float32)
     xs = x.chunk(s.m) if x is not None else None
     ys = y.chunk(s.m) if y is not None else None
-    nccl = dist.get_backend(group) == "nccl"
+    # On a device-mapped group ("cpu:gloo,cuda:nccl") the backend is chosen by the tensors' device:
+    # CUDA tensors travel over NCCL, whatever name dist.get_backend() reports for the group.
+    nccl = device.type == "cuda"
     peer = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
 
     received: dict[tuple, torch.Tensor] = {}   # (kind, mb, chunk) -> tensor from a neighbour
