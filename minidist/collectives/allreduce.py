@@ -239,8 +239,9 @@ def fast_ring_all_reduce(tensor: torch.Tensor, group=None, segment_bytes: int = 
     of a pair sends first; in a ring of n > 2 even ranks send first), so it completes even
     when every op blocks until matched (tests/test_collectives.py runs it under
     :func:`minidist.runtime.strict_async.blocking_p2p`). The price on gloo, where receives
-    up front were legal: 1 MiB and 16 MiB on 4 ranks took 17 and 71 ms instead of 12 and
-    61 (the plain ring: 23 and 86; 2 busy shared cores, ``minidist bench collectives``).
+    up front were legal, is a handshake per slot on half the links: on 4 ranks (2 busy
+    shared cores, three interleaved runs) 64 KiB took 1.1-2.8x as long as before, 1 MiB
+    1.05-1.4x, 16 MiB 0.99-1.2x; still faster than the plain ring in every run.
 
     Why two receives may target the same output chunk (the reduce-scatter partial of
     chunk c, then the finished chunk c in the all-gather): transfers from the left
