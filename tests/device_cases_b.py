@@ -165,8 +165,8 @@ def case_repeat_kv():
 
 def case_causal_attention():
     s = 6
-    q, k, v = randn(1, 4, s, 8, seed=1, grad=True), randn(1, 2, s, 8, seed=2, grad=True), randn(1, 2, s, 8, seed=3,
-                                                                                                grad=True)
+    q = randn(1, 4, s, 8, seed=1, grad=True)                   # GQA: 4 query heads read 2 kv heads
+    k, v = randn(1, 2, s, 8, seed=2, grad=True), randn(1, 2, s, 8, seed=3, grad=True)
     future = torch.ones(s, s, dtype=torch.bool, device=dev()).triu(1)
     refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out, ref = models.causal_attention(q, k, v, future), sdpa(*refs, True)
@@ -632,8 +632,9 @@ def case_torch_parallelize():
 # ----------------------------------------------------------------------------- context parallel
 def _qkv(s, h, h_kv, d=4, seed=0):
     """Full (b, s, h, d) fp64 q, k, v, drawn alike on every rank."""
-    return randn(B, s, h, d, seed=seed, dtype=torch.float64), *(randn(B, s, h_kv, d, seed=seed + i,
-                                                                       dtype=torch.float64) for i in (1, 2))
+    q = randn(B, s, h, d, seed=seed, dtype=torch.float64)
+    k, v = (randn(B, s, h_kv, d, seed=seed + i, dtype=torch.float64) for i in (1, 2))
+    return q, k, v
 
 
 def _attention_case(fn, causal, h_kv, cut, s=16, h=4, lse_of=None):
@@ -852,12 +853,9 @@ def case_Trainer3D():
     ref = models.TinyGPT(CFG)
     expected = _sgd_step(ref, ids, targets, lr)       # SGD's first step: momentum has nothing to add yet
     assert abs(loss - expected.item()) < 1e-5, (loss, expected.item())
-    grads_close_params(trainer.stage, mesh3d.GPTStage(ref, trainer.i_pp, pp, trainer.tp_group))
-
-
-def grads_close_params(ours, expected, tol=1e-5):
-    for (n, p), (m, q) in zip(ours.named_parameters(), expected.named_parameters(), strict=True):
-        close(p.detach(), q.detach(), tol, f"weight {n}")
+    expected_stage = mesh3d.GPTStage(ref, trainer.i_pp, pp, trainer.tp_group)
+    for (n, p), q in zip(trainer.stage.named_parameters(), expected_stage.parameters(), strict=True):
+        close(p.detach(), q.detach(), what=f"weight {n} after the step")
 
 
 # ----------------------------------------------------------------------------- harness
