@@ -642,3 +642,18 @@ def test_layer_flops_are_three_forwards():
     from minidist.cost.tensor_parallel import tp_layer_flops
     b, s, h = 2, 2048, 1024
     assert tp_layer_flops(b, s, h) == pytest.approx(3 * (24 * b * s * h * h + 4 * b * s * s * h), rel=1e-12)
+
+
+def test_gpt_reference_lands_on_the_device_asked_with_the_cpu_numbers():
+    """TinyGPT and gpt_batch draw on the CPU whatever torch's default device, then move to
+    ``device=``: a GPU rank's reference is the same numbers as a CPU rank's."""
+    expected, (ids, targets) = TinyGPT(CFG), gpt_batch(3, B, CFG.seq_len, CFG.vocab)
+    with torch.device("meta"):          # what a forgotten device= would silently follow
+        model = TinyGPT(CFG, device="cpu")
+        batch = gpt_batch(3, B, CFG.seq_len, CFG.vocab, device="cpu")
+        elsewhere = TinyGPT(CFG, device="meta")
+    for (n, a), b in zip(model.state_dict().items(), expected.state_dict().values()):
+        assert a.device.type == "cpu" and torch.equal(a, b), n
+    assert torch.equal(batch[0], ids) and torch.equal(batch[1], targets)
+    assert {t.device.type for t in [*elsewhere.parameters(), *elsewhere.buffers()]} == {"meta"}
+    assert gpt_batch(0, B, CFG.seq_len, CFG.vocab, device="meta")[0].device.type == "meta"

@@ -123,7 +123,7 @@ def predict(cfg, layout: Layout, rank: int, batch: int, elem_bytes: int, optimiz
 
 def compare(out: list[list[dict]], layouts, cfg, steps, batch, dtype, optimizer, ref_losses) -> list[dict]:
     """One row per layout: worst errors over ranks, and measured vs predicted bytes."""
-    e = torch.empty((), dtype=dtype).element_size()
+    e = dtype.itemsize
     rows = []
     for i, layout in enumerate(layouts):
         per_rank = [o[i] for o in out]
