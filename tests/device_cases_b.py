@@ -8,15 +8,10 @@ rank from plain torch ops (or from the single-process GPT modules, themselves ch
 against plain ops first); ``close`` fails on a meta tensor, a tensor off the inputs' device,
 a wrong shape or a wrong value. Rank-dependent data (upstream gradients, partial sums) is drawn
 from seeds every rank knows, so each rank can form the sum over ranks it must receive.
-
-torch's default device is a torch-function mode, and autograd's engine runs a custom
-``autograd.Function``'s backward without it: a ``torch.zeros(...)`` there would land on the
-CPU unseen. Each body therefore runs under :func:`default_device_in_backward`, which re-enters
-the default device inside every custom backward (ring attention's, the TP collectives', ...).
+Custom backwards run under the same discipline (``device_discipline.default_device_in_backward``).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 from dataclasses import replace
 
@@ -39,33 +34,6 @@ B = 2
 
 
 # ----------------------------------------------------------------------------- helpers
-@contextlib.contextmanager
-def default_device_in_backward():
-    """Inside this block, every custom ``autograd.Function`` backward runs with torch's default
-    device as it was on entry (``meta`` in these tests), as its forward did."""
-    import torch.autograd.function as autograd_function
-    original = autograd_function.BackwardCFunction.apply
-    default = torch.get_default_device()
-
-    def apply(self, *args):
-        with torch.device(default):
-            return original(self, *args)
-
-    autograd_function.BackwardCFunction.apply = apply
-    try:
-        yield
-    finally:
-        autograd_function.BackwardCFunction.apply = original
-
-
-def strict(body):
-    def run():
-        with default_device_in_backward():
-            return body()
-    run.__name__ = body.__name__
-    return run
-
-
 def dev() -> torch.device:
     return minidist.device()
 
@@ -884,7 +852,7 @@ def case_layouts_on_rank():
     assert all(s == s and s >= 0 for s in out["step_s"])
 
 
-CASES = {f"minidist.{name}": Case(WORLD, strict(body)) for name, body in {
+CASES = {f"minidist.{name}": Case(WORLD, body) for name, body in {
     # models (GPT)
     "models.repeat_kv": case_repeat_kv, "models.causal_attention": case_causal_attention,
     "models.CausalSelfAttention": case_causal_self_attention, "models.GPTMLP": case_gpt_mlp,

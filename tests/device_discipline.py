@@ -52,12 +52,37 @@ def assert_real(*tensors) -> None:
             raise AssertionError("a result is on the meta device: something was made without device=")
 
 
+@contextlib.contextmanager
+def default_device_in_backward():
+    """Inside this block, every custom ``autograd.Function`` backward runs with torch's default
+    device as it was on entry (``meta`` in these tests), as its forward did.
+
+    The default device is a torch-function mode, and autograd's engine runs a custom backward
+    without it: a ``torch.zeros(...)`` there would land on the CPU unseen (ring attention's dK/dV
+    accumulator did, and passed)."""
+    import torch.autograd.function as autograd_function
+    original = autograd_function.BackwardCFunction.apply
+    default = torch.get_default_device()
+
+    def apply(self, *args):
+        with torch.device(default):
+            return original(self, *args)
+
+    autograd_function.BackwardCFunction.apply = apply
+    try:
+        yield
+    finally:
+        autograd_function.BackwardCFunction.apply = original
+
+
 def run_bodies(bodies: dict[str, Callable[[], object]]) -> dict[str, str]:
-    """Inside a rank: run each body in turn; name -> the last lines of its traceback, for those that failed."""
+    """Inside a rank: run each body in turn, custom backwards included in the default-device
+    discipline; name -> the last lines of its traceback, for those that failed."""
     failed = {}
     for name, body in bodies.items():
         try:
-            body()
+            with default_device_in_backward():
+                body()
         except Exception:       # noqa: BLE001  (reported by name, the test asserts there are none)
             failed[name] = "".join(traceback.format_exc().splitlines(True)[-6:])
     return failed
