@@ -72,9 +72,9 @@ def _tensor_parallel_group_of_one():
     from minidist.tensor_parallel import grads_as_params, max_grad_error, tensor_parallel_gpt
     dev = minidist.device()
     cfg = GPTConfig()
-    ref = TinyGPT(cfg)
+    ref = TinyGPT(cfg, device="cpu")      # the reference stays on the CPU; models default to the rank's GPU
     ours = tensor_parallel_gpt(copy.deepcopy(ref).to(dev), None)
-    ids, targets = gpt_batch(0, 4, cfg.seq_len, cfg.vocab)
+    ids, targets = gpt_batch(0, 4, cfg.seq_len, cfg.vocab, device="cpu")
     loss_ref = gpt_loss(ref(ids), targets)
     loss_ref.backward()
     loss = ours.loss(ours(ids.to(dev)), targets.to(dev))
@@ -96,8 +96,8 @@ def _pipeline_of_one():
     from minidist.models import block_stack, regression_batch
     from minidist.pipeline import make, partition, rank_chunks, run_schedule
     dev = minidist.device()
-    x, y = regression_batch(16, 8)
-    ref = block_stack(4, 8)
+    x, y = regression_batch(16, 8, device="cpu")
+    ref = block_stack(4, 8, device="cpu")
     loss_ref = F.mse_loss(ref(x), y)
     loss_ref.backward()
     chunks = rank_chunks(partition(block_stack(4, 8).to(dev), 1), 1, 0)
@@ -146,8 +146,8 @@ def _ddp_step_traced():
     from minidist.models import block_stack, regression_batch
     from minidist.trace import trace
     dev = minidist.device()
-    x, y = regression_batch(8, 8)
-    ref = block_stack(2, 8)
+    x, y = regression_batch(8, 8, device="cpu")
+    ref = block_stack(2, 8, device="cpu")
     F.mse_loss(ref(x), y).backward()
     model = BucketedDDP(block_stack(2, 8).to(dev))
     with trace() as t:
