@@ -1,5 +1,6 @@
 """The `minidist` command as a person meets it: help without torch, one set of units, every
 bad input an argparse error (exit 2, one line, no traceback), `lab copy` never overwriting."""
+import argparse
 import os
 import subprocess
 import sys
@@ -109,3 +110,12 @@ def test_lab_copy_copies_the_released_lab_and_never_overwrites(tmp_path, capsys)
     assert copied.read_text() == "my work"
     assert main(["lab", "copy", "2", str(tmp_path / "mine")]) == 0        # a new folder of that name
     assert (tmp_path / "mine" / "lab2_data_parallel.ipynb").exists()
+
+
+def test_bench_cli_times_every_help_the_parser_offers():
+    from minidist.benchmarks.cli import commands
+    from minidist.cli import benchmarks, build_parser
+    parser = build_parser([])
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {tuple(c) for c in commands()} >= {(), *((name,) for name in top.choices), ("lab", "copy"),
+                                              *(("bench", name) for name in benchmarks())}
