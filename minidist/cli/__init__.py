@@ -22,7 +22,7 @@ DESCRIPTION = """\
 Distributed training rebuilt from send/recv: check this machine, tour every technique,
 plan a cluster layout, run a benchmark, copy a lab.
 
-`minidist COMMAND --help` describes each command."""
+minidist COMMAND --help describes each command."""
 
 EPILOG = """\
 examples:

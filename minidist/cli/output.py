@@ -5,6 +5,7 @@ Standard library only: ``minidist --help`` must not wait for torch.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import re
@@ -27,9 +28,11 @@ def wrap(text: str, hanging: str = "  ") -> str:
 
 
 def plain(text: str) -> str:
-    """Docstring markup for a terminal: ``x`` and :func:`~a.b.x` become x."""
-    text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], text)
-    return text.replace("``", "")
+    """Docstring markup for a terminal: ``x`` and :func:`~a.b.x` become x; a line wider than
+    the terminal is wrapped (the others keep their breaks: lists stay lists)."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m.group(1).rsplit(".", 1)[-1], text).replace("``", "")
+    return "\n".join(textwrap.fill(line, width(), break_on_hyphens=False) if len(line) > width() else line
+                     for line in text.splitlines())
 
 
 def format_table(rows: list[dict]) -> str:
@@ -65,6 +68,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def __init__(self, prog, **kwargs):
         super().__init__(prog, width=width(), max_help_position=30, **kwargs)
+
+    def add_argument(self, action):
+        # An option given without help still shows its default (argparse prints nothing for it).
+        if action.help is None and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        super().add_argument(action)
 
     def _get_help_string(self, action):
         # A flag's default (False) and an unset optional value (None) say nothing worth a line.
