@@ -119,3 +119,19 @@ def test_bench_cli_times_every_help_the_parser_offers():
     top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert {tuple(c) for c in commands()} >= {(), *((name,) for name in top.choices), ("lab", "copy"),
                                               *(("bench", name) for name in benchmarks())}
+
+
+def test_doctor_s_kernel_row_fails_on_a_missing_or_foreign_kernel_and_says_the_fix(monkeypatch):
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
+    from minidist.cli import doctor
+    assert doctor.kernel_row().startswith("installed, runs ")           # make install registered it
+
+    def missing(self, name):
+        raise NoSuchKernel(name)
+    monkeypatch.setattr(KernelSpecManager, "get_kernel_spec", missing)
+    with pytest.raises(RuntimeError, match="not installed; run: .* -m ipykernel install --sys-prefix --name minidist"):
+        doctor.kernel_row()
+    foreign = KernelSpec(argv=["/usr/bin/python3", "-m", "ipykernel_launcher"], display_name="Python (minidist)")
+    monkeypatch.setattr(KernelSpecManager, "get_kernel_spec", lambda self, name: foreign)
+    with pytest.raises(RuntimeError, match="it runs /usr/bin/python3, not this interpreter"):
+        doctor.kernel_row()
