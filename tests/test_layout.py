@@ -2,7 +2,7 @@
 
 * no import cycle between minidist modules;
 * every module imports only its own layer or the layers below it: the shared bottom
-  (runtime, trace, models, memory, cost) <- techniques <- harness <- checks, tour,
+  (runtime, trace, models, memory, cost, units, presets) <- techniques <- harness <- checks, tour,
   benchmarks, plots, diagrams <- cli;
 * library frames are recognised by package path, and the spawn entry point is named from
   the function itself (so both survive a move).
@@ -16,7 +16,7 @@ from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "minidist")
 LAYERS = {   # top-level part of minidist -> layer
-    "": 0, "runtime": 0, "trace": 0, "models": 0, "memory": 0, "cost": 0,
+    "": 0, "runtime": 0, "trace": 0, "models": 0, "memory": 0, "cost": 0, "units": 0, "presets": 0,
     "collectives": 1, "data_parallel": 1, "pipeline": 1, "tensor_parallel": 1, "context_parallel": 1, "mesh": 1,
     "harness": 2,
     "checks": 3, "tour": 3, "benchmarks": 3, "plots": 3, "diagrams": 3,

@@ -1,10 +1,12 @@
-"""The layout planner (minidist.cost.planner) and `minidist plan`: pure arithmetic, no ranks."""
+"""The layout planner (minidist.cost.planner), its model presets and `minidist plan`: pure
+arithmetic, no ranks."""
 import json
 
 import pytest
 
 from minidist.cli import main
-from minidist.cost.planner import Cluster, ModelSpec, axis_links, plan_layouts
+from minidist.cost.planner import Cluster, ModelSpec, axis_links, headroom_warning, plan_layouts
+from minidist.presets import PRESETS
 
 SEVEN_B = ModelSpec(params=7e9, layers=32, hidden=4096, heads=32, seq=4096)
 
@@ -74,3 +76,43 @@ def test_cli_plan_table_and_json(capsys):
 def test_bad_model_raises():
     with pytest.raises(ValueError, match="more than params"):
         plan_layouts(ModelSpec(1e6, 32, 4096, 32, 4096), Cluster(8, 8, 80e9))
+
+
+def test_layouts_with_headroom_rank_first_each_group_by_time():
+    plans = [p for p in plan_layouts(SEVEN_B, Cluster(32, 8, 80e9), headroom=0.5) if p.feasible]
+    roomy = [p.free >= 0.5 for p in plans]
+    assert any(roomy) and not all(roomy) and roomy == sorted(roomy, reverse=True)
+    for group in (plans[:sum(roomy)], plans[sum(roomy):]):
+        assert [p.time["total"] for p in group] == sorted(p.time["total"] for p in group)
+    assert all(p.free == pytest.approx(1 - p.memory["total"] / 80e9) for p in plans)
+    assert headroom_warning(plans, Cluster(32, 8, 80e9), 0.5) == ""
+    cramped = plan_layouts(SEVEN_B, Cluster(32, 8, 80e9), headroom=0.99)       # no layout leaves 99% free
+    assert "no layout leaves 99% of GPU memory free" in headroom_warning(cramped, Cluster(32, 8, 80e9), 0.99)
+
+
+def test_a_preset_is_its_paper_s_numbers_and_flags_override_it(capsys):
+    assert (PRESETS["llama-70b"].layers, PRESETS["llama-70b"].hidden, PRESETS["llama-70b"].heads) == (80, 8192, 64)
+    assert PRESETS["gpt3-175b"] == PRESETS["gpt3-175b"].__class__(175e9, 96, 12288, 96, 2048,
+                                                                  PRESETS["gpt3-175b"].source)
+    assert main(["plan", "--model", "llama-7b", "--seq", "8192", "--gpus", "32", "--headroom", "15%"]) == 0
+    out = capsys.readouterr().out
+    text = " ".join(out.split())            # as read, whatever the wrapping
+    for assumption in ("llama-7b preset; --seq given", "6.74B parameters, 32 layers, hidden 4096, 32 heads",
+                       "sequence 8192 tokens", "global batch 512", "ZeRO-1", "recomputation selective",
+                       "989 TFLOP/s per GPU at 50% MFU", "450 GB/s", "50 GB/s", "80.0 GB each",
+                       "at least 15% of GPU memory free"):
+        assert assumption in text, assumption
+    assert text.index("Headroom:") < text.index("layouts fit on 32 GPUs") < text.index("Top: DP")
+    header = next(line for line in out.splitlines() if line.startswith("#  "))
+    assert "memory (GB)" in header and ("step (s)" in header or "step (ms)" in header) and "free (%)" in header
+    assert main(["plan", "--model", "llama-7b", "--gpus", "32", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["layouts"][0]["feasible"] and any("MFU" in line for line in data["assumptions"])
+
+
+def test_explanation_wraps_at_the_terminal_width(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["plan", "--model", "llama-70b", "--gpus", "64"]) == 0
+    prose = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(("#", "-", " ", "("))
+             and not line[:1].isdigit()]
+    assert prose and max(len(line) for line in prose) <= 60

@@ -19,7 +19,7 @@ every row shows the model's prediction next to the measurement.
 """
 from __future__ import annotations
 
-import re
+import argparse
 import statistics
 import sys
 
@@ -29,19 +29,20 @@ import torch.distributed as dist
 import minidist
 from minidist import cost
 from minidist.collectives import ALL_REDUCES
+from minidist.units import byte_list_arg, parse_bytes, positive_int_arg
 
 NATIVE = "native"
 DEFAULT_ALGORITHMS = [NATIVE, "ring", "fast_ring", "recursive_halving", "tree", "naive", "parameter_server", "parallel"]
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
-          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+parse_size = parse_bytes      # '64K' -> 65536 (K, M, G binary, as nccl-tests; KB = 1000, KiB = 1024)
 
 
-def parse_size(text: str) -> int:
-    """'64K' -> 65536 bytes (binary units, as nccl-tests)."""
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*([A-Z]*)", text.strip().upper())
-    if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"cannot read size {text!r}; use e.g. 1K, 64K, 1M, 16M")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+def _algorithm_list(text: str) -> list[str]:
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in names if a != NATIVE and a not in ALL_REDUCES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown algorithm {', '.join(unknown) or repr(text)}; "
+                                         f"choose from {NATIVE},{','.join(ALL_REDUCES)}")
+    return names
 
 
 def human(nbytes: int) -> str:
@@ -52,11 +53,12 @@ def human(nbytes: int) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--world-size", type=int, default=4)
-    parser.add_argument("--sizes", default="1K,64K,1M,16M", help="bytes per rank, comma-separated (1K = 1024)")
-    parser.add_argument("--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+    parser.add_argument("--world-size", type=positive_int_arg, default=4)
+    parser.add_argument("--sizes", type=byte_list_arg, default="1K,64K,1M,16M",
+                        help="bytes per rank, comma-separated: 1K = 1KiB = 1024, 1KB = 1000, 16MiB")
+    parser.add_argument("--algorithms", type=_algorithm_list, default=",".join(DEFAULT_ALGORITHMS),
                         help=f"comma-separated, from {NATIVE},{','.join(ALL_REDUCES)}")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per size (default: by size)")
+    parser.add_argument("--iters", type=positive_int_arg, default=None, help="timed calls per size (default: by size)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--plot", default=None, metavar="PATH", help="save busbw vs size with the fitted model")
 
@@ -133,9 +135,7 @@ def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorith
 
 
 def run(args) -> list[dict]:
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    algorithms = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    rows = measure(args.world_size, sizes, algorithms, args.iters, args.warmup)
+    rows = measure(args.world_size, args.sizes, args.algorithms, args.iters, args.warmup)
     fitted = next((r for r in rows if "alpha_us" in r), None)
     if fitted:
         print(f"fitted alpha-beta model: alpha = {fitted['alpha_us']:.1f} us, "

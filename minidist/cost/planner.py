@@ -21,6 +21,11 @@ from the formulas of the other ``cost`` modules (nothing new is modelled here):
 Links: the mesh is (DP, PP, CP, TP), TP innermost. An axis runs over NVLink when it and
 the axes inside it fit in one node, else over InfiniBand (a ring is as slow as its slowest
 link). TP is kept inside a node: a layout whose TP group spans nodes is excluded.
+
+Headroom: a layout that fills a GPU to the last byte rarely runs (the allocator's
+fragmentation, NCCL's buffers and the CUDA context are not modelled), so with
+``headroom=0.1`` the layouts that leave at least 10% of the memory free rank before the
+ones that fit more tightly, each group by step time.
 """
 from __future__ import annotations
 
@@ -84,6 +89,7 @@ class Plan:
     memory: dict = field(default_factory=dict)      # bytes per GPU: params, grads, optimizer, activations, total
     time: dict = field(default_factory=dict)        # seconds per step: compute, bubble, tp, cp, pp, dp, total
     links: dict = field(default_factory=dict)       # axis -> "NVLink" / "InfiniBand"
+    free: float = 0.0                               # share of the GPU's memory left free (feasible ones)
 
     @property
     def layout(self) -> str:
@@ -159,10 +165,11 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512, micro_batch_sizes=(1, 2, 4, 8),
                  zero_stage: int = 1, recompute: str = "selective", sequence_parallel: bool = True,
-                 max_cp: int | None = None) -> list[Plan]:
-    """Every (DP, PP, TP, CP, micro-batch size) with DP·PP·TP·CP = gpus: the feasible ones first,
-    fastest first (ties broken by the layout, so the order is deterministic), then the
-    excluded ones with their ``reason``."""
+                 max_cp: int | None = None, headroom: float = 0.0) -> list[Plan]:
+    """Every (DP, PP, TP, CP, micro-batch size) with DP·PP·TP·CP = gpus: the feasible ones first
+    (those leaving at least ``headroom`` of the memory free before the others), fastest first
+    (ties broken by the layout, so the order is deterministic), then the excluded ones with
+    their ``reason``."""
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     if cluster.gpus < 1 or cluster.gpus_per_node < 1 or cluster.gpus % min(cluster.gpus, cluster.gpus_per_node):
@@ -188,8 +195,11 @@ def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512,
                             plan.reason = (f"needs {plan.memory['total'] / 1e9:.1f} GB per GPU, more than "
                                            f"{cluster.gpu_memory / 1e9:.0f} GB")
                     plan.feasible = not plan.reason
+                    if plan.feasible:
+                        plan.free = 1 - plan.memory["total"] / cluster.gpu_memory
                     plans.append(plan)
-    key = lambda p: (not p.feasible, p.time.get("total", 0.0), p.tp, p.pp, p.cp, p.dp, p.micro_batch)  # noqa: E731
+    key = lambda p: (not p.feasible, p.free < headroom, p.time.get("total", 0.0),  # noqa: E731
+                     p.tp, p.pp, p.cp, p.dp, p.micro_batch)
     return sorted(plans, key=key)
 
 
@@ -214,7 +224,7 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
     if not feasible:
         return "No layout fits: more GPUs, more pipeline stages or recomputation would be needed."
     top, t = feasible[0], feasible[0].time
-    ms = lambda x: f"{x * 1e3:.1f} ms"      # noqa: E731
+    ms = lambda x: f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"      # noqa: E731
     lines = [f"Top: {top.layout}, micro-batch {top.micro_batch} × m={top.micro_batches}: "
              f"{ms(t['total'])} per step, {top.memory['total'] / 1e9:.1f} GB per GPU."]
     if top.tp > 1:
@@ -236,3 +246,15 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
         lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
     lines.append(f"Compute {ms(t['compute'])} at {cluster.mfu:.0%} of peak is the floor every layout shares.")
     return "\n".join(lines)
+
+
+def headroom_warning(plans: list[Plan], cluster: Cluster, headroom: float) -> str:
+    """A warning when even the top layout leaves less than ``headroom`` of the memory free ("" if not)."""
+    feasible = [p for p in plans if p.feasible]
+    if not feasible or feasible[0].free >= headroom:
+        return ""
+    top = feasible[0]
+    return (f"Warning: no layout leaves {headroom:.0%} of GPU memory free; the top one uses "
+            f"{top.memory['total'] / 1e9:.1f} of {cluster.gpu_memory / 1e9:.1f} GB ({top.free:.1%} free), "
+            f"and the allocator, NCCL buffers and the CUDA context need some of that. More GPUs, "
+            f"a higher ZeRO stage or more recomputation would leave room.")

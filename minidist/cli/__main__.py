@@ -1,0 +1,6 @@
+"""``python -m minidist.cli``: the ``minidist`` command."""
+import sys
+
+from minidist.cli import main
+
+sys.exit(main())

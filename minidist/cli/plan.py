@@ -1,0 +1,140 @@
+"""``minidist plan``: the layout planner (:mod:`minidist.cost.planner`) for a person at a terminal.
+
+It says every assumption before the table, one unit per column, and wraps its prose at
+the terminal's width. Bad input is an argparse error (exit 2), never a traceback.
+"""
+from __future__ import annotations
+
+import json
+
+from minidist.cli.output import format_table, plain, wrap
+from minidist.presets import PRESETS, describe
+from minidist.units import count_arg, fraction_arg, memory_arg, positive_int_arg
+
+MODEL_FIELDS = ("params", "layers", "hidden", "heads", "seq")
+
+DESCRIPTION = """\
+Rank every (DP, PP, TP, CP, micro-batch) layout of a GPT on a cluster by modelled step time:
+compute, the 1F1B bubble, alpha-beta traffic per axis (NVLink inside a node, InfiniBand across),
+and memory per GPU. A model, not a measurement.
+
+Model presets (--model; any of --params/--layers/--hidden/--heads/--seq overrides its value):
+""" + "\n".join(wrap(f"  {describe(name)}", hanging="      ") for name in PRESETS) + """
+
+Sizes: memory takes a unit (80GB = 80e9 bytes, 80GiB = 80 * 2^30); parameter counts take K, M,
+B (billion) or T, or an exponent (70B = 7e10 = 70e9)."""
+
+EPILOG = """\
+examples:
+  minidist plan --model llama-70b --gpus 64
+  minidist plan --model llama-7b --seq 8192 --gpus 16 --gpu-memory 40GB --zero 3
+  minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json"""
+
+
+def add_arguments(p) -> None:
+    model = p.add_argument_group("model (a preset, or all five numbers)")
+    model.add_argument("--model", choices=sorted(PRESETS), help="a published architecture (listed above)")
+    model.add_argument("--params", type=count_arg, metavar="COUNT", help="parameters in all, e.g. 7B or 7e9")
+    model.add_argument("--layers", type=positive_int_arg, metavar="N", help="transformer layers")
+    model.add_argument("--hidden", type=positive_int_arg, metavar="N", help="hidden size h")
+    model.add_argument("--heads", type=positive_int_arg, metavar="N", help="attention heads")
+    model.add_argument("--seq", type=positive_int_arg, metavar="N", help="sequence length (tokens)")
+    cluster = p.add_argument_group("cluster")
+    cluster.add_argument("--gpus", type=positive_int_arg, metavar="N", required=True, help="GPUs in all")
+    cluster.add_argument("--gpus-per-node", type=positive_int_arg, default=8, metavar="N", help="GPUs per node (NVLink inside)")
+    cluster.add_argument("--gpu-memory", type=memory_arg, metavar="SIZE", default="80GB", help="per GPU, with a unit: 80GB, 80GiB")
+    cluster.add_argument("--peak-tflops", type=float, metavar="X", default=989.0,
+                         help="dense bf16 peak per GPU (H100 SXM data sheet)")
+    cluster.add_argument("--mfu", type=fraction_arg, metavar="SHARE", default="50%",
+                         help="share of peak the matmuls sustain (0.5 or 50%%)")
+    training = p.add_argument_group("training")
+    training.add_argument("--global-batch", type=positive_int_arg, metavar="N", default=512, help="sequences per step")
+    training.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3], help="ZeRO stage over DP x CP")
+    training.add_argument("--recompute", default="selective", choices=["none", "selective", "full"],
+                          help="activation recomputation")
+    training.add_argument("--headroom", type=fraction_arg, metavar="SHARE", default="10%",
+                          help="memory to leave free per GPU; layouts that do rank first")
+    out = p.add_argument_group("output")
+    out.add_argument("--top", type=positive_int_arg, metavar="N", default=15, help="rows of the table (--json lists every layout)")
+    out.add_argument("--json", action="store_true", help="every layout, the excluded ones with their reason")
+
+
+def model_numbers(args, error) -> dict:
+    """The five model numbers: the preset's, overridden by any given flag; ``error`` if one is missing."""
+    preset = PRESETS[args.model] if args.model else None
+    numbers = {f: getattr(args, f) if getattr(args, f) is not None else getattr(preset, f, None) for f in MODEL_FIELDS}
+    missing = [f"--{f}" for f, v in numbers.items() if v is None]
+    if missing:
+        error(f"give --model NAME ({', '.join(sorted(PRESETS))}) or all of {', '.join(missing)}")
+    if numbers["hidden"] % numbers["heads"]:
+        error(f"--hidden {numbers['hidden']} is not a multiple of --heads {numbers['heads']}")
+    return numbers
+
+
+def assumptions(args, numbers: dict, cluster) -> str:
+    """Every number the ranking rests on, in words."""
+    source = f"{args.model} preset" if args.model else "given"
+    overridden = [f"--{f}" for f in MODEL_FIELDS if args.model and getattr(args, f) is not None]
+    recompute = {"none": "none (every activation kept)", "selective": "selective (attention scores recomputed)",
+                 "full": "full (only each layer's input kept)"}[args.recompute]
+    link = lambda l: f"{l.name}: {l.bandwidth / 1e9:g} GB/s, alpha {l.alpha * 1e6:g} us"     # noqa: E731
+    return "\n".join([
+        f"Model ({source}{'; ' + ', '.join(overridden) + ' given' if overridden else ''}): "
+        f"{numbers['params'] / 1e9:.3g}B parameters, {numbers['layers']} layers, hidden {numbers['hidden']}, "
+        f"{numbers['heads']} heads, sequence {numbers['seq']} tokens.",
+        f"Cluster: {args.gpus} GPUs, {args.gpus_per_node} per node, {args.gpu_memory / 1e9:.1f} GB each; "
+        f"peak {args.peak_tflops:g} TFLOP/s per GPU at {args.mfu:.0%} MFU.",
+        f"Links per GPU and direction: {link(cluster.intra)}; {link(cluster.inter)}.",
+        f"Training: global batch {args.global_batch} sequences; bf16 activations, gradients and messages; "
+        f"mixed-precision Adam with ZeRO-{args.zero} over DP x CP; recomputation {recompute}; "
+        f"sequence parallelism with TP; 1F1B schedule; no overlap of communication with compute.",
+        f"Headroom: layouts leaving at least {args.headroom:.0%} of GPU memory free rank first.",
+    ])
+
+
+def run(args, error) -> int:
+    from minidist.cost.planner import Cluster, ModelSpec, explain, headroom_warning, plan_layouts
+    numbers = model_numbers(args, error)
+    if args.mfu <= 0 or args.peak_tflops <= 0:
+        error("--mfu and --peak-tflops must be above 0")
+    model = ModelSpec(**numbers)
+    cluster = Cluster(args.gpus, args.gpus_per_node, args.gpu_memory, peak_flops=args.peak_tflops * 1e12,
+                      mfu=args.mfu)
+    try:
+        plans = plan_layouts(model, cluster, global_batch=args.global_batch, zero_stage=args.zero,
+                             recompute=args.recompute, headroom=args.headroom)
+    except ValueError as err:           # the model or cluster cannot be split at all
+        error(str(err))
+    warning = headroom_warning(plans, cluster, args.headroom)
+    if args.json:
+        print(json.dumps({"assumptions": assumptions(args, numbers, cluster).splitlines(), "warning": warning,
+                          "explanation": explain(plans, cluster), "layouts": [p.as_dict() for p in plans]},
+                         indent=2, default=str))
+        return 0
+    feasible = [p for p in plans if p.feasible]
+    print(wrap(assumptions(args, numbers, cluster)))
+    print()
+    print(wrap(f"{len(feasible)} layouts fit on {args.gpus} GPUs; {len(plans) - len(feasible)} excluded "
+               f"(--json gives each one's reason)."))
+    if feasible:
+        print(format_table(_rows(feasible[:args.top])))
+        print("(b: sequences per micro-batch, m: micro-batches per step per DP rank)")
+    print()
+    if warning:
+        print(wrap(warning))
+    print(wrap(plain(explain(plans, cluster))))
+    return 0 if feasible else 1
+
+
+def _rows(plans) -> list[dict]:
+    """One unit per column, named in its header: ms or s (by the top layout's step), GB, %.
+    b is the micro-batch size (sequences), m the micro-batches per step."""
+    seconds = plans[0].time["total"] >= 1
+    unit, scale = ("s", 1) if seconds else ("ms", 1e3)
+    t = lambda x: f"{x * scale:.2f}" if seconds else f"{x * scale:.1f}"      # noqa: E731
+    return [{"#": i + 1, "DP": p.dp, "PP": p.pp, "TP": p.tp, "CP": p.cp, "b": p.micro_batch,
+             "m": p.micro_batches, f"step ({unit})": t(p.time["total"]), f"compute ({unit})": t(p.time["compute"]),
+             f"bubble ({unit})": t(p.time["bubble"]),
+             f"comm ({unit})": t(sum(p.time[a] for a in ("tp", "cp", "pp", "dp"))),
+             "memory (GB)": f"{p.memory['total'] / 1e9:.1f}", "free (%)": f"{p.free * 100:.0f}"}
+            for i, p in enumerate(plans)]
