@@ -63,7 +63,7 @@ class Confirmation:
     """One confirmation run of one notebook, started now, collected later (:meth:`results`)."""
 
     def __init__(self, cells, *, pristine: Path, workdir: Path, sandbox, env: dict, timeout: float,
-                 cell_timeout: int, log: Path, only: set | None = None):
+                 cell_timeout: int, log: Path, only: set | None = None, box: dict | None = None):
         self.cells = [c for c in cells if c["kind"] != "test" or only is None or c["id"] in only]
         self.token = secrets.token_hex(16)
         self.messages: list[dict] = []
@@ -76,8 +76,7 @@ class Confirmation:
                 "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde"}}
         from autograder.sandbox import command
         argv = command(sandbox, [sys.executable, "-I", str(pristine / RUNNER.name), "--fd", str(write)],
-                       rw=[str(workdir)], cwd=str(workdir), env=env, ro_extra=[str(pristine)],
-                       spec_dir=str(workdir.parent))
+                       rw=[str(workdir)], cwd=str(workdir), env=env, ro_extra=[str(pristine)], **(box or {}))
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log,
                                      pass_fds=(write,), env=env if sandbox is None else _outer_env(env),

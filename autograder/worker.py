@@ -157,26 +157,34 @@ def run(spec: dict, send=lambda msg: None) -> dict:
 
     # --- the sandbox's private home, and the confirmation runs (they need nothing from nbgrader's)
     backend = sandbox.Backend(**spec["sandbox"]) if spec.get("sandbox") else None
-    home = Path(tempfile.mkdtemp(prefix="mdg-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    uid = spec.get("uid")
+    # what the sandboxes of this job see of the grader's files: in the batch's area, the job's uid's
+    box = Path(tempfile.mkdtemp(prefix="job-", dir=spec.get("area") or None))
+    home = box / "home"
     pristine = Path(spec["pristine"])
     skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
     sandbox.prepare_home(home, skeleton)
-    kernel_cwd = shutil.copytree(dest, job / "kernel-cwd")     # what the student handed in, no hidden tests
+    kernel_cwd = shutil.copytree(dest, box / "kernel-cwd")     # what the student handed in, no hidden tests
+    sandbox.give(box, uid)
+    limit = sandbox.limits(cpu_seconds=2 * float(spec.get("wall", 600)))
     sandbox.SandboxKernelManager.settings = {"backend": backend, "home": str(home), "pristine": str(pristine),
-                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd)}
+                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd), "uid": uid,
+                                             "tools": spec.get("tools"), "limit": limit}
     deadline = t_start + float(spec.get("wall", 600)) - 5
     conf_env = sandbox.inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
 
     def start_confirmation(name, only=None, attempt=1):
-        wd = job / "confirm" / f"{name}-{attempt}"
+        wd = box / "confirm" / f"{name}-{attempt}"
         chome = sandbox.prepare_home(wd, skeleton)
         copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
+        sandbox.give(wd, uid)
         env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
                    JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
         retry_scale = confirm.RETRY_TIMEOUT_SCALE if attempt > 1 else 1   # what timed out under load gets more time
         env["MINIDIST_TIMEOUT_SCALE"] = f"{float(conf_env.get('MINIDIST_TIMEOUT_SCALE') or 1) * retry_scale:g}"
         return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
                                     workdir=wd, sandbox=backend, env=env,
+                                    box={"uid": uid, "tools": spec.get("tools"), "limit": limit},
                                     timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * retry_scale,
                                     log=job / f"confirm-{name}-{attempt}.log", only=only)
 
@@ -239,7 +247,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
         if not fr["success"]:
             result["notes"].append("feedback generation failed")
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
-    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(box, ignore_errors=True)
     return result
 
 
