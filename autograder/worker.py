@@ -24,7 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
-from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
+from autograder.course import grade_id, lab_cells, load_config, nbg, read_nb, run_converter, write_nb
+from autograder.handed_in import shadows
 from autograder.notebooks import load, locate, repair, skip_demos
 from autograder.records import failure_reason, fallback_cells, notebook_cells
 
@@ -76,6 +77,10 @@ def copy_extra_files(sub_dir: Path, dest: Path, notebooks: set[Path]) -> list[st
                 continue
             if path.is_symlink() or not path.is_file():
                 skipped.append(f"{rel} (a link)")
+                continue
+            top = rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 or name.endswith(".py") else None
+            if top and shadows(top):
+                skipped.append(f"{rel} (named like the standard or installed module {top!r}: refused)")
                 continue
             size = path.stat().st_size
             if total + size > MAX_EXTRA_BYTES or len(copied) >= MAX_EXTRA_FILES:
@@ -164,6 +169,9 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     pristine = Path(spec["pristine"])
     skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
     sandbox.prepare_home(home, skeleton)
+    startup = home / ".ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)    # the kernel's handed-in files: for the student's imports only
+    shutil.copyfile(Path(__file__).with_name("handed_in.py"), startup / "00-handed-in.py")
     kernel_cwd = shutil.copytree(dest, box / "kernel-cwd")     # what the student handed in, no hidden tests
     sandbox.give(box, uid)
     limit = sandbox.limits(cpu_seconds=2 * float(spec.get("wall", 600)))
@@ -214,6 +222,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
         if result["graded"]:
             result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
                                              spec["cell_timeout"])
+            retry_timeouts(result["cells"], course, lab, student, cells_meta, unusable, cell_flags, spec, deadline)
         else:
             result["cells"] = fallback_cells(cells_meta, records, unusable, result["failure"] or "", cell_flags)
     finally:
@@ -242,6 +251,8 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             if result["late_penalty"]:
                 result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
                                        + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
+        nbext.RELEASE_TESTS = {grade_id(c): c.source for nb in release_nbs.values() for c in nb.cells
+                               if grade_id(c) and nbg(c).get("grade") and not nbg(c).get("solution")}
         c = feedback_config(course)
         fr = run_converter(GenerateFeedback, c, lab, student, force=True)
         if not fr["success"]:
@@ -249,6 +260,41 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
     shutil.rmtree(box, ignore_errors=True)
     return result
+
+
+def retry_timeouts(cells: dict, course, lab, student, cells_meta, unusable, cell_flags, spec, deadline) -> None:
+    """A test that timed out in the notebook run gets the confirmation's second chance: the
+    notebook runs once more with every launch timeout and the cell timeout x
+    ``confirm.RETRY_TIMEOUT_SCALE`` (a loaded machine is no deadlock; a deadlock times out at any
+    scale), and a timed-out test keeps the better of its two results (in place)."""
+    from nbgrader.converters import Autograde
+
+    from autograder import confirm, nbext
+    timed_out = [(n, cid) for n, rows in cells.items() for cid, row in rows.items() if row["status"] == "timeout"]
+    if not timed_out or time.time() > deadline - 60:
+        return
+    scale = confirm.RETRY_TIMEOUT_SCALE
+    records: list[dict] = []
+    nbext.PROGRESS_SINK = records.append
+    before = os.environ.get("MINIDIST_TIMEOUT_SCALE")
+    os.environ["MINIDIST_TIMEOUT_SCALE"] = f"{float(before or 1) * scale:g}"
+    try:
+        c = autograde_config(course, spec["cell_timeout"] * scale, bool(spec.get("sandbox")))
+        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
+    finally:
+        if before is None:
+            os.environ.pop("MINIDIST_TIMEOUT_SCALE", None)
+        else:
+            os.environ["MINIDIST_TIMEOUT_SCALE"] = before
+    if not r["success"]:
+        return
+    again = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
+                           spec["cell_timeout"] * scale)
+    for name, cid in timed_out:
+        first, second = cells[name][cid], again.get(name, {}).get(cid)
+        if second is not None and float(second["points"] or 0) > float(first["points"] or 0):
+            cells[name][cid] = dict(second, flags=first["flags"] + [
+                f"timed out in the notebook run; passed when run again with timeouts x{scale}"])
 
 
 PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",

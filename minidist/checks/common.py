@@ -122,6 +122,14 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
 # helper, another minidist module), or the graded object itself being (a subclass of) the
 # library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
 # callable, with whatever they call; checks build their references outside the refused region.
+#
+# The library is recognised by its code, not by where the code says it comes from: a function of
+# the refused modules compiled again (the module's source exec'd under another file name, or one
+# function's source) has the same bytecode, names and variables, and is refused the same way.
+# The refusal holds on every thread the graded code starts: ``threading`` threads (its trace hook),
+# ``_thread`` threads (the module's function is wrapped while graded code runs, and a thread
+# started through a reference taken before is refused), and autograd's (backward runs on the
+# calling thread while graded code runs). Threads already running before are out of its reach.
 
 #: What students may import from minidist in a lab (each lab adds its own checks module).
 STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
@@ -153,9 +161,41 @@ class Refusal:
                 f"while a graded function runs")
 
 
+MIN_FINGERPRINT_BYTES = 64
+
+
+def fingerprint(code: types.CodeType) -> tuple:
+    """What a function's code is, wherever it was compiled: the same source gives the same
+    fingerprint under any file name and at any line."""
+    return (code.co_name, code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount)
+
+
+def _codes(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
 @functools.lru_cache(maxsize=None)
-def _resolved(refusal: Refusal) -> tuple[frozenset, frozenset]:
-    """(files whose code is refused, code objects that stay allowed)."""
+def _fingerprints(files: frozenset) -> frozenset:
+    """The fingerprints of every function, class body and comprehension in ``files``."""
+    out = set()
+    for path in files:
+        try:
+            with open(path, encoding="utf-8") as f:
+                top = compile(f.read(), path, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        # tiny functions (a property, a one-line helper) could match a student's own by chance
+        out |= {fingerprint(c) for c in _codes(top) if c is not top and len(c.co_code) >= MIN_FINGERPRINT_BYTES}
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _resolved(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """(files whose code is refused, code objects that stay allowed, the refused code's
+    fingerprints, the allowed code's fingerprints)."""
     files = set()
     for name in refusal.modules:
         mod = importlib.import_module(name)
@@ -195,7 +235,9 @@ def _resolved(refusal: Refusal) -> tuple[frozenset, frozenset]:
                         add_function(value)
         else:
             add_function(obj)
-    return frozenset(files), frozenset(allowed)
+    files = frozenset(files)
+    allowed_prints = frozenset(fingerprint(c) for c in allowed)
+    return files, frozenset(allowed), _fingerprints(files) - allowed_prints, allowed_prints
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,25 +280,36 @@ class refusing:
     def __enter__(self):
         if self.refusal is None:
             return self
-        self.files, self.allowed = _resolved(self.refusal)
+        self.files, self.allowed, self.prints, self.allowed_prints = _resolved(self.refusal)
+        self.known: dict[int, tuple] = {}       # id(code) -> (code, refused?)
         self.top = sys._getframe(1)
         self.previous = sys.gettrace()
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
         sys.settrace(self.tracer)
         threading.settrace(self.tracer)
+        self.autograd_threads = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)      # backward on this (traced) thread
+        _threads.enter(self)
         return self
 
+    def _refused_code(self, code) -> bool:
+        known = self.known.get(id(code))
+        if known is None or known[0] is not code:
+            refused = code.co_filename in self.files or fingerprint(code) in self.prints
+            known = self.known[id(code)] = (code, refused)
+        return known[1]
+
     def _trace(self, frame, event, arg):
-        if frame.f_code.co_filename in self.files:
+        if self._refused_code(frame.f_code):
             self._check(frame)
         return self.previous(frame, event, arg) if self.previous is not None else None
 
     def _check(self, frame):
         entry = frame            # the outermost of the refused frames this call runs in
-        while entry.f_back is not None and entry.f_back.f_code.co_filename in self.files:
+        while entry.f_back is not None and self._refused_code(entry.f_back.f_code):
             entry = entry.f_back
-        if entry.f_code in self.allowed:
+        if entry.f_code in self.allowed or fingerprint(entry.f_code) in self.allowed_prints:
             return
         module = entry.f_globals.get("__name__", "?")
         target = f"{module}.{getattr(entry.f_code, 'co_qualname', entry.f_code.co_name)}"
@@ -281,12 +334,75 @@ class refusing:
         tampered = sys.gettrace() is not self.tracer and self.violation is None
         sys.settrace(self.previous)
         threading.settrace(self.previous_threads)
+        torch._C._set_multithreading_enabled(self.autograd_threads)
+        _threads.exit(self)
+        if self.violation is None and _threads.refused:
+            self.violation = _threads.refused.pop()
         if self.violation is not None and not isinstance(err, LibraryAnswer):
             raise LibraryAnswer(self.violation)
         if tampered:
             raise LibraryAnswer(f"{self.name} turned off the check that refuses library answers "
                                 f"(sys.settrace): graded code must leave the tracer alone.")
         return False
+
+
+class _Threads:
+    """``_thread`` threads started while graded code runs get the refusal's tracer (the module's
+    function is wrapped); one started through a reference taken before the graded code ran (the
+    audit hook sees it) is refused instead: it would run out of the check's sight."""
+
+    def __init__(self):
+        self.active: list = []
+        self.refused: list = []
+        self.local = threading.local()
+        self.hooked = False
+        self.original = None
+
+    def enter(self, refusing_):
+        import _thread
+        if not self.hooked:
+            sys.addaudithook(self._audit)        # once per process: audit hooks stay
+            self.hooked = True
+        if not self.active:
+            self.original = _thread.start_new_thread
+            _thread.start_new_thread = self._start
+        self.active.append(refusing_)
+
+    def exit(self, refusing_):
+        import _thread
+        if refusing_ in self.active:
+            self.active.remove(refusing_)
+        if not self.active and self.original is not None:
+            _thread.start_new_thread = self.original
+            self.original = None
+
+    def _start(self, function, args, kwargs=None):
+        tracer = self.active[-1].tracer if self.active else None
+
+        def traced(*a, **k):
+            sys.settrace(tracer)
+            return function(*a, **k)
+        self.local.ours = True
+        try:
+            return self.original(traced, args, kwargs or {})
+        finally:
+            self.local.ours = False
+
+    def _audit(self, event, args):
+        if event != "_thread.start_new_thread" or not self.active or getattr(self.local, "ours", False):
+            return
+        caller = sys._getframe(1)
+        if caller.f_code.co_filename == threading.__file__:      # threading.Thread: its trace hook
+            return
+        refusing_ = self.active[-1]
+        message = (f"{refusing_.name} started a thread with _thread.start_new_thread taken before the check "
+                   f"began: a graded function's threads must run under the check. The rule: "
+                   f"{refusing_.refusal.rule()}.")
+        self.refused.append(message)
+        raise LibraryAnswer(message)
+
+
+_threads = _Threads()
 
 
 def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
