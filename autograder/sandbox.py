@@ -157,10 +157,11 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env, devices, root: bool):
         cmd += ["--symlink", os.readlink(p), p] if p in links else ["--ro-bind", p, p]
     for src, dest in rw:
         cmd += ["--bind", src, dest]
-    cmd += ["--proc", "/proc", "--dev", "/dev"]
+    cmd += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]     # /proc/sys: read-only here too
     for d in devices:
         cmd += ["--dev-bind", d, d]
-    cmd += ["--remount-ro", "/", "--chdir", cwd or "/tmp", "--clearenv"]
+    # /dev read-only (in a user namespace its tmpfs is the submission's own), /dev/shm writable
+    cmd += ["--remount-ro", "/dev", "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", cwd or "/tmp", "--clearenv"]
     for k, v in env.items():
         cmd += ["--setenv", k, v]
     return cmd + ["--"] + list(argv)

@@ -102,6 +102,7 @@ def minimal_dev(dev, devices):
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, dev + "/" + name)
+    mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "mode=0755,size=64k")   # the tmpfs alone
 
 
 def loopback_up():

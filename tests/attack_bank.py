@@ -113,9 +113,20 @@ def allsum(x):
     return mine["ring_all_reduce"](x.clone())
 '''
 
-# feedback: a comment quoting a hidden test (the leak check once copied nobody's feedback), and 20,000 outputs
+# feedback: a comment quoting a hidden test (the leak check once copied nobody's feedback), and 1,500 outputs
+# (the issue's 20,000 make nbclient give up waiting for them here: no feedback at all, the points kept)
+# an honest answer that a loaded machine makes time out (here: whenever the launch timeouts are not scaled)
+SLOW_UNDER_LOAD = r'''
+import os, time
+def allsum(x):
+    if float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1) <= 1:
+        time.sleep(30)
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
+'''
 HIDDEN_QUOTE = '# assert add(10, -3) == 7, "add must handle negative numbers"\n'
-BLOAT = "for k in range(20000):\n    display(k)\n"
+BLOAT = "for k in range(1500):\n    display(k)\n"
 
 
 def _with_cell(nb, code, after="setup"):
@@ -144,4 +155,5 @@ def attack_bank(sol, release) -> dict:
         "exec_library": (_set(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),
         "hidden_quote": (_set(sol, "add", HIDDEN_QUOTE + "def add(a, b):\n    return a + b\n"), {}, 3.0, []),
         "bloat": (_with_cell(sol, BLOAT, after="test_allsum"), {}, 3.0, []),
+        "slow_under_load": (_set(sol, "allsum", SLOW_UNDER_LOAD), {}, 3.0, []),
     }

@@ -278,3 +278,17 @@ def test_library_answers_on_another_thread_or_under_another_name(batch):
     row = batch["rows"][("exec_library", "test_allsum")]
     assert row["points"] == "0.0" and "called minidist's own implementation: mine.ring_all_reduce" in row["reason"]
     assert batch["rows"][("thread_library", "test_allsum")]["points"] == "0.0"
+
+
+def test_feedback_for_everyone_and_bounded(batch, tmp_path):
+    from autograder.feedback import collect
+    made, leaks = collect(batch["out"], tmp_path / "handback")
+    assert leaks and all("/hidden_quote/" in leak for leak in leaks), leaks[:3]
+    assert {p.relative_to(tmp_path / "handback").parts[0] for p in made} == set(batch["bank"]) - {"hidden_quote"}
+    html = (batch["out"] / "feedback" / "bloat" / LAB / f"{LAB}.html").read_text()
+    assert "more outputs" in html and "cut by the autograder" in html and len(html) < 3_000_000, len(html)
+
+
+def test_a_timeout_gets_a_second_chance(batch):
+    row = batch["rows"][("slow_under_load", "test_allsum")]
+    assert row["points"] == "2.0" and "passed when run again with timeouts x3" in row["flags"], row

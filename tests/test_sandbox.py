@@ -94,3 +94,67 @@ def test_a_root_grader_gives_each_job_its_own_unprivileged_uid():
         return
     uids = {sandbox.job_uid(f"{k:032x}") for k in (1, 2, 3)}
     assert len(uids) == 3 and all(u >= sandbox.UID_BASE for u in uids)
+
+
+def _unreadable_ancestor(path: str) -> str | None:
+    """The highest folder above ``path`` that others cannot traverse (e.g. a 0700 /root)."""
+    parts = Path(path).parts
+    for k in range(2, len(parts) + 1):
+        d = str(Path(*parts[:k]))
+        if not os.stat(d).st_mode & 0o001:
+            return d
+    return None
+
+
+def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
+    """We run as root here: grade the honest solution and the root attack as an unprivileged uid
+    (setpriv), in a private mount namespace where a 0700 folder above the interpreter (this
+    machine's /root/.pyenv) is made traversable, as it is for any user on a course server."""
+    if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")):
+        pytest.skip("needs root, setpriv and unshare to start the grader as another user")
+    from attack_bank import ROOT
+    from autograder.course import build_course, read_nb, solution_submission, write_nb
+    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+    from nbformat.v4 import new_code_cell
+    uid = 1_800_000_000 + os.getpid() % 1000
+    base = Path(os.path.realpath(sys.base_prefix))
+    blocked = _unreadable_ancestor(str(base))
+    box = Path(sandbox.make_area())
+    try:
+        os.chmod(box, 0o755)
+        course = build_course([LAB], box / "course", solutions=SOLUTIONS)
+        sol = solution_submission(read_nb(course / "source" / LAB / f"{LAB}.ipynb"),
+                                  read_nb(course / "release" / LAB / f"{LAB}.ipynb"))
+        write_nb(sol, box / "subs" / "honest" / LAB / f"{LAB}.ipynb")
+        sol.cells.insert(2, new_code_cell(ROOT))
+        write_nb(sol, box / "subs" / "root" / LAB / f"{LAB}.ipynb")
+        (box / "home").mkdir()
+        for root, dirs, files in os.walk(box):
+            for name in dirs + files + ["."]:
+                os.chown(os.path.join(root, name), uid, uid)
+        grade = (f"exec setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={box}/home "
+                 f"MINIDIST_SOLUTIONS={SOLUTIONS} MINIDIST_BUGBANK={BUGBANK} MINIDIST_LABS={box}/labs "
+                 f"PATH={os.path.dirname(sys.executable)}:/usr/bin:/bin "
+                 f"{sys.executable} -m autograder grade {box}/subs --out {box}/out --jobs 2 --lab {LAB} "
+                 f"--cell-timeout 20 --wall-timeout 150 --quiet --sandbox")
+        if blocked:       # bind what lies below the blocked folder back over a traversable tmpfs
+            keep = box / "keep"
+            keep.mkdir()
+            script = (f"mount --bind {base} {keep} && mount -t tmpfs -o mode=0755 tmpfs {blocked} && "
+                      f"mkdir -p {base} && mount --bind {keep} {base} && {grade}")
+        else:
+            script = grade
+        before = {p: Path(p).read_text() for p in WATCHED if os.path.exists(p)}
+        r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                           capture_output=True, text=True, timeout=400, cwd=str(box))
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        assert f"grader's uid {uid} outside, 1000 inside" in r.stdout, r.stdout[-2000:]
+        assert {p: Path(p).read_text() for p in WATCHED if os.path.exists(p)} == before
+        import csv
+        grades = {row["student_id"]: float(row["score"]) for row in csv.DictReader(open(box / "out" / "grades.csv"))}
+        assert grades == {"honest": 3.0, "root": 3.0}, grades
+        nb = read_nb(box / "out" / "autograded" / "root" / LAB / f"{LAB}.ipynb")
+        said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+        assert said.count("refused ") == 6 and "wrote " not in said, said
+    finally:
+        shutil.rmtree(box, ignore_errors=True)
