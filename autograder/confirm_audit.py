@@ -5,9 +5,9 @@ executes student code. It refuses, when called from student code, ``ctypes``, th
 collector's object graph, frame and code introspection (``sys._getframe`` through ``inspect``,
 ``traceback`` or ``logging`` too: each hands the caller a frame, and a frame leads to every
 local of the runner), ``sys.settrace``/``setprofile``, new audit hooks, assigning ``__code__`` or
-attributes of minidist's, torch's and the runner's classes, and in the runner's own process new
-threads, forks and subprocesses (a thread could wait for the next test's message); file access
-outside the working folder, sockets and the like are reported.
+attributes of minidist's, torch's and the runner's classes, and in the runner's own process forks
+and subprocesses (they would hold the runner's pipe to the parent; threads stay allowed, a correct
+answer may use them); file access outside the working folder, sockets and the like are reported.
 
 Student code is recognised by where its code comes from, not by the file name it claims: the
 solution cells (compiled by the runner under ``<solution ID>``), files handed in (the working
@@ -30,7 +30,7 @@ _BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "
           "object.__getattr__"}
 _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
          "os.rename", "shutil.rmtree", "os.chmod", "exec"}
-_PROCESS = {"_thread.start_new_thread", "os.fork", "os.forkpty", "subprocess.Popen", "os.system", "os.exec",
+_PROCESS = {"os.fork", "os.forkpty", "subprocess.Popen", "os.system", "os.exec",
             "os.posix_spawn", "os.spawn"}
 _NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
 _FILE_EVENTS = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod"}
@@ -39,7 +39,7 @@ _OWNED = ("minidist", "torch", "confirm_bindings", "confirm_audit", "confirm_run
 
 STUDENT_FILES: list = []        # the working folder: files handed in next to the notebook are student code
 _STUDENT_CODE: set = set()      # code objects student code exec'd, whatever their file name
-RUNNER_PID = [None]             # the runner's own process: no threads, forks or subprocesses of students there
+RUNNER_PID = [None]             # the runner's own process: no forks or subprocesses of students there
 
 
 TRUSTED_FILES: list = []        # read-only inside the sandbox though below a writable place (the pristine minidist)
@@ -128,7 +128,7 @@ def audit(event, args):
             events.append(("frame or code introspection", f"{args[1]} at {where}"))
             raise RuntimeError(f"refused in graded code: reading .{args[1]}")
         if event in _PROCESS and os.getpid() == RUNNER_PID[0]:
-            events.append((f"started a thread or process: {event}", where))
+            events.append((f"started a process: {event}", where))
             raise RuntimeError(f"refused in graded code: {event} in the confirmation's runner")
         if event in _BLOCK or event.startswith("ctypes."):
             what = {"gc": "gc", "ctypes": "ctypes", "sys": "sys"}.get(event.split(".")[0], event)
@@ -151,3 +151,4 @@ def _outside(path) -> bool:
     except Exception:
         return True
     return not p.startswith(tuple(ALLOWED_ROOTS))
+

@@ -106,7 +106,7 @@ EXEC_LIBRARY = r'''
 import inspect
 import minidist.collectives as C
 source = inspect.getsource(inspect.getmodule(C.ring_all_reduce))
-source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("@"))   # no @api region
+source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("@api"))   # no @api region
 mine = {"__name__": "mine"}
 exec(compile(source, "<mine>", "exec"), mine)
 def allsum(x):
