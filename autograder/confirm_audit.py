@@ -38,7 +38,8 @@ _OWNED = ("minidist", "torch", "confirm_bindings", "confirm_audit", "confirm_run
 
 
 STUDENT_FILES: list = []        # the working folder: files handed in next to the notebook are student code
-_STUDENT_CODE: set = set()      # code objects student code exec'd, whatever their file name
+_STUDENT_CODE: dict = {}        # id -> code object student code exec'd, whatever its file name (a code
+                                # object's hash walks all of its constants: too slow for every event)
 RUNNER_PID = [None]             # the runner's own process: no forks or subprocesses of students there
 
 
@@ -47,14 +48,14 @@ TRUSTED_FILES: list = []        # read-only inside the sandbox though below a wr
 
 def _is_student(code) -> bool:
     filename = code.co_filename
-    return (filename.startswith(_STUDENT_PREFIX) or code in _STUDENT_CODE
+    return (filename.startswith(_STUDENT_PREFIX) or _STUDENT_CODE.get(id(code)) is code
             or (bool(STUDENT_FILES) and filename.startswith(tuple(STUDENT_FILES))
                 and not filename.startswith(tuple(TRUSTED_FILES))))
 
 
 def _mark_student(code) -> None:
-    if isinstance(code, types.CodeType) and code not in _STUDENT_CODE:
-        _STUDENT_CODE.add(code)
+    if isinstance(code, types.CodeType) and _STUDENT_CODE.get(id(code)) is not code:
+        _STUDENT_CODE[id(code)] = code
         for const in code.co_consts:
             _mark_student(const)
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.refusal import (STUDENT_IMPORTS, LibraryAnswer, Refusal, StudentAssertion,  # noqa: F401
-                                     graded_call, is_student_code, refusing)
+                                     graded_call, is_student_code, refusing, resolve)
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
@@ -75,6 +75,8 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     were running.
     """
     progress = tempfile.mkdtemp(prefix="minidist-check-")
+    if refuse is not None:
+        resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each
     try:
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)

@@ -96,7 +96,7 @@ def _fingerprints(files: frozenset) -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
-def _resolved(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+def resolve(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
     """(files whose code is refused, code objects that stay allowed, the refused code's
     fingerprints, the allowed code's fingerprints)."""
     files = set()
@@ -183,7 +183,7 @@ class refusing:
     def __enter__(self):
         if self.refusal is None:
             return self
-        self.files, self.allowed, self.prints, self.allowed_prints = _resolved(self.refusal)
+        self.files, self.allowed, self.prints, self.allowed_prints = resolve(self.refusal)
         self.known: dict[int, tuple] = {}       # id(code) -> (code, refused?)
         self.top = sys._getframe(1)
         self.previous = sys.gettrace()
