@@ -103,12 +103,17 @@ def allsum(x):
     return box[0]
 '''
 EXEC_LIBRARY = r'''
-import inspect
-import minidist.collectives as C
-source = inspect.getsource(inspect.getmodule(C.ring_all_reduce))
-source = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("@api"))   # no @api region
+import ast, inspect
+import minidist.collectives.allreduce, minidist.collectives.p2p, minidist.collectives.primitives
 mine = {"__name__": "mine"}
-exec(compile(source, "<mine>", "exec"), mine)
+for module in (minidist.collectives.p2p, minidist.collectives.primitives, minidist.collectives.allreduce):
+    # the whole ring, helpers included, compiled again: no @api region, no import of the library
+    tree = ast.parse(inspect.getsource(module))
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module.startswith("minidist"))]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = []
+    exec(compile(tree, "<mine>", "exec"), mine)
 def allsum(x):
     return mine["ring_all_reduce"](x.clone())
 '''
