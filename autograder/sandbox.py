@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -186,8 +187,10 @@ def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str
     ro = ro_paths(list(ro_extra) + ([tools] if root else []))
     rw = [(str(p[0]), str(p[1])) if isinstance(p, (tuple, list)) else (str(p), str(p)) for p in rw]
     devices = gpu_devices()
-    drop = [sys.executable, "-I", "-S", os.path.join(tools, DROP.name),
-            json.dumps(dict(limit or limits(), uid=uid, gid=uid)), "--"]
+    cfg = dict(limit or limits(), uid=uid, gid=uid)
+    if devices:
+        cfg["address_space"] = None        # CUDA reserves address space far beyond any memory cap
+    drop = [sys.executable, "-I", "-S", os.path.join(tools, DROP.name), json.dumps(cfg), "--"]
     inside = drop + list(argv) if root else list(argv)
     if backend.name == "bwrap":
         inner = _bwrap_argv(backend.exe, inside, ro, rw, cwd, env, devices, root)
@@ -367,3 +370,33 @@ class SandboxKernelManager(KernelManager):
                        ro_extra=[s["pristine"]], uid=s.get("uid"), limit=s.get("limit"), tools=s.get("tools"))
         kw["env"] = outer_env(dict(kw.get("env") or os.environ), s["tag_var"])
         return await super()._async_launch_kernel(argv, **kw)
+
+    async def _async_signal_kernel(self, signum: int) -> None:
+        """An interrupt goes to the kernel itself, not to the process group jupyter started: there
+        it would hit bwrap first, which dies of it and takes the whole sandbox along."""
+        s = type(self).settings
+        pid = getattr(getattr(self.provisioner, "process", None), "pid", None)
+        kernel = _grandchild(pid) if s.get("backend") is not None and pid and signum == signal.SIGINT else None
+        if kernel is None:
+            return await super()._async_signal_kernel(signum)
+        try:
+            os.kill(kernel, signum)
+        except OSError:
+            pass
+
+    signal_kernel = _async_signal_kernel          # AsyncKernelManager's are the coroutines themselves
+
+
+def _grandchild(pid: int) -> int | None:
+    """The sandboxed command: the child of the sandbox's first process, itself the child of ``pid``
+    (bwrap or unshare; the drop step execs, it adds no process)."""
+    from autograder.procs import _stat
+    parents = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None:
+                parents[int(d)] = st[1]
+    first = [p for p, pp in parents.items() if pp == pid]
+    kernel = [p for p, pp in parents.items() if pp in first]
+    return kernel[0] if len(first) == 1 and len(kernel) == 1 else None
