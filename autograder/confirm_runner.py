@@ -135,7 +135,6 @@ def _number(value):
 
 def main():
     sys.addaudithook(audit.audit)
-    audit.RUNNER_PID[0] = os.getpid()
     send, recv = wire.send, wire.recv          # bound before any student code runs
     cmd, reply = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
