@@ -29,6 +29,9 @@ from minidist.trace import ForbiddenOperation
 # The library is recognised by its code, not by where the code says it comes from: a function of
 # the refused modules compiled again (the module's source exec'd under another file name, or one
 # function's source) has the same bytecode, names and variables, and is refused the same way.
+# This applies to code from neither a notebook cell (a solution may be written exactly as the
+# library or the lab's reference writes it) nor an installed file (minidist.models' MLP forward
+# is the tensor-parallel one's): code exec'd under such a name escapes.
 # The refusal holds on every thread the graded code starts: ``threading`` threads (its trace hook),
 # ``_thread`` threads (the module's function is wrapped while graded code runs), and autograd's
 # (backward runs on the calling thread while graded code runs). Threads already running before,
@@ -65,6 +68,9 @@ class Refusal:
 
 
 MIN_FINGERPRINT_BYTES = 64
+#: code compiled from a notebook cell (the kernel's, the confirmation's) is the student's own, even
+#: where it equals the library's: a lab's solution may be written exactly as minidist writes it
+_NOTEBOOK_CELL = re.compile(r"ipykernel_\d+|<ipython-input|^<solution |^<grader |^<cell")
 
 
 def fingerprint(code: types.CodeType) -> tuple:
@@ -85,6 +91,8 @@ def _fingerprints(files: frozenset) -> frozenset:
     """The fingerprints of every function, class body and comprehension in ``files``."""
     out = set()
     for path in files:
+        if f"{os.sep}minidist{os.sep}checks{os.sep}" in path:
+            continue          # a lab's reference is its solution: by content, it is no library answer
         try:
             with open(path, encoding="utf-8") as f:
                 top = compile(f.read(), path, "exec", dont_inherit=True)
@@ -199,7 +207,9 @@ class refusing:
     def _refused_code(self, code) -> bool:
         known = self.known.get(id(code))
         if known is None or known[0] is not code:
-            refused = code.co_filename in self.files or fingerprint(code) in self.prints
+            refused = code.co_filename in self.files or (
+                is_student_code(code.co_filename) and not _NOTEBOOK_CELL.search(code.co_filename)
+                and fingerprint(code) in self.prints)
             known = self.known[id(code)] = (code, refused)
         return known[1]
 
