@@ -1,4 +1,4 @@
-"""python -m autograder {release,grade,feedback,export,selftest,bench} ..."""
+"""python -m autograder {release,grade,feedback,export,selftest,bench,doctor} ..."""
 from __future__ import annotations
 
 import argparse
@@ -97,6 +97,16 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_doctor(a) -> int:
+    from autograder import REPO
+    from autograder.sandbox import probe
+    backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder")])
+    who = "root (each job drops to its own unprivileged uid)" if os.geteuid() == 0 else f"uid {os.getuid()}"
+    print(f"grader: {who}")
+    print(f"sandbox: {what}" if backend else f"sandbox: NONE: {what}")
+    return 0 if backend else 1
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     p.add_argument("--solutions", help="course source directory (default: solutions/; "
@@ -167,6 +177,9 @@ def main(argv=None) -> int:
     s.add_argument("--repeat", type=int, default=1, help="grade the single submission this often per mode")
     s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("doctor", help="which sandbox grading would use here, and what it guarantees")
+    s.set_defaults(fn=cmd_doctor)
 
     a = p.parse_args(argv)
     for flag, var in (("solutions", "MINIDIST_SOLUTIONS"), ("labs_dir", "MINIDIST_LABS"),

@@ -1,8 +1,9 @@
 """Confirmation outside the kernel: every graded test again, in a fresh interpreter.
 
 nbgrader runs a submission in a kernel where student code and tests share one process, so a
-cell can replace the checks, ``torch.allclose`` or the guard. The confirmation run
-(:mod:`autograder.confirm_runner`, inside the sandbox) starts from a fresh interpreter, lets the
+cell can replace the checks, ``torch.allclose`` or the guard. The confirmation run (inside the
+sandbox: :mod:`autograder.confirm_parent`, which writes the verdict and never runs student code,
+and its child :mod:`autograder.confirm_runner`) starts from a fresh interpreter, lets the
 lab's own setup cells bind pristine minidist checks and torch, and only then loads student
 code, and only as the source of the submission's solution cells; the test cells (with their
 hidden tests) come from the instructor's source notebook.
@@ -32,7 +33,10 @@ import nbformat
 from autograder.course import grade_id, nbg
 from autograder.notebooks import DEMO_TAG
 
-RUNNER = Path(__file__).resolve().with_name("confirm_runner.py")
+PARENT = Path(__file__).resolve().with_name("confirm_parent.py")
+#: what a confirmation runs, copied next to the pristine minidist (standard library only)
+FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_audit.py", "confirm_bindings.py", "confirm_wire.py",
+         "handed_in.py")
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 RETRY_TIMEOUT_SCALE = 3       # MINIDIST_TIMEOUT_SCALE of the retry (minidist.runtime.launcher)
 
@@ -63,7 +67,7 @@ class Confirmation:
     """One confirmation run of one notebook, started now, collected later (:meth:`results`)."""
 
     def __init__(self, cells, *, pristine: Path, workdir: Path, sandbox, env: dict, timeout: float,
-                 cell_timeout: int, log: Path, only: set | None = None):
+                 cell_timeout: int, log: Path, only: set | None = None, box: dict | None = None):
         self.cells = [c for c in cells if c["kind"] != "test" or only is None or c["id"] in only]
         self.token = secrets.token_hex(16)
         self.messages: list[dict] = []
@@ -75,9 +79,8 @@ class Confirmation:
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
                 "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde"}}
         from autograder.sandbox import command
-        argv = command(sandbox, [sys.executable, "-I", str(pristine / RUNNER.name), "--fd", str(write)],
-                       rw=[str(workdir)], cwd=str(workdir), env=env, ro_extra=[str(pristine)],
-                       spec_dir=str(workdir.parent))
+        argv = command(sandbox, [sys.executable, "-I", str(pristine / PARENT.name), "--fd", str(write)],
+                       rw=[str(workdir)], cwd=str(workdir), env=env, ro_extra=[str(pristine)], **(box or {}))
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log,
                                      pass_fds=(write,), env=env if sandbox is None else _outer_env(env),
@@ -190,8 +193,8 @@ def copy_pristine(dest: Path) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     shutil.copytree(src, dest / "minidist", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-    for f in (RUNNER, RUNNER.with_name("confirm_bindings.py")):
-        shutil.copy2(f, dest / f.name)
+    for name in FILES:
+        shutil.copy2(PARENT.with_name(name), dest / name)
     return dest
 
 

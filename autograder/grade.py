@@ -132,18 +132,21 @@ def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) ->
     a home whose matplotlib font cache is built."""
     from autograder import confirm as confirm_mod
     from autograder import sandbox as sb
-    pristine = confirm_mod.copy_pristine(work / "pristine")
+    area = sb.make_area()            # what the jobs' unprivileged uids may reach, whatever is above `out`
+    pristine = confirm_mod.copy_pristine(area / "pristine")
+    tools = sb.install_tools(area)
     skeleton = sb.build_skeleton(work / "skeleton")
     if sandbox is False:
         backend, what = None, "sandbox turned off (--no-sandbox)"
     else:
         backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
-                                         str(solutions_dir())])
+                                         str(solutions_dir())], area=area)
         if backend is None and sandbox is True:
+            shutil.rmtree(area, ignore_errors=True)
             raise SystemExit(f"--sandbox: {what}")
     return {"pristine": str(pristine), "skeleton": str(skeleton), "confirm": bool(confirm),
             "sandbox": {"name": backend.name, "exe": backend.exe} if backend else None,
-            "sandbox_text": what}
+            "sandbox_text": what, "area": str(area), "tools": tools}
 
 
 def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
@@ -206,6 +209,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
             done.append(j)
             bar.step(f"{j.student}/{j.lab}")
     bar.close()
+    shutil.rmtree(batch["area"], ignore_errors=True)
     if caught:
         shutil.rmtree(work, ignore_errors=True)
         name = signal.Signals(caught[0]).name

@@ -8,17 +8,21 @@ They extend nbgrader's own classes (no reimplementation of its grading logic):
   them and sends them to the parent through a pipe, so a submission whose kernel dies or that
   is killed at the wall-clock limit still gets per-test results for the cells that ran, and
   nothing the kernel can write decides a score;
-* ``HideHiddenTests`` = nbgrader's ``ClearHiddenTests`` for *feedback*: removes the
-  hidden-test source and the traceback lines that would quote it, keeping the
-  error name and message (pass/fail stays visible);
-* ``TruncateOutput``: caps the size of each output (megabytes of output on one line
-  slip past nbgrader's line-based ``LimitOutput``);
+* ``HideHiddenTests``, for *feedback*: a test cell (recognised by its cell id, never by what its
+  source says) shows the release's source, so its hidden tests are gone whatever the student
+  wrote elsewhere, and its tracebacks (which could quote them) become the error's name and
+  message (pass/fail stays visible);
+* ``TruncateOutput``: caps the size of each output (megabytes of output on one line slip past
+  nbgrader's line-based ``LimitOutput``), and the outputs of a whole notebook, in bytes and in
+  number: past the cap, the outputs of the student's own cells are replaced by one note (a
+  test cell's outputs are its verdict: always kept, each trimmed);
 * ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method.
 """
 from __future__ import annotations
 
 import time
 
+import nbformat
 from nbgrader.plugins import LateSubmissionPlugin
 from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocessor
 from nbgrader.utils import determine_grade, is_grade
@@ -27,6 +31,8 @@ from traitlets import Enum, Float, Integer
 from autograder.notebooks import classify
 
 MAX_OUTPUT_CHARS = 20_000
+MAX_NOTEBOOK_OUTPUT_CHARS = 2_000_000      # all outputs of one notebook
+MAX_NOTEBOOK_OUTPUTS = 1_000
 
 
 def _trim(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
@@ -62,21 +68,68 @@ class ProgressExecute(Execute):
         self._log_progress(**rec)
 
 
+#: {grade_id: source} of the release's test cells (hidden tests stripped), set by the worker
+RELEASE_TESTS: dict = {}
+
+
 class HideHiddenTests(ClearHiddenTests):
-    """ClearHiddenTests for feedback: also hides tracebacks that quote hidden lines."""
+    """Feedback without hidden tests: a test cell's source is the release's (by cell id), and its
+    tracebacks are cut to the error's name and message."""
 
     def preprocess_cell(self, cell, resources, cell_index):
-        removed = self._remove_hidden_test_region(cell) if cell.cell_type == "code" else False
-        if removed:
-            cell.source = cell.source.rstrip("\n") + "\n# (hidden tests not shown)"
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if cell.cell_type == "code" and gid in RELEASE_TESTS:
+            if cell.source != RELEASE_TESTS[gid]:
+                cell.source = RELEASE_TESTS[gid].rstrip("\n") + "\n# (hidden tests not shown)"
             for o in cell.get("outputs", []):
                 if o.get("output_type") == "error":
                     o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
+        elif cell.cell_type == "code" and is_grade(cell):       # no release at hand: nbgrader's markers
+            if self._remove_hidden_test_region(cell):
+                cell.source = cell.source.rstrip("\n") + "\n# (hidden tests not shown)"
+                for o in cell.get("outputs", []):
+                    if o.get("output_type") == "error":
+                        o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
         return cell, resources
+
+
+def _size(o) -> int:
+    if o.get("output_type") == "stream":
+        return len(o.get("text", ""))
+    if o.get("output_type") == "error":
+        return sum(len(t) for t in o.get("traceback", [])) + len(o.get("evalue", ""))
+    return sum(len(v) if isinstance(v, str) else len(str(v)) for v in (o.get("data") or {}).values())
 
 
 class TruncateOutput(NbGraderPreprocessor):
     max_chars = Integer(MAX_OUTPUT_CHARS, help="maximum characters per output").tag(config=True)
+    max_notebook_chars = Integer(MAX_NOTEBOOK_OUTPUT_CHARS, help="maximum characters of all outputs").tag(config=True)
+    max_notebook_outputs = Integer(MAX_NOTEBOOK_OUTPUTS, help="maximum number of outputs").tag(config=True)
+
+    def preprocess(self, nb, resources):
+        nb, resources = super().preprocess(nb, resources)
+        chars = count = 0
+        for cell in nb.cells:
+            outputs = cell.get("outputs", []) or []
+            if is_grade(cell):                                 # a test's verdict: kept, counted
+                chars += sum(_size(o) for o in outputs)
+                count += len(outputs)
+                continue
+            kept = []
+            for k, o in enumerate(outputs):
+                if chars + _size(o) > self.max_notebook_chars or count + 1 > self.max_notebook_outputs:
+                    rest = outputs[k:]
+                    kept.append({"output_type": "stream", "name": "stdout",
+                                 "text": f"[{len(rest)} more outputs ({sum(_size(r) for r in rest)} characters) cut by "
+                                         f"the autograder: a notebook shows at most {self.max_notebook_outputs} "
+                                         f"outputs and {self.max_notebook_chars} characters]\n"})
+                    break
+                chars += _size(o)
+                count += 1
+                kept.append(o)
+            if len(kept) != len(outputs):
+                cell.outputs = [nbformat.from_dict(o) for o in kept]
+        return nb, resources
 
     def preprocess_cell(self, cell, resources, cell_index):
         for o in cell.get("outputs", []) or []:

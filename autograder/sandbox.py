@@ -11,7 +11,15 @@ Everything student code runs in (the Jupyter kernel nbgrader drives, and the con
   tests already written back in, which a student cell could otherwise simply open;
 * nothing else: not ``solutions/``, not ``autograder/``, not the repository, no other job, no
   grader records, no network (a new network namespace with only loopback), no other process
-  (a new PID namespace: when the sandbox's first process exits, everything in it dies).
+  (a new PID namespace: when the sandbox's first process exits, everything in it dies);
+* no privilege: :mod:`autograder.sandbox_drop` sets the job's limits and, when the grader runs
+  as root, switches to the job's own unprivileged uid *before* the user namespace exists, so the
+  sandbox's users map to that uid and never to the machine's root; inside, the submission is uid
+  1000 with no capability and ``no_new_privs``; ``/sys`` and ``/proc/sys`` are read-only all the
+  way down and ``/dev`` is a fresh minimal one (see :data:`GUARANTEES`).
+
+Whatever a sandboxed process must read or write has to be reachable by that uid: the grader keeps
+it in a per-batch *area* (:func:`make_area`, traversable by anyone, each job's folder its own uid's).
 
 :func:`probe` runs once per batch and says which backend works here; where none does, the
 grader says so once per batch and in every row of ``results.csv``.
@@ -21,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -33,6 +42,64 @@ INIT = Path(__file__).resolve().with_name("sandbox_init.py")
 ROOT_MOUNTPOINT = "/tmp/minidist-sandbox-root"      # each sandbox mounts its own tmpfs here, privately
 SYSTEM_RO = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/etc", "/sys"]
 NOT_SANDBOXED = "no sandbox: kernels ran with the grading user's full access (see autograder/README.md)"
+DROP = Path(__file__).resolve().with_name("sandbox_drop.py")
+INNER_ID = 1000                                     # the submission's uid/gid inside (sandbox_init.INNER_ID)
+UID_BASE, UID_SPAN = 1_900_000_000, 100_000_000     # a root grader's jobs run as uids from this range
+GUARANTEES = ("{uid} (never root), no capabilities, no_new_privs; /sys and "
+              "/proc/sys read-only; a minimal /dev; per process: {nproc} tasks of the uid, "
+              "{mem} GiB address space, {cpu} CPU s, nice +{nice}")
+
+
+def limits(cpu_seconds: float = 1200) -> dict:
+    """The limits of one job's sandboxed processes (``MINIDIST_SANDBOX_MEMORY_GB`` overrides the
+    address space): tasks of the job's uid (threads count; torch starts many), address space, CPU
+    time and file size per process, and a nice level so that a submission cannot starve the grader."""
+    mem = float(os.environ.get("MINIDIST_SANDBOX_MEMORY_GB") or 8)
+    return {"nproc": 4096, "address_space": int(mem * (1 << 30)), "cpu_seconds": int(cpu_seconds),
+            "file_size": 4 << 30, "nice": 5}
+
+
+def job_uid(tag: str) -> int | None:
+    """The unprivileged uid a root grader gives one job (None: the grader is no root, keeps its own)."""
+    if os.geteuid() != 0:
+        return None
+    return UID_BASE + int(tag, 16) % UID_SPAN
+
+
+def describe(backend: "Backend", uid: int | None = None) -> str:
+    """What the sandbox guarantees here, in one line (the doctor's, and ``results.csv``'s)."""
+    lim = limits()
+    who = ("the job's own unprivileged uid" if os.geteuid() == 0 else
+           f"the grader's uid {os.getuid()} outside, {INNER_ID} inside")
+    return f"{backend}: " + GUARANTEES.format(uid=who if uid is None else uid, nproc=lim["nproc"],
+                                              mem=f"{lim['address_space'] / (1 << 30):g}",
+                                              cpu=lim["cpu_seconds"], nice=lim["nice"])
+
+
+def make_area(parent: str | None = None) -> Path:
+    """The batch's folder for everything a sandbox sees of the grader's files: traversable (not
+    listable) by the jobs' uids, whatever the folders above ``out`` allow."""
+    area = Path(tempfile.mkdtemp(prefix="minidist-sandbox-", dir=parent))
+    os.chmod(area, 0o711)
+    return area
+
+
+def give(path, uid: int | None) -> None:
+    """Hand ``path`` (and everything in it) to a job's uid, so its sandbox may write there."""
+    if uid is None or os.geteuid() != 0:
+        return
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+def gpu_devices() -> list[str]:
+    """The GPU device nodes a sandbox gets when asked (``MINIDIST_SANDBOX_GPU=1``)."""
+    if os.environ.get("MINIDIST_SANDBOX_GPU", "").lower() not in ("1", "yes", "on"):
+        return []
+    import glob
+    return sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dri/*") + glob.glob("/dev/kfd"))
 
 
 @dataclass(frozen=True)
@@ -64,38 +131,76 @@ def ro_paths(extra: list[str] = ()) -> list[str]:
     return [p for p in SYSTEM_RO if os.path.lexists(p)] + _python_ro() + list(extra)
 
 
-def _bwrap_argv(exe, argv, ro, rw, cwd, env):
-    cmd = [exe, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "--tmpfs", "/", "--tmpfs", "/tmp"]
+def _parents(paths) -> list[str]:
+    """Every folder above ``paths`` (bwrap would copy the machine's modes, e.g. a 0700 /root
+    above the interpreter, which the job's uid could not traverse)."""
+    out = []
+    for p in paths:
+        parts = Path(p).parts
+        for k in range(2, len(parts)):
+            d = str(Path(*parts[:k]))
+            if d not in out and d != "/tmp":
+                out.append(d)
+    return out
+
+
+def _bwrap_argv(exe, argv, ro, rw, cwd, env, devices, root: bool):
+    # --ro-bind is recursive and read-only all the way down; --proc makes /proc/sys read-only,
+    # --dev builds a fresh minimal /dev. A root grader's bwrap makes no user namespace (it would
+    # map the sandbox to root): the drop step inside switches to the job's uid instead
+    ns = (["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if root else
+          ["--unshare-all", "--unshare-user", "--uid", str(INNER_ID), "--gid", str(INNER_ID), "--cap-drop", "ALL"])
+    cmd = [exe, *ns, "--die-with-parent", "--tmpfs", "/", "--tmpfs", "/tmp"]
+    links = [p for p in ro if os.path.islink(p)]
+    for d in _parents([p for p in ro if p not in links] + [dest for _, dest in rw]):
+        cmd += ["--perms", "0755", "--dir", d]
     for p in ro:
-        cmd += ["--symlink", os.readlink(p), p] if os.path.islink(p) else ["--ro-bind", p, p]
+        cmd += ["--symlink", os.readlink(p), p] if p in links else ["--ro-bind", p, p]
     for src, dest in rw:
         cmd += ["--bind", src, dest]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/",
-            "--chdir", cwd or "/tmp", "--clearenv"]
+    cmd += ["--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev"]     # /proc/sys: read-only here too
+    for d in devices:
+        cmd += ["--dev-bind", d, d]
+    # /dev read-only (in a user namespace its tmpfs is the submission's own), /dev/shm writable
+    cmd += ["--remount-ro", "/dev", "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", cwd or "/tmp", "--clearenv"]
     for k, v in env.items():
         cmd += ["--setenv", k, v]
     return cmd + ["--"] + list(argv)
 
 
 def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str | None, env: dict,
-            ro_extra: list[str] = (), spec_dir: str | None = None) -> list[str]:
-    """The argv that runs ``argv`` in a sandbox (``backend`` None: unchanged, unsandboxed).
+            ro_extra: list[str] = (), uid: int | None = None, limit: dict | None = None,
+            tools: str | None = None) -> list[str]:
+    """The argv that runs ``argv`` in a sandbox (``backend`` None: unchanged, unsandboxed), with
+    the drop step (``uid``: the job's, see :func:`job_uid`; ``limit``: :func:`limits`; ``tools``: the
+    folder holding copies of ``sandbox_init.py`` and ``sandbox_drop.py`` that uid can read,
+    :func:`install_tools`).
 
-    ``rw`` holds paths, each seen at its own place, or ``(source, seen_at)`` pairs."""
+    A grader running as root builds the sandbox as root (it can reach the interpreter wherever
+    it lives) and drops to ``uid`` inside, before ``argv``; an ordinary grader drops first (limits
+    only) and lets the backend's user namespace build it. ``rw`` holds paths, each seen at its own
+    place, or ``(source, seen_at)`` pairs."""
     if backend is None:
         return list(argv)
-    ro = ro_paths(ro_extra)
+    tools = str(tools or Path(__file__).resolve().parent)
+    root = os.geteuid() == 0
+    ro = ro_paths(list(ro_extra) + ([tools] if root else []))
     rw = [(str(p[0]), str(p[1])) if isinstance(p, (tuple, list)) else (str(p), str(p)) for p in rw]
+    devices = gpu_devices()
+    cfg = dict(limit or limits(), uid=uid, gid=uid)
+    if devices:
+        cfg["address_space"] = None        # CUDA reserves address space far beyond any memory cap
+    drop = [sys.executable, "-I", "-S", os.path.join(tools, DROP.name), json.dumps(cfg), "--"]
+    inside = drop + list(argv) if root else list(argv)
     if backend.name == "bwrap":
-        return _bwrap_argv(backend.exe, argv, ro, rw, cwd, env)
-    spec = {"root": ROOT_MOUNTPOINT, "ro": ro, "rw": rw, "cwd": cwd, "argv": list(argv), "env": env,
-            "tmp_size": "2g"}
-    spec_dir = spec_dir or tempfile.gettempdir()
-    path = os.path.join(spec_dir, f"sandbox-{uuid.uuid4().hex[:12]}.json")
-    with open(path, "w") as f:
-        json.dump(spec, f)
-    return [backend.exe, "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts",
-            "--fork", "--kill-child", sys.executable, "-I", "-S", str(INIT), path]
+        inner = _bwrap_argv(backend.exe, inside, ro, rw, cwd, env, devices, root)
+    else:
+        spec = {"root": ROOT_MOUNTPOINT, "ro": ro, "rw": rw, "cwd": cwd, "argv": inside, "env": env,
+                "tmp_size": "2g", "devices": devices, "userns": not root}
+        inner = [backend.exe, *([] if root else ["--user", "--map-root-user"]), "--mount", "--pid", "--net",
+                 "--ipc", "--uts", "--fork", "--kill-child", sys.executable, "-I", "-S",
+                 os.path.join(tools, INIT.name), json.dumps(spec)]
+    return inner if root else drop + inner
 
 
 _PROBE = r"""
@@ -107,38 +212,79 @@ try:
     socket.create_connection(("1.1.1.1", 53), timeout=1); bad.append("network")
 except OSError:
     pass
+if os.getuid() == 0 or os.geteuid() == 0:
+    bad.append("uid 0")
+caps = [l.split()[1] for l in open("/proc/self/status") if l.startswith(("CapEff", "CapPrm", "CapBnd"))]
+if any(int(c, 16) for c in caps):
+    bad.append("capabilities")
+for path in ("/proc/sys/kernel/core_pattern", "/sys/fs/cgroup/minidist-probe", "/dev/minidist-probe"):
+    try:
+        open(path, "a").close(); bad.append("writable: " + path)
+    except OSError:
+        pass
+extra = sorted(set(os.listdir("/dev")) - {"null", "zero", "full", "random", "urandom", "tty", "shm", "fd", "stdin",
+                                          "stdout", "stderr", "pts", "ptmx", "core", "console"})
+if extra and not any(e.startswith(("nvidia", "dri", "kfd")) for e in extra):
+    bad.append("/dev has " + " ".join(extra[:5]))
 print("ok" if not bad and os.getpid() <= 3 else "leaks: %s pid %d" % (bad, os.getpid()))
 """
 
 
-def probe(hidden: list[str] = ()) -> tuple[Backend | None, str]:
-    """The first backend that isolates here: (backend, what it is) or (None, why not).
+def install_tools(area: Path) -> str:
+    """Copies of ``sandbox_init.py`` and ``sandbox_drop.py`` the jobs' uids can read (the
+    repository may be private), in ``area/bin``."""
+    dest = Path(area) / "bin"
+    dest.mkdir(mode=0o755, exist_ok=True)
+    for f in (INIT, DROP):
+        shutil.copyfile(f, dest / f.name)
+        os.chmod(dest / f.name, 0o644)
+    return str(dest)
+
+
+def probe(hidden: list[str] = (), area: Path | None = None) -> tuple[Backend | None, str]:
+    """The first backend that isolates here: (backend, what it guarantees) or (None, why not).
 
     A candidate must start a process that sees none of ``hidden`` (e.g. the repository), can use
-    loopback, has no other network, and is an early PID of its own namespace."""
+    loopback, has no other network, is an early PID of its own namespace, and has no privilege:
+    not uid 0, no capability, ``/proc/sys``, ``/sys`` and ``/dev`` not writable, a minimal ``/dev``."""
     if os.environ.get("MINIDIST_SANDBOX", "").lower() in ("0", "off", "none", "no"):
         return None, "sandbox turned off (MINIDIST_SANDBOX=off)"
     if not sys.platform.startswith("linux"):
         return None, f"no Linux namespaces on {sys.platform}"
     reasons = []
-    for name in ("bwrap", "unshare"):
-        exe = shutil.which(name)
-        if not exe:
-            reasons.append(f"{name}: not installed")
-            continue
-        backend = Backend(name, exe)
-        hidden = [str(h) for h in hidden]
-        argv = command(backend, [sys.executable, "-I", "-S", "-c", _PROBE, *hidden], rw=[], cwd="/tmp",
-                       env={"PATH": "/usr/bin:/bin"})
-        try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            reasons.append(f"{name}: {err}")
-            continue
-        if r.returncode == 0 and r.stdout.strip() == "ok":
-            return backend, str(backend)
-        reasons.append(f"{name}: " + (r.stdout.strip() or r.stderr.strip().splitlines()[-1:] or ["failed"])[0][:160])
+    own_area = area is None
+    area = Path(area) if area is not None else make_area()
+    try:
+        tools = install_tools(area)
+        uid = job_uid(uuid.uuid4().hex)
+        for name in _backends():
+            exe = shutil.which(name)
+            if not exe:
+                reasons.append(f"{name}: not installed")
+                continue
+            backend = Backend(name, exe)
+            hidden = [str(h) for h in hidden]
+            argv = command(backend, [sys.executable, "-I", "-S", "-c", _PROBE, *hidden], rw=[], cwd="/tmp",
+                           env={"PATH": "/usr/bin:/bin"}, uid=uid, tools=tools)
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                reasons.append(f"{name}: {err}")
+                continue
+            if r.returncode == 0 and r.stdout.strip() == "ok":
+                return backend, describe(backend)
+            reasons.append(f"{name}: " + ([r.stdout.strip()] if r.stdout.strip() else
+                                           r.stderr.strip().splitlines()[-1:] or ["failed"])[0][:160])
+    finally:
+        if own_area:
+            shutil.rmtree(area, ignore_errors=True)
     return None, "no sandbox possible here (" + "; ".join(reasons) + ")"
+
+
+def _backends() -> list[str]:
+    """bwrap first; ``MINIDIST_SANDBOX=bwrap`` or ``=unshare`` asks for one (tests run both)."""
+    want = os.environ.get("MINIDIST_SANDBOX", "").lower()
+    return [want] if want in ("bwrap", "unshare") else ["bwrap", "unshare"]
 
 
 # ----------------------------------------------------------------------------- environment
@@ -156,7 +302,7 @@ def inner_env(env, home: str, pristine: str, tag_var: str) -> dict:
     out.pop("MINIDIST_LABS", None)
     out.update(HOME=home, IPYTHONDIR=os.path.join(home, ".ipython"), MPLCONFIGDIR=os.path.join(home, ".mpl"),
                MPLBACKEND="Agg", JUPYTER_RUNTIME_DIR=os.path.join(home, ".runtime"), TMPDIR="/tmp",
-               PYTHONPATH=pristine, PYTHONDONTWRITEBYTECODE="1")
+               PYTHONPATH=pristine, PYTHONDONTWRITEBYTECODE="1", USER="student", LOGNAME="student")
     out.setdefault("PATH", "/usr/bin:/bin")
     return out
 
@@ -198,8 +344,8 @@ except ImportError:          # pragma: no cover  (jupyter is a dev dependency)
 class SandboxKernelManager(KernelManager):
     """nbclient's kernel manager, with the kernel started inside the sandbox.
 
-    The worker sets :attr:`settings` (backend, home, pristine, tag_var, workdir) before nbgrader
-    runs. The kernel talks to nbclient over Unix sockets in its private home (``transport="ipc"``),
+    The worker sets :attr:`settings` (backend, home, pristine, tag_var, workdir, uid, tools,
+    limit) before nbgrader runs. The kernel talks to nbclient over Unix sockets in its private home (``transport="ipc"``),
     because it has no network; its working folder (``workdir``, a copy of the submission, seen at
     the notebook's path) and its home are the only writable places it sees."""
 
@@ -219,7 +365,38 @@ class SandboxKernelManager(KernelManager):
             return await super()._async_launch_kernel(kernel_cmd, **kw)
         cwd = str(kw.get("cwd") or os.getcwd())
         env = inner_env(kw.get("env") or os.environ, s["home"], s["pristine"], s["tag_var"])
+        give(s["home"], s.get("uid"))          # the connection file jupyter just wrote (mode 0600) included
         argv = command(s["backend"], kernel_cmd, rw=[(s["workdir"], cwd), s["home"]], cwd=cwd, env=env,
-                       ro_extra=[s["pristine"]], spec_dir=s["home"])
+                       ro_extra=[s["pristine"]], uid=s.get("uid"), limit=s.get("limit"), tools=s.get("tools"))
         kw["env"] = outer_env(dict(kw.get("env") or os.environ), s["tag_var"])
         return await super()._async_launch_kernel(argv, **kw)
+
+    async def _async_signal_kernel(self, signum: int) -> None:
+        """An interrupt goes to the kernel itself, not to the process group jupyter started: there
+        it would hit bwrap first, which dies of it and takes the whole sandbox along."""
+        s = type(self).settings
+        pid = getattr(getattr(self.provisioner, "process", None), "pid", None)
+        kernel = _grandchild(pid) if s.get("backend") is not None and pid and signum == signal.SIGINT else None
+        if kernel is None:
+            return await super()._async_signal_kernel(signum)
+        try:
+            os.kill(kernel, signum)
+        except OSError:
+            pass
+
+    signal_kernel = _async_signal_kernel          # AsyncKernelManager's are the coroutines themselves
+
+
+def _grandchild(pid: int) -> int | None:
+    """The sandboxed command: the child of the sandbox's first process, itself the child of ``pid``
+    (bwrap or unshare; the drop step execs, it adds no process)."""
+    from autograder.procs import _stat
+    parents = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = _stat(int(d))
+            if st is not None:
+                parents[int(d)] = st[1]
+    first = [p for p, pp in parents.items() if pp == pid]
+    kernel = [p for p, pp in parents.items() if pp in first]
+    return kernel[0] if len(first) == 1 and len(kernel) == 1 else None

@@ -1,22 +1,27 @@
 """The first process inside a grading sandbox (run by ``unshare`` as PID 1 of new user, mount,
-PID, network, IPC and UTS namespaces; standard library only, started with ``python -I -S``).
+PID, network, IPC and UTS namespaces, after :mod:`autograder.sandbox_drop` has given up the
+grader's privileges; standard library only, started with ``python -I -S``).
 
 It builds the sandbox's file system and then runs the command it was given:
 
 * a new root on a tmpfs holding only what the spec names: read-only binds (the interpreter,
   the installed packages, the pristine minidist copy, system libraries) and read-write binds
   (the kernel's private working folder, its connection folder), each ``[source, seen at]``;
-* a private ``/tmp`` (tmpfs), a fresh ``/proc`` for the new PID namespace, ``/dev`` with a
-  private ``/dev/shm``; the old root is detached, so nothing else of the machine is reachable;
+* every read-only bind is read-only all the way down (``/sys``'s cgroup and other sub-mounts
+  included), and so are ``/proc/sys`` and ``/proc/sysrq-trigger`` of the fresh ``/proc``;
+* a fresh minimal ``/dev`` on a tmpfs: null, zero, full, random, urandom, tty (the machine's
+  nodes, bound one by one), a private ``/dev/shm``, and the GPU devices the spec names; the old
+  root is detached, so nothing else of the machine is reachable;
 * the loopback interface up (gloo's ranks talk over it; no other interface exists);
-* the command runs with no capabilities at all (bounding set emptied, no new privileges), so it
-  can neither undo a mount nor make a new one.
+* the command runs in a user namespace of its own as uid and gid 1000, not 0, with no
+  capabilities at all (bounding set emptied, no new privileges): it can neither undo a mount nor
+  make a new one, and outside it is the uid the drop step chose, never the machine's root.
 
 When the command exits, this process exits with its status, and the kernel kills every other
 process of the PID namespace: nothing a submission started outlives its sandbox.
 
-Usage: ``python -I -S sandbox_init.py SPEC.json`` (spec: ``root``, ``ro``, ``rw``, ``cwd``,
-``argv``, ``env``, ``tmp_size``).
+Usage: ``python -I -S sandbox_init.py SPEC`` (a JSON object: ``root``, ``ro``, ``rw``, ``cwd``,
+``argv``, ``env``, ``tmp_size``, ``devices``).
 """
 import ctypes
 import ctypes.util
@@ -30,7 +35,13 @@ import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
+CLONE_NEWUSER = 0x10000000
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
+INNER_ID = 1000                  # the submission's uid and gid inside
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+#: statvfs flags a remount must keep (the kernel refuses to clear locked ones in a user namespace)
+KEEP = {os.ST_NOSUID: 2, os.ST_NODEV: 4, os.ST_NOEXEC: 8, os.ST_NOATIME: 1024, os.ST_NODIRATIME: 2048,
+        os.ST_RELATIME: 1 << 21}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
 libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -54,7 +65,44 @@ def bind(src, dest, readonly):
         open(dest, "a").close()
     mount(src, dest, None, MS_BIND | MS_REC)
     if readonly:
-        mount(None, dest, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        readonly_tree(dest)
+
+
+def _mountpoints_under(path):
+    """``path`` and every mount point below it (from mountinfo, in mount order)."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].encode().decode("unicode_escape")
+            if point == path or point.startswith(path.rstrip("/") + "/"):
+                out.append(point)
+    return out or [path]
+
+
+def readonly_tree(path):
+    """Remount ``path`` and every mount below it read-only (a bind's sub-mounts, e.g. /sys's
+    cgroup file systems, stay writable otherwise), keeping the flags the kernel locks."""
+    for point in _mountpoints_under(path):
+        try:
+            kept = sum(bit for st, bit in KEEP.items() if os.statvfs(point).f_flag & st)
+        except OSError:
+            continue
+        mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
+
+
+def minimal_dev(dev, devices):
+    """A fresh /dev: the harmless character devices, the GPU devices asked for, a private shm."""
+    os.makedirs(dev, exist_ok=True)
+    mount("dev", dev, "tmpfs", MS_NOSUID, "mode=0755,size=64k")
+    for name in DEVICES + tuple(os.path.relpath(d, "/dev") for d in devices):
+        if os.path.exists("/dev/" + name):
+            bind("/dev/" + name, dev + "/" + name, readonly=False)
+    os.makedirs(dev + "/shm", exist_ok=True)
+    mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, dev + "/" + name)
+    mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "mode=0755,size=64k")   # the tmpfs alone
 
 
 def loopback_up():
@@ -67,7 +115,14 @@ def loopback_up():
         s.close()
 
 
-def drop_capabilities():
+def become_unprivileged():
+    """A user namespace of its own, as uid/gid 1000: the namespace's root (which built the
+    mounts) is gone for good, and after exec no capability is left in any namespace."""
+    uid, gid = os.getuid(), os.getgid()
+    _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{INNER_ID} {uid} 1"), ("gid_map", f"{INNER_ID} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     last = int(open("/proc/sys/kernel/cap_last_cap").read())
     for cap in range(last + 1):
@@ -91,10 +146,12 @@ def build(spec):
     for src, dest in spec["rw"]:                     # [source, seen at]
         bind(src, root + dest, readonly=False)
     os.makedirs(root + "/proc", exist_ok=True)
-    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV)
-    bind("/dev", root + "/dev", readonly=False)
-    os.makedirs(root + "/dev/shm", exist_ok=True)
-    mount("shm", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | 8)    # 8: MS_NOEXEC
+    for sub in ("/proc/sys", "/proc/sysrq-trigger"):
+        if os.path.exists(root + sub):
+            mount(root + sub, root + sub, None, MS_BIND | MS_REC)
+            readonly_tree(root + sub)
+    minimal_dev(root + "/dev", spec.get("devices", []))
     old = root + "/.old"
     os.makedirs(old, exist_ok=True)
     _check(libc.syscall(SYS_PIVOT_ROOT, root.encode(), old.encode()), "pivot_root")
@@ -108,8 +165,7 @@ def build(spec):
 
 
 def main():
-    with open(sys.argv[1]) as f:
-        spec = json.load(f)
+    spec = json.loads(sys.argv[1])
     try:
         build(spec)
     except Exception as err:
@@ -120,7 +176,8 @@ def main():
         try:
             os.setsid()                  # its own session: a signal to the launcher's group is forwarded once
             os.chdir(spec.get("cwd") or "/tmp")
-            drop_capabilities()
+            if spec.get("userns"):       # an ordinary grader's sandbox; a root grader's drops to the job's uid next
+                become_unprivileged()
             os.execve(spec["argv"][0], spec["argv"], spec["env"])
         except BaseException as err:
             print(f"sandbox: could not start {spec['argv'][0]}: {err}", file=sys.stderr)

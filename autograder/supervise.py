@@ -18,6 +18,7 @@ from pathlib import Path
 from autograder import REPO, worker
 from autograder.course import lab_cells
 from autograder.procs import TAG_VAR, kill_job
+from autograder.sandbox import job_uid
 from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
                                 last_started, valid_record)
 
@@ -112,7 +113,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
     tag = uuid.uuid4().hex
     spec = {"student": job.student, "lab": job.lab, "submission_dir": str(job.submission_dir),
             "job_dir": str(job.job_dir), "template": str(template), "cell_timeout": ctimeout, "wall": wall,
-            "tag_var": TAG_VAR, **batch}
+            "tag_var": TAG_VAR, "uid": job_uid(tag), **batch}
     ctx = _ctx()
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=worker.child_entry,

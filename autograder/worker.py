@@ -24,7 +24,8 @@ import time
 import traceback
 from pathlib import Path
 
-from autograder.course import lab_cells, load_config, read_nb, run_converter, write_nb
+from autograder.course import grade_id, lab_cells, load_config, nbg, read_nb, run_converter, write_nb
+from autograder.handed_in import shadows
 from autograder.notebooks import load, locate, repair, skip_demos
 from autograder.records import failure_reason, fallback_cells, notebook_cells
 
@@ -76,6 +77,10 @@ def copy_extra_files(sub_dir: Path, dest: Path, notebooks: set[Path]) -> list[st
                 continue
             if path.is_symlink() or not path.is_file():
                 skipped.append(f"{rel} (a link)")
+                continue
+            top = rel.parts[0].removesuffix(".py") if len(rel.parts) > 1 or name.endswith(".py") else None
+            if top and shadows(top):
+                skipped.append(f"{rel} (named like the standard or installed module {top!r}: refused)")
                 continue
             size = path.stat().st_size
             if total + size > MAX_EXTRA_BYTES or len(copied) >= MAX_EXTRA_FILES:
@@ -157,26 +162,37 @@ def run(spec: dict, send=lambda msg: None) -> dict:
 
     # --- the sandbox's private home, and the confirmation runs (they need nothing from nbgrader's)
     backend = sandbox.Backend(**spec["sandbox"]) if spec.get("sandbox") else None
-    home = Path(tempfile.mkdtemp(prefix="mdg-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    uid = spec.get("uid")
+    # what the sandboxes of this job see of the grader's files: in the batch's area, the job's uid's
+    box = Path(tempfile.mkdtemp(prefix="job-", dir=spec.get("area") or None))
+    home = box / "home"
     pristine = Path(spec["pristine"])
     skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
     sandbox.prepare_home(home, skeleton)
-    kernel_cwd = shutil.copytree(dest, job / "kernel-cwd")     # what the student handed in, no hidden tests
+    startup = home / ".ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)    # the kernel's handed-in files: for the student's imports only
+    shutil.copyfile(Path(__file__).with_name("handed_in.py"), startup / "00-handed-in.py")
+    kernel_cwd = shutil.copytree(dest, box / "kernel-cwd")     # what the student handed in, no hidden tests
+    sandbox.give(box, uid)
+    limit = sandbox.limits(cpu_seconds=2 * float(spec.get("wall", 600)))
     sandbox.SandboxKernelManager.settings = {"backend": backend, "home": str(home), "pristine": str(pristine),
-                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd)}
+                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd), "uid": uid,
+                                             "tools": spec.get("tools"), "limit": limit}
     deadline = t_start + float(spec.get("wall", 600)) - 5
     conf_env = sandbox.inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
 
     def start_confirmation(name, only=None, attempt=1):
-        wd = job / "confirm" / f"{name}-{attempt}"
+        wd = box / "confirm" / f"{name}-{attempt}"
         chome = sandbox.prepare_home(wd, skeleton)
         copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
+        sandbox.give(wd, uid)
         env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
                    JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
         retry_scale = confirm.RETRY_TIMEOUT_SCALE if attempt > 1 else 1   # what timed out under load gets more time
         env["MINIDIST_TIMEOUT_SCALE"] = f"{float(conf_env.get('MINIDIST_TIMEOUT_SCALE') or 1) * retry_scale:g}"
         return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
                                     workdir=wd, sandbox=backend, env=env,
+                                    box={"uid": uid, "tools": spec.get("tools"), "limit": limit},
                                     timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * retry_scale,
                                     log=job / f"confirm-{name}-{attempt}.log", only=only)
 
@@ -206,6 +222,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
         if result["graded"]:
             result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
                                              spec["cell_timeout"])
+            retry_timeouts(result["cells"], course, lab, student, cells_meta, unusable, cell_flags, spec, deadline)
         else:
             result["cells"] = fallback_cells(cells_meta, records, unusable, result["failure"] or "", cell_flags)
     finally:
@@ -234,13 +251,50 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             if result["late_penalty"]:
                 result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
                                        + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
+        nbext.RELEASE_TESTS = {grade_id(c): c.source for nb in release_nbs.values() for c in nb.cells
+                               if grade_id(c) and nbg(c).get("grade") and not nbg(c).get("solution")}
         c = feedback_config(course)
         fr = run_converter(GenerateFeedback, c, lab, student, force=True)
         if not fr["success"]:
             result["notes"].append("feedback generation failed")
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
-    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(box, ignore_errors=True)
     return result
+
+
+def retry_timeouts(cells: dict, course, lab, student, cells_meta, unusable, cell_flags, spec, deadline) -> None:
+    """A test that timed out in the notebook run gets the confirmation's second chance: the
+    notebook runs once more with every launch timeout and the cell timeout x
+    ``confirm.RETRY_TIMEOUT_SCALE`` (a loaded machine is no deadlock; a deadlock times out at any
+    scale), and a timed-out test keeps the better of its two results (in place)."""
+    from nbgrader.converters import Autograde
+
+    from autograder import confirm, nbext
+    timed_out = [(n, cid) for n, rows in cells.items() for cid, row in rows.items() if row["status"] == "timeout"]
+    if not timed_out or time.time() > deadline - 60:
+        return
+    scale = confirm.RETRY_TIMEOUT_SCALE
+    records: list[dict] = []
+    nbext.PROGRESS_SINK = records.append
+    before = os.environ.get("MINIDIST_TIMEOUT_SCALE")
+    os.environ["MINIDIST_TIMEOUT_SCALE"] = f"{float(before or 1) * scale:g}"
+    try:
+        c = autograde_config(course, spec["cell_timeout"] * scale, bool(spec.get("sandbox")))
+        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
+    finally:
+        if before is None:
+            os.environ.pop("MINIDIST_TIMEOUT_SCALE", None)
+        else:
+            os.environ["MINIDIST_TIMEOUT_SCALE"] = before
+    if not r["success"]:
+        return
+    again = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
+                           spec["cell_timeout"] * scale)
+    for name, cid in timed_out:
+        first, second = cells[name][cid], again.get(name, {}).get(cid)
+        if second is not None and float(second["points"] or 0) > float(first["points"] or 0):
+            cells[name][cid] = dict(second, flags=first["flags"] + [
+                f"timed out in the notebook run; passed when run again with timeouts x{scale}"])
 
 
 PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",

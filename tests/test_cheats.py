@@ -10,7 +10,8 @@ notebook, the answer key searched for, JSON/JSONL records, other students' jobs 
 gradebooks written to before the kernel kills itself (the trial that once stopped a batch), the
 batch's processes killed (only in a sandbox: without one it would kill the test runner), the
 installed minidist edited. And honest submissions, one of them importing a helper module handed
-in next to its notebook (it must work in both runs).
+in next to its notebook (it must work in both runs). The attacks of issue 27 (tests/attack_bank.py)
+are graded in the same batch: nothing outside the sandbox changes, each gains nothing.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import time
 import pytest
 from nbformat.v4 import new_code_cell
 
+from attack_bank import MACHINE, attack_bank
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, cell, write_class
 
 CELL_TIMEOUT, WALL = 20, 150
@@ -138,7 +140,16 @@ def cheat_bank(sol, release):
         "edit_minidist": (_with_cell(release, EDIT_MINIDIST), {}, 0.0, []),
         "honest_helper": (_set(sol, "add", "from my_helpers import add\n"), {"my_helpers.py": FAKE_ADD}, 3.0, []),
         "honest2": (sol, {}, 3.0, []),
+        **attack_bank(sol, release),
     }
+
+
+def machine_state() -> dict:
+    """What a kernel with root could change on the machine."""
+    state = {p: open(p).read() for p in MACHINE if os.path.exists(p)}
+    for d in ("/dev", "/sys/fs/cgroup"):
+        state[d] = sorted(os.listdir(d)) if os.path.isdir(d) else None
+    return state
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +176,11 @@ def batch(tmp_path_factory):
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(text)
         out = tmp_path_factory.mktemp("out")
+        before = machine_state()
         t0 = time.time()
         r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
         r["elapsed"] = time.time() - t0
+        r["machine"] = (before, machine_state())
         r["bank"] = bank
         r["rows"] = {(row["student"], row["cell"]): row for row in csv.DictReader(open(out / "results.csv"))}
         r["grades"] = {row["student_id"]: row for row in csv.DictReader(open(out / "grades.csv"))}
@@ -215,7 +228,8 @@ def test_instructor_flags(batch):
     assert "assigns torch.allclose" in flags["torch_patched"]
     assert "touches sys.modules" in flags["module_swapped"]
     assert "touches __code__" in flags["code_rewritten"] and "uses gc" in flags["code_rewritten"]
-    assert "files handed in next to the notebook" in flags["fake_minidist"] and "minidist/checks" in flags["fake_minidist"]
+    assert "files handed in but not copied" in flags["fake_minidist"] and "minidist/checks" in flags["fake_minidist"]
+    assert "named like the standard or installed module 'minidist'" in flags["fake_minidist"]
     assert "not confirmed" not in flags["honest1"] and "suspicious" not in flags["honest1"]
 
 
@@ -242,3 +256,39 @@ def test_sandbox_is_reported(batch):
     sandbox = {row["sandbox"] for row in batch["rows"].values()}
     assert len(sandbox) == 1 and sandbox == {batch["meta"]["sandbox"]}
 
+
+
+def test_nothing_outside_the_sandbox_changes(batch):
+    if batch["meta"]["sandbox"].startswith("none"):
+        pytest.skip("no sandbox on this machine")
+    before, after = batch["machine"]
+    assert after == before
+    nb = json.loads((batch["out"] / "autograded" / "root" / LAB / f"{LAB}.ipynb").read_text())
+    said = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", []))
+    assert said.count("refused ") == 6 and "wrote " not in said, said
+
+
+def test_a_forged_verdict_is_refused_by_the_parent(batch):
+    flags = {s: batch["rows"][(s, "test_add")]["flags"] for s in ("walk_stack", "signal_frame", "stdlib_name")}
+    assert "answered out of turn" in flags["signal_frame"], flags      # reached the child's main(); refused
+    assert "sys._getframe" in flags["walk_stack"] and "sys._getframe: os.py" in flags["stdlib_name"], flags
+
+
+def test_library_answers_on_another_thread_or_under_another_name(batch):
+    row = batch["rows"][("exec_library", "test_allsum")]
+    assert row["points"] == "0.0" and "called minidist's own implementation: mine.ring_all_reduce" in row["reason"]
+    assert batch["rows"][("thread_library", "test_allsum")]["points"] == "0.0"
+
+
+def test_feedback_for_everyone_and_bounded(batch, tmp_path):
+    from autograder.feedback import collect
+    made, leaks = collect(batch["out"], tmp_path / "handback")
+    assert leaks and all("/hidden_quote/" in leak for leak in leaks), leaks[:3]
+    assert {p.relative_to(tmp_path / "handback").parts[0] for p in made} == set(batch["bank"]) - {"hidden_quote"}
+    html = (batch["out"] / "feedback" / "bloat" / LAB / f"{LAB}.html").read_text()
+    assert "more outputs" in html and "cut by the autograder" in html and len(html) < 3_000_000, len(html)
+
+
+def test_a_timeout_gets_a_second_chance(batch):
+    row = batch["rows"][("slow_under_load", "test_allsum")]
+    assert row["points"] == "2.0" and "passed when run again with timeouts x3" in row["flags"], row

@@ -171,3 +171,56 @@ def test_lab5_refuses_the_library_but_stands_it_in_for_other_functions():
              what="minidist.tensor_parallel.layers.column_parallel_linear")
     # a column layer on an unfinished f passes: minidist's f stands in inside the ranks
     lab5.check_function("column_parallel_linear", column_on_the_notebooks_f)
+
+
+# ------------------------------------------------------------------ every thread, every name
+def _gpipe_source_exec_d_elsewhere():
+    """The library's schedules module compiled again under another file name, its @api regions dropped."""
+    import inspect
+    from minidist.pipeline import schedules
+    source = "\n".join(line for line in inspect.getsource(schedules).splitlines() if not line.lstrip().startswith("@api"))
+    import sys
+    import types
+    module = sys.modules["mine"] = types.ModuleType("mine")      # dataclasses look their module up
+    exec(compile(source, "<mine>", "exec"), vars(module))
+    return vars(module)
+
+
+def test_the_library_is_recognised_by_its_code_not_its_file_name():
+    refusal = Refusal("pipelines", ("minidist.pipeline.schedules",))
+    mine = _gpipe_source_exec_d_elsewhere()
+    with pytest.raises(AssertionError, match=REFUSED_TEXT + ": mine.make"):
+        graded_call(refusal, "copied", mine["make"], "gpipe", 2, 2)
+    # outside the graded call the copy runs: it is the same code, refused only where answers are graded
+    assert mine["make"]("gpipe", 2, 2) is not None
+
+
+def test_threads_started_by_graded_code_are_refused_too():
+    import _thread
+    import threading
+    refusal = Refusal("pipelines", ("minidist.pipeline.schedules",))
+    early = _thread.start_new_thread
+
+    def on(start):
+        def graded():
+            done, errors = threading.Event(), []
+
+            def work():
+                try:
+                    PP.make("gpipe", 2, 2)
+                except BaseException as err:  # noqa: BLE001
+                    errors.append(err)
+                finally:
+                    done.set()
+            start(work)
+            done.wait(10)
+            return errors
+        return graded
+
+    for start in (lambda f: threading.Thread(target=f).start(), lambda f: _thread.start_new_thread(f, ())):
+        with pytest.raises(AssertionError, match=REFUSED_TEXT):
+            graded_call(refusal, "threaded", on(start))
+    assert _thread.start_new_thread is early          # put back after the graded call
+    seen = []
+    graded_call(refusal, "backward", lambda: seen.append(torch._C._is_multithreading_enabled()))
+    assert seen == [False] and torch._C._is_multithreading_enabled()     # autograd: the calling thread only

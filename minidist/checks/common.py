@@ -5,27 +5,21 @@ that launch (launching costs more than a tiny model). When the launch fails, the
 must learn *which* case was running: every rank writes the case it starts into a progress
 folder (:func:`mark_case`), and :func:`launch_named` puts those names in front of the
 launcher's diagnosis (which rank was blocked in which operation, on which line). A call to
-a forbidden operation (the tracer's guard) becomes an ``AssertionError`` that says so.
+a forbidden operation (the tracer's guard) becomes an ``AssertionError`` that says so, and so does
+a library answer (:mod:`minidist.checks.refusal`, whose names this module re-exports).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
-import importlib
 import os
-import pkgutil
-import re
 import shutil
-import sys
-import sysconfig
 import tempfile
-import threading
-import types
 
 import torch
 import torch.distributed as dist
 
+from minidist.checks.refusal import (STUDENT_IMPORTS, LibraryAnswer, Refusal, StudentAssertion,  # noqa: F401
+                                     graded_call, is_student_code, refusing, resolve)
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
@@ -81,6 +75,8 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     were running.
     """
     progress = tempfile.mkdtemp(prefix="minidist-check-")
+    if refuse is not None:
+        resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each
     try:
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)
@@ -114,212 +110,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         shutil.rmtree(progress, ignore_errors=True)
 
 
-# ----------------------------------------------------------------------------- library answers
-# A lab grades the student's own implementation of a technique that minidist also implements.
-# While graded code runs (the body of a check on every rank, or a pure check's call of the
-# student's function), any entry into minidist's implementation of that technique is refused:
-# a call from the student's code, from anything it calls (a wrapper, ``__wrapped__``, an inner
-# helper, another minidist module), or the graded object itself being (a subclass of) the
-# library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
-# callable, with whatever they call; checks build their references outside the refused region.
-
-#: What students may import from minidist in a lab (each lab adds its own checks module).
-STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
-
-
-class LibraryAnswer(ForbiddenOperation):
-    """Graded code called minidist's own implementation of the technique being graded."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Refusal:
-    """minidist's implementation of the technique a lab grades, refused while graded code runs.
-
-    ``modules``: packages or modules whose code is refused (every file under a package);
-    ``allow``: qualified names of classes or functions inside them that the lab hands out
-    (their code, and whatever they call, stays allowed); ``checks``: the lab's checks module,
-    named in the message.
-    """
-    technique: str
-    modules: tuple[str, ...]
-    allow: tuple[str, ...] = ()
-    checks: str = ""
-
-    def rule(self) -> str:
-        allowed = ", ".join(STUDENT_IMPORTS + ((self.checks,) if self.checks else ()))
-        extra = f" (and the helpers this lab hands out: {', '.join(self.allow)})" if self.allow else ""
-        return (f"graded functions must implement {self.technique} themselves: from minidist they may use "
-                f"{allowed}{extra}; minidist's own implementation ({', '.join(self.modules)}) is refused "
-                f"while a graded function runs")
-
-
-@functools.lru_cache(maxsize=None)
-def _resolved(refusal: Refusal) -> tuple[frozenset, frozenset]:
-    """(files whose code is refused, code objects that stay allowed)."""
-    files = set()
-    for name in refusal.modules:
-        mod = importlib.import_module(name)
-        mods = [mod]
-        if hasattr(mod, "__path__"):
-            for info in pkgutil.walk_packages(mod.__path__, name + "."):
-                mods.append(importlib.import_module(info.name))
-        files |= {m.__file__ for m in mods if getattr(m, "__file__", None)}
-    allowed = set()
-
-    def add_code(code):
-        allowed.add(code)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                add_code(const)
-
-    def add_function(fn):
-        while fn is not None:
-            if isinstance(fn, (staticmethod, classmethod)):
-                fn = fn.__func__
-            if isinstance(fn, property):
-                for f in (fn.fget, fn.fset, fn.fdel):
-                    add_function(f)
-                return
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                add_code(code)
-            fn = getattr(fn, "__wrapped__", None)
-
-    for qualified in refusal.allow:
-        module, _, attr = qualified.rpartition(".")
-        obj = getattr(importlib.import_module(module), attr)
-        if isinstance(obj, type):
-            for klass in obj.__mro__:
-                if klass.__module__.startswith("minidist"):
-                    for value in vars(klass).values():
-                        add_function(value)
-        else:
-            add_function(obj)
-    return frozenset(files), frozenset(allowed)
-
-
-@functools.lru_cache(maxsize=None)
-def _library_roots() -> tuple[str, ...]:
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}       # minidist/
-    paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        if paths.get(key):
-            roots.add(os.path.realpath(paths[key]))
-            roots.add(paths[key])
-    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        roots.add(os.path.join(prefix, "lib"))
-    for m in (torch, os):
-        roots.add(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))
-    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
-
-
-_student_file: dict[str, bool] = {}
-
-
-def is_student_code(filename: str) -> bool:
-    """Code that is neither minidist's, nor torch's or the standard library's: a notebook cell,
-    a string passed to exec, a file handed in with the notebook."""
-    known = _student_file.get(filename)
-    if known is None:
-        known = not (filename.startswith(_library_roots()) or filename.startswith("<frozen"))
-        _student_file[filename] = known
-    return known
-
-
-class refusing:
-    """``with refusing(refusal): ...`` — refuse library answers while the block runs (this thread
-    and threads it starts). A refused call raises :class:`LibraryAnswer` at once; catching it does
-    not help: leaving the block raises it again, and so does turning the tracer off."""
-
-    def __init__(self, refusal: Refusal | None, name: str = "graded function"):
-        self.refusal, self.name = refusal, name
-        self.violation: str | None = None
-
-    def __enter__(self):
-        if self.refusal is None:
-            return self
-        self.files, self.allowed = _resolved(self.refusal)
-        self.top = sys._getframe(1)
-        self.previous = sys.gettrace()
-        self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
-        self.tracer = self._trace          # one bound method, so that `is` recognises it
-        sys.settrace(self.tracer)
-        threading.settrace(self.tracer)
-        return self
-
-    def _trace(self, frame, event, arg):
-        if frame.f_code.co_filename in self.files:
-            self._check(frame)
-        return self.previous(frame, event, arg) if self.previous is not None else None
-
-    def _check(self, frame):
-        entry = frame            # the outermost of the refused frames this call runs in
-        while entry.f_back is not None and entry.f_back.f_code.co_filename in self.files:
-            entry = entry.f_back
-        if entry.f_code in self.allowed:
-            return
-        module = entry.f_globals.get("__name__", "?")
-        target = f"{module}.{getattr(entry.f_code, 'co_qualname', entry.f_code.co_name)}"
-        f = entry.f_back         # the student's line that led here, if any (below the check)
-        while f is not None and f is not self.top and not is_student_code(f.f_code.co_filename):
-            f = f.f_back
-        if f is self.top:
-            f = None
-        if f is None:
-            where = "the graded code is minidist's own"
-        elif re.search(r"ipykernel_\d+|^<cell", f.f_code.co_filename):
-            where = f"from notebook cell, line {f.f_lineno}"
-        else:
-            where = f"from {os.path.basename(f.f_code.co_filename)}, line {f.f_lineno}"
-        self.violation = (f"{self.name} called minidist's own implementation: {target} ({where}). "
-                          f"The rule: {self.refusal.rule()}.")
-        raise LibraryAnswer(self.violation)
-
-    def __exit__(self, etype, err, tb):
-        if self.refusal is None:
-            return False
-        tampered = sys.gettrace() is not self.tracer and self.violation is None
-        sys.settrace(self.previous)
-        threading.settrace(self.previous_threads)
-        if self.violation is not None and not isinstance(err, LibraryAnswer):
-            raise LibraryAnswer(self.violation)
-        if tampered:
-            raise LibraryAnswer(f"{self.name} turned off the check that refuses library answers "
-                                f"(sys.settrace): graded code must leave the tracer alone.")
-        return False
-
-
 def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
     before = {} if reference is None else {"reference": reference(progress, *args)}
     with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name):
         return body(progress, *args, **before)
-
-
-def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` in this process with library answers refused (a pure check's
-    call of the student's function); a library answer becomes an ``AssertionError``."""
-    try:
-        with refusing(refusal, name):
-            return fn(*args, **kwargs)
-    except LibraryAnswer as err:
-        raise AssertionError(str(err)) from None
-    except AssertionError as err:
-        # the student's own assert: say so, and where, so that it does not read as the check's verdict
-        raise StudentAssertion(f"{name} raised AssertionError itself ({_raised_at(err)}), not a check: "
-                               f"{err or '(no message)'}") from err
-
-
-class StudentAssertion(RuntimeError):
-    """An ``assert`` in the student's own code failed while a check called it."""
-
-
-def _raised_at(err: BaseException) -> str:
-    """'notebook cell, line 4' (or 'file.py, line 4') of the innermost student frame of ``err``."""
-    where, tb = "?", err.__traceback__
-    while tb is not None:
-        f = tb.tb_frame.f_code.co_filename
-        if is_student_code(f):
-            where = (f"notebook cell, line {tb.tb_lineno}" if re.search(r"ipykernel_\d+|^<cell", f)
-                     else f"{os.path.basename(f)}, line {tb.tb_lineno}")
-        tb = tb.tb_next
-    return where

@@ -1,0 +1,150 @@
+"""The confirmation child's audit hook (:mod:`autograder.confirm_runner`; standard library only).
+
+Installed before anything else runs and impossible to remove from Python, in the process that
+executes student code. It refuses, when called from student code, ``ctypes``, the garbage
+collector's object graph, frame and code introspection (``sys._getframe`` through ``inspect``,
+``traceback`` or ``logging`` too: each hands the caller a frame, and a frame leads to every
+local of the runner), ``sys.settrace``/``setprofile``, new audit hooks, assigning ``__code__`` or
+attributes of minidist's, torch's and the runner's classes; file access outside the working
+folder, subprocesses, sockets and the like are reported. Threads and processes stay allowed (a
+correct answer may use them): what they could do with the runner's pipes, the student's code in
+the runner can do itself (see :mod:`autograder.confirm_parent` for what that is worth).
+
+Student code is recognised by where its code comes from, not by the file name it claims: the
+solution cells (compiled by the runner under ``<solution ID>``), files handed in (the working
+folder), and every code object that student code itself passes to ``exec``/``eval`` or that a
+handed-in module defines, whatever file name it was compiled under.
+"""
+import os
+import sys
+import sysconfig
+import threading
+import types
+
+_local = threading.local()
+events: list = []             # (event, detail) reported to the grader as flags
+_STUDENT_PREFIX = "<solution "
+_BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
+          "ctypes.string_at", "ctypes.wstring_at", "ctypes.create_string_buffer", "ctypes.PyObj_FromPtr",
+          "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys.settrace",
+          "sys.setprofile", "sys.addaudithook", "sys._current_frames", "function.__new__", "code.__new__",
+          "object.__getattr__"}
+_FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
+         "os.rename", "shutil.rmtree", "os.chmod", "exec"}
+
+_NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
+_FILE_EVENTS = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod"}
+_OWNED = ("minidist", "torch", "confirm_bindings", "confirm_audit", "confirm_runner")
+
+
+STUDENT_FILES: list = []        # the working folder: files handed in next to the notebook are student code
+_STUDENT_CODE: dict = {}        # id -> code object student code exec'd, whatever its file name (a code
+                                # object's hash walks all of its constants: too slow for every event)
+
+
+TRUSTED_FILES: list = []        # read-only inside the sandbox though below a writable place (the pristine minidist)
+
+
+def _is_student(code) -> bool:
+    filename = code.co_filename
+    return (filename.startswith(_STUDENT_PREFIX) or _STUDENT_CODE.get(id(code)) is code
+            or (bool(STUDENT_FILES) and filename.startswith(tuple(STUDENT_FILES))
+                and not filename.startswith(tuple(TRUSTED_FILES))))
+
+
+def _mark_student(code) -> None:
+    if isinstance(code, types.CodeType) and _STUDENT_CODE.get(id(code)) is not code:
+        _STUDENT_CODE[id(code)] = code
+        for const in code.co_consts:
+            _mark_student(const)
+
+_STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + "/" for k in ("stdlib", "platstdlib")} |
+                {sysconfig.get_paths()[k] + "/" for k in ("stdlib", "platstdlib")})
+
+
+_INSPECT = tuple(p + name for p in _STDLIB for name in ("inspect.py", "traceback.py", "logging/", "bdb.py", "pdb.py",
+                                                         "cgitb.py", "trace.py", "asyncio/"))
+_CTYPES = tuple(p + "ctypes/" for p in _STDLIB)
+
+
+def _student_caller(event):
+    """The student frame that caused the event, or None. The frames skipped on the way up depend
+    on the event: for frame and object-graph introspection (``sys.*``, ``gc.*``) only ``inspect``'s
+    (``inspect.currentframe()`` called by student code is the student's, while ``typing``,
+    ``dataclasses`` or ``logging`` reading frames for themselves are not); for ``ctypes`` the
+    ``ctypes`` package's; for the rest (file access, processes, setting attributes) the whole
+    standard library's, so that ``shutil.copy`` or ``unittest.mock.patch`` called by student
+    code count as the student's."""
+    skip = _INSPECT if event.startswith(_NARROW) else _CTYPES if event.startswith("ctypes.") else _STDLIB
+    f = sys._getframe(2)          # 0: here, 1: _audit, 2: the Python frame the event came from
+    while f is not None and not _is_student(f.f_code) and (
+            f.f_code.co_filename.startswith(skip) or f.f_code.co_filename.startswith("<frozen")):
+        f = f.f_back
+    return f if f is not None and _is_student(f.f_code) else None
+
+
+def _owned(obj) -> bool:
+    mod = getattr(obj, "__module__", None) or ""
+    if isinstance(obj, types.ModuleType):
+        mod = obj.__name__
+    return mod.split(".")[0] in _OWNED
+
+
+def audit(event, args):
+    if getattr(_local, "busy", False):
+        return
+    if event not in _BLOCK and event not in _FLAG and event != "object.__setattr__" and not event.startswith("ctypes."):
+        return
+    _local.busy = True
+    try:
+        if event == "exec":              # exec/eval called by student code (not an import): the student's code,
+            if _is_student(sys._getframe(1).f_code):      # under whatever file name it was compiled
+                _mark_student(args[0])
+            return
+        caller = _student_caller(event)
+        if caller is None:
+            if event == "open" and args and isinstance(args[0], str) and _outside(args[0]):
+                f = sys._getframe(1)
+                while f is not None and not _is_student(f.f_code):
+                    f = f.f_back
+                if f is not None:
+                    events.append(("file access outside the working folder", f"{args[0]}"))
+            return
+        fname = caller.f_code.co_filename
+        cell = fname[len(_STUDENT_PREFIX):-1] if fname.startswith(_STUDENT_PREFIX) else os.path.basename(fname)
+        where = f"{cell}, line {caller.f_lineno}"
+        if event == "object.__setattr__":
+            obj, name = args[0], args[1]
+            if isinstance(obj, types.FunctionType) and name == "__code__":
+                events.append(("__code__ assignment", where))
+                if _owned(obj):
+                    raise RuntimeError(f"refused in graded code: assigning {obj.__qualname__}.__code__")
+            elif isinstance(obj, (type, types.ModuleType)) and _owned(obj):
+                events.append(("setattr on a class of minidist/torch", f"{obj.__qualname__}.{name} at {where}"))
+                raise RuntimeError(f"refused in graded code: setting {obj.__qualname__}.{name}")
+            return
+        if event == "object.__getattr__":
+            events.append(("frame or code introspection", f"{args[1]} at {where}"))
+            raise RuntimeError(f"refused in graded code: reading .{args[1]}")
+        if event in _BLOCK or event.startswith("ctypes."):
+            what = {"gc": "gc", "ctypes": "ctypes", "sys": "sys"}.get(event.split(".")[0], event)
+            events.append((f"{what}: {event}", where))
+            raise RuntimeError(f"refused in graded code: {event}")
+        if event in _FILE_EVENTS and not (args and isinstance(args[0], (str, bytes, os.PathLike))
+                                          and _outside(os.fsdecode(args[0]))):
+            return                   # a descriptor, or a path inside the working folder, /tmp, the packages
+        events.append((event, f"{args[0] if args else ''} at {where}"[:200]))
+    finally:
+        _local.busy = False
+
+
+ALLOWED_ROOTS: list = []
+
+
+def _outside(path) -> bool:
+    try:
+        p = os.path.abspath(path)
+    except Exception:
+        return True
+    return not p.startswith(tuple(ALLOWED_ROOTS))
+

@@ -1,0 +1,90 @@
+"""The confirmation's parent: the process that writes the confirmation's verdict, and never runs
+student code (started by :mod:`autograder.confirm` inside the sandbox, as ``python -I
+confirm_parent.py --fd N``; standard library only).
+
+It holds what the grader trusts: the descriptor the verdict goes out on and the token each line
+carries. It starts :mod:`autograder.confirm_runner` (the child that runs the cells) as a fresh
+interpreter with neither, sends it one cell at a time with a fresh random nonce, and forwards a
+reply only if it answers the cell in flight with that cell's nonce. So student code in the child,
+whatever it reaches there (a frame, a descriptor, the runner's own functions while a solution
+cell runs), can at most speak for the cell it runs in: the tests' requests, and their nonces, are
+sent only after the solution cells' replies are in. The parent is not dumpable, so a process of
+the same uid can neither trace it nor read its memory; a child that dies, hangs past the cell
+timeout or answers out of turn ends the run, and the tests not answered stay unconfirmed.
+
+Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
+``workdir``, ``env``); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
+``test``, ``restored``, ``flags`` and, when every cell was answered, ``done``.
+"""
+import ctypes
+import ctypes.util
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import confirm_wire as wire  # noqa: E402
+
+PR_SET_DUMPABLE = 4
+MARGIN = 30            # seconds past the cell timeout before the parent gives up on the child
+
+
+def main():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    fd = int(sys.argv[sys.argv.index("--fd") + 1])
+    spec = json.loads(sys.stdin.read())
+    out = os.fdopen(os.dup(fd), "w", buffering=1)
+    os.close(fd)
+    token = spec["token"]
+
+    def report(**msg):
+        out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
+
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confirm_runner.py")
+    child = subprocess.Popen([sys.executable, "-I", runner], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             cwd=spec.get("workdir") or None, close_fds=True)
+    cmd, replies = child.stdin.fileno(), child.stdout.fileno()
+    timeout = float(spec.get("timeout") or 600) + MARGIN
+    t_start = time.time()
+    answered = 0
+    try:
+        wire.send(cmd, {"path": spec.get("path", []), "workdir": spec.get("workdir"), "env": spec.get("env", {}),
+                        "timeout": spec.get("timeout")})
+        for cell in spec["cells"]:
+            nonce = secrets.token_hex(16)
+            wire.send(cmd, {"cell": dict(cell), "nonce": nonce})
+            reply = wire.recv(replies, timeout)
+            if not (isinstance(reply, dict) and reply.get("nonce") == nonce and reply.get("cell") == cell["id"]):
+                if reply is not None:
+                    report(event="flags", items=[["the confirmation's child answered out of turn",
+                                                  f"while cell {cell['id']} ran"]])
+                break
+            answered += 1
+            flags = [f for f in reply.get("flags") or [] if isinstance(f, list)]
+            if flags:
+                report(event="flags", items=flags[:50])
+            if cell["kind"] == "test":
+                if reply.get("restored"):
+                    report(event="restored", cell=cell["id"], changes=list(reply["restored"])[:20])
+                report(event="test", cell=cell["id"], error=reply.get("error"), stderr=str(reply.get("stderr") or "")[:2000],
+                       value=reply.get("value"), changed=list(reply.get("changed") or [])[:20],
+                       seconds=reply.get("seconds"))
+            else:
+                report(event="cell", cell=cell["id"], kind=cell["kind"], error=reply.get("error"))
+    except OSError:
+        pass
+    finally:
+        child.kill()
+        child.wait()
+    if answered == len(spec["cells"]):
+        report(event="done", seconds=round(time.time() - t_start, 2))
+    out.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Library answers refused while graded code runs (:class:`Refusal`, :class:`refusing`,
+:func:`graded_call`); :mod:`minidist.checks.common` launches checks under it and re-exports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import os
+import pkgutil
+import re
+import sys
+import sysconfig
+import threading
+import types
+
+import torch
+
+from minidist.trace import ForbiddenOperation
+
+# A lab grades the student's own implementation of a technique that minidist also implements.
+# While graded code runs (the body of a check on every rank, or a pure check's call of the
+# student's function), any entry into minidist's implementation of that technique is refused:
+# a call from the student's code, from anything it calls (a wrapper, ``__wrapped__``, an inner
+# helper, another minidist module), or the graded object itself being (a subclass of) the
+# library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
+# callable, with whatever they call; checks build their references outside the refused region.
+#
+# The library is recognised by its code, not by where the code says it comes from: a function of
+# the refused modules compiled again (the module's source exec'd under another file name, or one
+# function's source) has the same bytecode, names and variables, and is refused the same way.
+# This applies to code from neither a notebook cell (a solution may be written exactly as the
+# library or the lab's reference writes it) nor an installed file (minidist.models' MLP forward
+# is the tensor-parallel one's): code exec'd under such a name escapes.
+# The refusal holds on every thread the graded code starts: ``threading`` threads (its trace hook),
+# ``_thread`` threads (the module's function is wrapped while graded code runs), and autograd's
+# (backward runs on the calling thread while graded code runs). Threads already running before,
+# and a ``_thread.start_new_thread`` taken before, are out of its reach (Python 3.11).
+
+#: What students may import from minidist in a lab (each lab adds its own checks module).
+STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
+
+
+class LibraryAnswer(ForbiddenOperation):
+    """Graded code called minidist's own implementation of the technique being graded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """minidist's implementation of the technique a lab grades, refused while graded code runs.
+
+    ``modules``: packages or modules whose code is refused (every file under a package);
+    ``allow``: qualified names of classes or functions inside them that the lab hands out
+    (their code, and whatever they call, stays allowed); ``checks``: the lab's checks module,
+    named in the message.
+    """
+    technique: str
+    modules: tuple[str, ...]
+    allow: tuple[str, ...] = ()
+    checks: str = ""
+
+    def rule(self) -> str:
+        allowed = ", ".join(STUDENT_IMPORTS + ((self.checks,) if self.checks else ()))
+        extra = f" (and the helpers this lab hands out: {', '.join(self.allow)})" if self.allow else ""
+        return (f"graded functions must implement {self.technique} themselves: from minidist they may use "
+                f"{allowed}{extra}; minidist's own implementation ({', '.join(self.modules)}) is refused "
+                f"while a graded function runs")
+
+
+MIN_FINGERPRINT_BYTES = 64
+#: code compiled from a notebook cell (the kernel's, the confirmation's) is the student's own, even
+#: where it equals the library's: a lab's solution may be written exactly as minidist writes it
+_NOTEBOOK_CELL = re.compile(r"ipykernel_\d+|<ipython-input|^<solution |^<grader |^<cell")
+
+
+def fingerprint(code: types.CodeType) -> tuple:
+    """What a function's code is, wherever it was compiled: the same source gives the same
+    fingerprint under any file name and at any line."""
+    return (code.co_name, code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount)
+
+
+def _codes(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprints(files: frozenset) -> frozenset:
+    """The fingerprints of every function, class body and comprehension in ``files``."""
+    out = set()
+    for path in files:
+        if f"{os.sep}minidist{os.sep}checks{os.sep}" in path:
+            continue          # a lab's reference is its solution: by content, it is no library answer
+        try:
+            with open(path, encoding="utf-8") as f:
+                top = compile(f.read(), path, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        # tiny functions (a property, a one-line helper) could match a student's own by chance
+        out |= {fingerprint(c) for c in _codes(top) if c is not top and len(c.co_code) >= MIN_FINGERPRINT_BYTES}
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=None)
+def resolve(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """(files whose code is refused, code objects that stay allowed, the refused code's
+    fingerprints, the allowed code's fingerprints)."""
+    files = set()
+    for name in refusal.modules:
+        mod = importlib.import_module(name)
+        mods = [mod]
+        if hasattr(mod, "__path__"):
+            for info in pkgutil.walk_packages(mod.__path__, name + "."):
+                mods.append(importlib.import_module(info.name))
+        files |= {m.__file__ for m in mods if getattr(m, "__file__", None)}
+    allowed = set()
+
+    def add_code(code):
+        allowed.add(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add_code(const)
+
+    def add_function(fn):
+        while fn is not None:
+            if isinstance(fn, (staticmethod, classmethod)):
+                fn = fn.__func__
+            if isinstance(fn, property):
+                for f in (fn.fget, fn.fset, fn.fdel):
+                    add_function(f)
+                return
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                add_code(code)
+            fn = getattr(fn, "__wrapped__", None)
+
+    for qualified in refusal.allow:
+        module, _, attr = qualified.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+        if isinstance(obj, type):
+            for klass in obj.__mro__:
+                if klass.__module__.startswith("minidist"):
+                    for value in vars(klass).values():
+                        add_function(value)
+        else:
+            add_function(obj)
+    files = frozenset(files)
+    allowed_prints = frozenset(fingerprint(c) for c in allowed)
+    return files, frozenset(allowed), _fingerprints(files) - allowed_prints, allowed_prints
+
+
+@functools.lru_cache(maxsize=None)
+def _library_roots() -> tuple[str, ...]:
+    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}       # minidist/
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            roots.add(os.path.realpath(paths[key]))
+            roots.add(paths[key])
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        roots.add(os.path.join(prefix, "lib"))
+    for m in (torch, os):
+        roots.add(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))
+    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
+
+
+_student_file: dict[str, bool] = {}
+
+
+def is_student_code(filename: str) -> bool:
+    """Code that is neither minidist's, nor torch's or the standard library's: a notebook cell,
+    a string passed to exec, a file handed in with the notebook."""
+    known = _student_file.get(filename)
+    if known is None:
+        known = not (filename.startswith(_library_roots()) or filename.startswith("<frozen"))
+        _student_file[filename] = known
+    return known
+
+
+class refusing:
+    """``with refusing(refusal): ...`` — refuse library answers while the block runs (this thread
+    and threads it starts). A refused call raises :class:`LibraryAnswer` at once; catching it does
+    not help: leaving the block raises it again, and so does turning the tracer off."""
+
+    def __init__(self, refusal: Refusal | None, name: str = "graded function"):
+        self.refusal, self.name = refusal, name
+        self.violation: str | None = None
+
+    def __enter__(self):
+        if self.refusal is None:
+            return self
+        self.files, self.allowed, self.prints, self.allowed_prints = resolve(self.refusal)
+        self.known: dict[int, tuple] = {}       # id(code) -> (code, refused?)
+        self.top = sys._getframe(1)
+        self.previous = sys.gettrace()
+        self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
+        self.tracer = self._trace          # one bound method, so that `is` recognises it
+        sys.settrace(self.tracer)
+        threading.settrace(self.tracer)
+        self.autograd_threads = torch._C._is_multithreading_enabled()
+        torch._C._set_multithreading_enabled(False)      # backward on this (traced) thread
+        _threads.enter(self)
+        return self
+
+    def _refused_code(self, code) -> bool:
+        known = self.known.get(id(code))
+        if known is None or known[0] is not code:
+            refused = code.co_filename in self.files or (
+                is_student_code(code.co_filename) and not _NOTEBOOK_CELL.search(code.co_filename)
+                and fingerprint(code) in self.prints)
+            known = self.known[id(code)] = (code, refused)
+        return known[1]
+
+    def _trace(self, frame, event, arg):
+        if self._refused_code(frame.f_code):
+            self._check(frame)
+        return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def _check(self, frame):
+        entry = frame            # the outermost of the refused frames this call runs in
+        while entry.f_back is not None and self._refused_code(entry.f_back.f_code):
+            entry = entry.f_back
+        if entry.f_code in self.allowed or fingerprint(entry.f_code) in self.allowed_prints:
+            return
+        module = entry.f_globals.get("__name__", "?")
+        target = f"{module}.{getattr(entry.f_code, 'co_qualname', entry.f_code.co_name)}"
+        f = entry.f_back         # the student's line that led here, if any (below the check)
+        while f is not None and f is not self.top and not is_student_code(f.f_code.co_filename):
+            f = f.f_back
+        if f is self.top:
+            f = None
+        if f is None:
+            where = "the graded code is minidist's own"
+        elif re.search(r"ipykernel_\d+|^<cell", f.f_code.co_filename):
+            where = f"from notebook cell, line {f.f_lineno}"
+        else:
+            where = f"from {os.path.basename(f.f_code.co_filename)}, line {f.f_lineno}"
+        self.violation = (f"{self.name} called minidist's own implementation: {target} ({where}). "
+                          f"The rule: {self.refusal.rule()}.")
+        raise LibraryAnswer(self.violation)
+
+    def __exit__(self, etype, err, tb):
+        if self.refusal is None:
+            return False
+        tampered = sys.gettrace() is not self.tracer and self.violation is None
+        sys.settrace(self.previous)
+        threading.settrace(self.previous_threads)
+        torch._C._set_multithreading_enabled(self.autograd_threads)
+        _threads.exit(self)
+        if self.violation is not None and not isinstance(err, LibraryAnswer):
+            raise LibraryAnswer(self.violation)
+        if tampered:
+            raise LibraryAnswer(f"{self.name} turned off the check that refuses library answers "
+                                f"(sys.settrace): graded code must leave the tracer alone.")
+        return False
+
+
+class _Threads:
+    """``_thread`` threads started while graded code runs get the refusal's tracer: the module's
+    function is wrapped for the time (``threading`` threads get it from ``threading.settrace``).
+    A reference to ``_thread.start_new_thread`` taken before the graded code ran escapes: Python
+    3.11 has neither an audit event for a new thread nor a way to trace every thread."""
+
+    def __init__(self):
+        self.active: list = []
+        self.original = None
+
+    def enter(self, refusing_):
+        import _thread
+        if not self.active:
+            self.original = _thread.start_new_thread
+            _thread.start_new_thread = self._start
+        self.active.append(refusing_)
+
+    def exit(self, refusing_):
+        import _thread
+        if refusing_ in self.active:
+            self.active.remove(refusing_)
+        if not self.active and self.original is not None:
+            _thread.start_new_thread = self.original
+            self.original = None
+
+    def _start(self, function, args, kwargs=None):
+        tracer = self.active[-1].tracer if self.active else None
+
+        def traced(*a, **k):
+            sys.settrace(tracer)
+            return function(*a, **k)
+        return self.original(traced, args, kwargs or {})
+
+
+_threads = _Threads()
+
+
+def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` in this process with library answers refused (a pure check's
+    call of the student's function); a library answer becomes an ``AssertionError``."""
+    try:
+        with refusing(refusal, name):
+            return fn(*args, **kwargs)
+    except LibraryAnswer as err:
+        raise AssertionError(str(err)) from None
+    except AssertionError as err:
+        # the student's own assert: say so, and where, so that it does not read as the check's verdict
+        raise StudentAssertion(f"{name} raised AssertionError itself ({_raised_at(err)}), not a check: "
+                               f"{err or '(no message)'}") from err
+
+
+class StudentAssertion(RuntimeError):
+    """An ``assert`` in the student's own code failed while a check called it."""
+
+
+def _raised_at(err: BaseException) -> str:
+    """'notebook cell, line 4' (or 'file.py, line 4') of the innermost student frame of ``err``."""
+    where, tb = "?", err.__traceback__
+    while tb is not None:
+        f = tb.tb_frame.f_code.co_filename
+        if is_student_code(f):
+            where = (f"notebook cell, line {tb.tb_lineno}" if re.search(r"ipykernel_\d+|^<cell", f)
+                     else f"{os.path.basename(f)}, line {tb.tb_lineno}")
+        tb = tb.tb_next
+    return where

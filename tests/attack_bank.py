@@ -1,0 +1,164 @@
+"""The attacks of issue 27 on the fixture lab, in the project's own words: graded end to end in
+tests/test_cheats.py's batch, next to its honest control.
+
+Each is what a determined student tried (on lab 1, with the sandbox and the confirmation on) and
+scored full marks with before: the sandbox handing root to the kernel, the confirmation's verdict
+written by student code, a handed-in module running before the snapshot, library answers on
+another thread or under another file name, and one submission denying or bloating the feedback.
+"""
+from __future__ import annotations
+
+import copy
+
+from nbformat.v4 import new_code_cell
+
+from autograder_fixtures import cell
+
+TESTS = ("test_add", "test_allsum")
+
+#: what a root kernel could write on the machine (tests/test_cheats.py reads them before and after)
+MACHINE = ("/proc/sys/kernel/core_pattern", "/proc/sys/kernel/pid_max", "/proc/sys/vm/overcommit_memory")
+
+ROOT = r'''
+import os
+for path, value in (("/proc/sys/kernel/core_pattern", "|/tmp/minidist-pwn %p"), ("/proc/sys/kernel/pid_max", "4194000"),
+                    ("/proc/sys/vm/overcommit_memory", "1"), ("/dev/minidist-owned", "x"),
+                    ("/sys/fs/cgroup/minidist-owned", "x"), ("/sys/fs/cgroup/pids/minidist-owned", "x")):
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+        print("wrote", path)
+    except OSError as err:
+        print("refused", path, err.strerror)
+'''
+
+# the kernel's half of a forged verdict (an untouched release otherwise): add defined outside its cell,
+# the checks patched
+KERNEL_ADD = "def add(a, b):\n    return a + b\n"
+KERNEL_CHECKS = "checks.check_all_reduce = lambda *a, **k: None\nallsum = None\n"
+
+# the confirmation's half, in the first solution cell: reach the runner's main() and report every
+# test passed
+FORGE = r'''
+import os
+
+def forge(frame):
+    while frame is not None:
+        names = frame.f_locals
+        send = names.get("send")
+        if callable(send) and "token" in names:             # the runner that wrote the verdict itself
+            for t in %(tests)r:
+                send(event="test", cell=t, error=None, stderr="", value=None, changed=[], seconds=0.1)
+            send(event="done", seconds=1.0)
+            os._exit(0)
+        if callable(send) and isinstance(names.get("msg"), dict) and "reply" in names:     # its child, now
+            for t in %(tests)r:
+                send(names["reply"], {"cell": t, "kind": "test", "nonce": names["msg"]["nonce"], "error": None,
+                                      "stderr": "", "value": None, "changed": [], "restored": [], "flags": []})
+            os._exit(0)
+        frame = frame.f_back
+''' % {"tests": TESTS}
+
+WALK_STACK = FORGE + r'''
+import traceback
+
+def deeper(n):          # walk_stack(None) starts a few frames up: call it from deep enough
+    return deeper(n - 1) if n else [frame for frame, _ in traceback.walk_stack(None)]
+
+try:
+    for frame in deeper(8):
+        forge(frame)
+except RuntimeError:
+    pass
+'''
+
+# the same walk from a frame the audit hook never sees handed out: a signal handler's
+SIGNAL_FRAME = FORGE + r'''
+import signal
+signal.signal(signal.SIGUSR1, lambda sig, frame: forge(frame))
+os.kill(os.getpid(), signal.SIGUSR1)
+'''
+
+# the same walk, compiled under a standard-library file name so that the audit hook takes it for os's code
+STDLIB_NAME = FORGE + r'''
+import sys
+try:
+    exec(compile("forge(sys._getframe())", os.__file__, "exec"))
+except RuntimeError:
+    pass
+'''
+
+# a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
+SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
+
+# library answers where the refusal used to look only on the calling thread, or at file names
+THREAD_LIBRARY = r'''
+import _thread, time
+import minidist.collectives as C
+def allsum(x):
+    box = []
+    _thread.start_new_thread(lambda: box.append(C.ring_all_reduce(x.clone())), ())
+    while not box:
+        time.sleep(0.001)
+    return box[0]
+'''
+EXEC_LIBRARY = r'''
+import ast, inspect
+import minidist.collectives.allreduce, minidist.collectives.p2p, minidist.collectives.primitives
+mine = {"__name__": "mine"}
+for module in (minidist.collectives.p2p, minidist.collectives.primitives, minidist.collectives.allreduce):
+    # the whole ring, helpers included, compiled again: no @api region, no import of the library
+    tree = ast.parse(inspect.getsource(module))
+    tree.body = [n for n in tree.body if not (isinstance(n, ast.ImportFrom) and n.module.startswith("minidist"))]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            node.decorator_list = []
+    exec(compile(tree, "<mine>", "exec"), mine)
+def allsum(x):
+    return mine["ring_all_reduce"](x.clone())
+'''
+
+# feedback: a comment quoting a hidden test (the leak check once copied nobody's feedback), and 1,500 outputs
+# (the issue's 20,000 make nbclient give up waiting for them here: no feedback at all, the points kept)
+# an honest answer that a loaded machine makes time out (here: whenever the launch timeouts are not scaled)
+SLOW_UNDER_LOAD = r'''
+import os, time
+def allsum(x):
+    if float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1) <= 1:
+        time.sleep(30)
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
+'''
+HIDDEN_QUOTE = '# assert add(10, -3) == 7, "add must handle negative numbers"\n'
+BLOAT = "for k in range(1500):\n    display(k)\n"
+
+
+def _with_cell(nb, code, after="setup"):
+    nb = copy.deepcopy(nb)
+    i = next(k for k, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
+    nb.cells.insert(i + 1, new_code_cell(code))
+    return nb
+
+
+def _set(nb, gid, code):
+    nb = copy.deepcopy(nb)
+    cell(nb, gid).source = code
+    return nb
+
+
+def attack_bank(sol, release) -> dict:
+    """student -> (notebook, files handed in, the score it deserves, tests flagged "not confirmed")."""
+    forged = _with_cell(_with_cell(release, KERNEL_ADD, after="add"), KERNEL_CHECKS, after="allsum")
+    return {
+        "root": (_with_cell(sol, ROOT), {}, 3.0, []),
+        "walk_stack": (_set(forged, "add", WALK_STACK), {}, 0.0, list(TESTS)),
+        "signal_frame": (_set(forged, "add", SIGNAL_FRAME), {}, 0.0, list(TESTS)),
+        "stdlib_name": (_set(forged, "add", STDLIB_NAME), {}, 0.0, list(TESTS)),
+        "shadow_module": (release, SHADOW, 0.0, []),
+        "thread_library": (_set(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
+        "exec_library": (_set(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),
+        "hidden_quote": (_set(sol, "add", HIDDEN_QUOTE + "def add(a, b):\n    return a + b\n"), {}, 3.0, []),
+        "bloat": (_with_cell(sol, BLOAT, after="test_allsum"), {}, 3.0, []),
+        "slow_under_load": (_set(sol, "allsum", SLOW_UNDER_LOAD), {}, 3.0, []),
+    }
