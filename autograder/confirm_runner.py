@@ -148,7 +148,12 @@ def main():
     # whatever the sandbox lets this process write is student code when it runs
     writable = [workdir, os.path.realpath(workdir), "/tmp", "/dev/shm", os.environ.get("HOME", workdir)]
     audit.STUDENT_FILES[:] = [p.rstrip("/") + "/" for p in writable]
-    audit.TRUSTED_FILES[:] = [p.rstrip("/") + "/" for p in path + [os.path.dirname(os.path.abspath(__file__))]]
+    # The interpreter, its standard library and the environment's packages are read-only in the
+    # sandbox wherever they live: a checkout and its .venv under /tmp (as CI's clone may be) is not
+    # student code because /tmp is writable around it.
+    installed = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    audit.TRUSTED_FILES[:] = [p.rstrip("/") + "/" for p in path + [os.path.dirname(os.path.abspath(__file__))]
+                              + sorted(installed)]
     audit.ALLOWED_ROOTS[:] = [p.rstrip("/") + "/" for p in [workdir, "/tmp", "/proc/self", "/dev"] + path] + \
         [sys.prefix + "/", sys.base_prefix + "/"]
     os.environ.update(spec.get("env", {}))
