@@ -8,11 +8,7 @@ another thread or under another file name, and one submission denying or bloatin
 """
 from __future__ import annotations
 
-import copy
-
-from nbformat.v4 import new_code_cell
-
-from autograder_fixtures import cell
+from autograder_fixtures import set_code, with_cell
 
 TESTS = ("test_add", "test_allsum")
 
@@ -134,31 +130,18 @@ HIDDEN_QUOTE = '# assert add(10, -3) == 7, "add must handle negative numbers"\n'
 BLOAT = "for k in range(1500):\n    display(k)\n"
 
 
-def _with_cell(nb, code, after="setup"):
-    nb = copy.deepcopy(nb)
-    i = next(k for k, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
-    nb.cells.insert(i + 1, new_code_cell(code))
-    return nb
-
-
-def _set(nb, gid, code):
-    nb = copy.deepcopy(nb)
-    cell(nb, gid).source = code
-    return nb
-
-
 def attack_bank(sol, release) -> dict:
     """student -> (notebook, files handed in, the score it deserves, tests flagged "not confirmed")."""
-    forged = _with_cell(_with_cell(release, KERNEL_ADD, after="add"), KERNEL_CHECKS, after="allsum")
+    forged = with_cell(with_cell(release, KERNEL_ADD, after="add"), KERNEL_CHECKS, after="allsum")
     return {
-        "root": (_with_cell(sol, ROOT), {}, 3.0, []),
-        "walk_stack": (_set(forged, "add", WALK_STACK), {}, 0.0, list(TESTS)),
-        "signal_frame": (_set(forged, "add", SIGNAL_FRAME), {}, 0.0, list(TESTS)),
-        "stdlib_name": (_set(forged, "add", STDLIB_NAME), {}, 0.0, list(TESTS)),
+        "root": (with_cell(sol, ROOT), {}, 3.0, []),
+        "walk_stack": (set_code(forged, "add", WALK_STACK), {}, 0.0, list(TESTS)),
+        "signal_frame": (set_code(forged, "add", SIGNAL_FRAME), {}, 0.0, list(TESTS)),
+        "stdlib_name": (set_code(forged, "add", STDLIB_NAME), {}, 0.0, list(TESTS)),
         "shadow_module": (release, SHADOW, 0.0, []),
-        "thread_library": (_set(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
-        "exec_library": (_set(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),
-        "hidden_quote": (_set(sol, "add", HIDDEN_QUOTE + "def add(a, b):\n    return a + b\n"), {}, 3.0, []),
-        "bloat": (_with_cell(sol, BLOAT, after="test_allsum"), {}, 3.0, []),
-        "slow_under_load": (_set(sol, "allsum", SLOW_UNDER_LOAD), {}, 3.0, []),
+        "thread_library": (set_code(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
+        "exec_library": (set_code(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),
+        "hidden_quote": (set_code(sol, "add", HIDDEN_QUOTE + "def add(a, b):\n    return a + b\n"), {}, 3.0, []),
+        "bloat": (with_cell(sol, BLOAT, after="test_allsum"), {}, 3.0, []),
+        "slow_under_load": (set_code(sol, "allsum", SLOW_UNDER_LOAD), {}, 3.0, []),
     }

@@ -5,6 +5,8 @@ import copy
 import json
 from pathlib import Path
 
+from nbformat.v4 import new_code_cell
+
 FIXTURE = Path(__file__).parent / "fixtures" / "course"
 SOLUTIONS = FIXTURE / "solutions"
 BUGBANK = FIXTURE / "bugbank"
@@ -22,6 +24,14 @@ def cell(nb, gid):
 def set_code(nb, gid, code):
     nb = copy.deepcopy(nb)
     cell(nb, gid).source = code
+    return nb
+
+
+def with_cell(nb, code, after="setup"):
+    """A copy of ``nb`` with a code cell inserted after the cell whose grade id is ``after``."""
+    nb = copy.deepcopy(nb)
+    i = next(k for k, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
+    nb.cells.insert(i + 1, new_code_cell(code))
     return nb
 
 

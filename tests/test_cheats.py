@@ -15,17 +15,15 @@ are graded in the same batch: nothing outside the sandbox changes, each gains no
 """
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import os
 import time
 
 import pytest
-from nbformat.v4 import new_code_cell
 
 from attack_bank import MACHINE, attack_bank
-from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, cell, write_class
+from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
 
 CELL_TIMEOUT, WALL = 20, 150
 
@@ -108,37 +106,24 @@ FAKE_MINIDIST = {
 }
 
 
-def _with_cell(nb, code, after="setup"):
-    nb = copy.deepcopy(nb)
-    i = next(k for k, c in enumerate(nb.cells) if c.metadata.get("nbgrader", {}).get("grade_id") == after)
-    nb.cells.insert(i + 1, new_code_cell(code))
-    return nb
-
-
-def _set(nb, gid, code):
-    nb = copy.deepcopy(nb)
-    cell(nb, gid).source = code
-    return nb
-
-
 # student -> (notebook, extra files, the score it deserves, tests it must be flagged "not confirmed" on)
 def cheat_bank(sol, release):
     return {
         "honest1": (sol, {}, 3.0, []),
-        "checks_patched": (_with_cell(release, PATCH_CHECKS), {}, 0.0, ["test_allsum"]),
-        "torch_patched": (_with_cell(_set(sol, "allsum", WRONG_ALLSUM), PATCH_TORCH), {}, 1.0, ["test_allsum"]),
-        "module_swapped": (_with_cell(release, SWAP_MODULE), {}, 0.0, ["test_allsum"]),
-        "code_rewritten": (_with_cell(release, CODE_REWRITE), {}, 0.0, ["test_allsum"]),
-        "patch_in_solution": (_set(sol, "allsum", WRONG_ALLSUM + PATCH_TORCH + PATCH_CHECKS), {}, 1.0,
+        "checks_patched": (with_cell(release, PATCH_CHECKS), {}, 0.0, ["test_allsum"]),
+        "torch_patched": (with_cell(set_code(sol, "allsum", WRONG_ALLSUM), PATCH_TORCH), {}, 1.0, ["test_allsum"]),
+        "module_swapped": (with_cell(release, SWAP_MODULE), {}, 0.0, ["test_allsum"]),
+        "code_rewritten": (with_cell(release, CODE_REWRITE), {}, 0.0, ["test_allsum"]),
+        "patch_in_solution": (set_code(sol, "allsum", WRONG_ALLSUM + PATCH_TORCH + PATCH_CHECKS), {}, 1.0,
                               ["test_allsum"]),
-        "library_answer": (_set(sol, "allsum", LIBRARY), {}, 1.0, []),
-        "outside_solution": (_with_cell(release, FAKE_ADD, after="add"), {}, 0.0, ["test_add"]),
+        "library_answer": (set_code(sol, "allsum", LIBRARY), {}, 1.0, []),
+        "outside_solution": (with_cell(release, FAKE_ADD, after="add"), {}, 0.0, ["test_add"]),
         "fake_minidist": (release, FAKE_MINIDIST, 0.0, []),        # the kernel imports the installed one
-        "snoop": (_with_cell(sol, SNOOP), {}, 3.0, []),
-        "vandal": (_with_cell(sol, VANDAL, after="test_add"), {}, 1.0, []),       # then kills its kernel
-        "killer": (_with_cell(sol, KILLER, after="test_add"), {}, 3.0, []),
-        "edit_minidist": (_with_cell(release, EDIT_MINIDIST), {}, 0.0, []),
-        "honest_helper": (_set(sol, "add", "from my_helpers import add\n"), {"my_helpers.py": FAKE_ADD}, 3.0, []),
+        "snoop": (with_cell(sol, SNOOP), {}, 3.0, []),
+        "vandal": (with_cell(sol, VANDAL, after="test_add"), {}, 1.0, []),       # then kills its kernel
+        "killer": (with_cell(sol, KILLER, after="test_add"), {}, 3.0, []),
+        "edit_minidist": (with_cell(release, EDIT_MINIDIST), {}, 0.0, []),
+        "honest_helper": (set_code(sol, "add", "from my_helpers import add\n"), {"my_helpers.py": FAKE_ADD}, 3.0, []),
         "honest2": (sol, {}, 3.0, []),
         **attack_bank(sol, release),
     }
