@@ -46,6 +46,14 @@ def one_thread():
         torch.set_num_threads(before)
 
 
+def report_passed(name: str, covered: str, hidden: bool = False) -> None:
+    """The one line a passing test cell prints: ``✓ ring_all_reduce (hidden): n=1..4, fp32/fp64 ...``.
+
+    ``covered`` names the cases in a few words (world sizes, dtypes, what was compared), so a
+    student sees what a green cell proved. Printed to stdout: nbgrader scores stderr as 0."""
+    print(f"\u2713 {name}{' (hidden)' if hidden else ''}: {covered}", flush=True)
+
+
 def mark_case(progress: str, text: str) -> None:
     """Inside a rank: record the case this rank starts now (named if the launch fails); the case
     before it must have waited for every asynchronous handle it launched."""
