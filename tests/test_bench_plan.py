@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+import minidist.runtime
+
 from minidist.benchmarks import plan as bench
 from minidist.cli import main
 from minidist.cost.tensor_parallel import tp_layer_flops
@@ -46,7 +48,7 @@ def test_model_time_is_the_planners_with_the_fitted_constants():
 
 
 def test_bad_layouts_are_refused_before_any_rank_starts(monkeypatch):
-    monkeypatch.setattr(bench, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(minidist.runtime, "launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match="not divisible"):
         bench.measure(CFG, [(1, 1, 8), (8, 1, 1)], batch=8, micro_batches=1)     # 4 heads, tp=8
     with pytest.raises(ValueError):
@@ -63,7 +65,7 @@ def fake_launch(step_ms):
 
 def test_rows_from_one_launch(monkeypatch):
     layouts = [(8, 1, 1), (2, 2, 2), (1, 2, 4), (4, 1, 2)]
-    monkeypatch.setattr(bench, "launch", fake_launch([10, 20, 40, 30]))
+    monkeypatch.setattr(minidist.runtime, "launch", fake_launch([10, 20, 40, 30]))
     rows = bench.measure(CFG, layouts, batch=8, micro_batches=1, steps=3)
     assert [r["layout"] for r in rows] == ["8x1x1", "2x2x2", "4x1x2", "1x2x4"]     # fastest measured first
     assert rows[0]["measured_ms"] == pytest.approx(10 * 1.07)                     # the slowest rank's step
@@ -76,7 +78,7 @@ def test_rows_from_one_launch(monkeypatch):
 
 
 def test_cli_json_shape(monkeypatch, capsys):
-    monkeypatch.setattr(bench, "launch", fake_launch([10, 20, 40, 30, 25, 15]))
+    monkeypatch.setattr(minidist.runtime, "launch", fake_launch([10, 20, 40, 30, 25, 15]))
     args = ["bench", "plan", "--json", "--layouts", "8x1x1,2x2x2,4x1x2,4x2x1,2x4x1,1x4x2", "--d-model", "8",
             "--heads", "2", "--layers", "4", "--seq", "4", "--vocab", "16", "--batch", "16", "--steps", "2"]
     assert main(args) == 0

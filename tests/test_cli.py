@@ -63,10 +63,10 @@ def test_help_of_every_command_imports_no_torch_and_shows_defaults_and_an_exampl
     # One fresh interpreter for all of them: this one has imported torch long ago.
     code = """if True:
         import contextlib, io, json, sys
-        from minidist.cli import main
+        from minidist.cli import benchmarks, main
         out = {}
-        for argv in (["--help"], ["doctor", "--help"], ["tour", "--help"], ["plan", "--help"], ["lab", "--help"],
-                     ["lab", "copy", "--help"], ["bench", "--help"]):
+        for argv in [["--help"], ["doctor", "--help"], ["tour", "--help"], ["plan", "--help"], ["lab", "--help"],
+                     ["lab", "copy", "--help"], ["bench", "--help"]] + [["bench", b, "--help"] for b in benchmarks()]:
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
                 main(argv)
@@ -82,6 +82,13 @@ def test_help_of_every_command_imports_no_torch_and_shows_defaults_and_an_exampl
         assert max(len(line) for line in text.splitlines()) <= 100, argv
     assert "(default: 80GB)" in result["help"]["plan --help"] and "(default: 10%)" in result["help"]["plan --help"]
     assert "llama-70b: 69B parameters, 80 layers" in result["help"]["plan --help"]
+    assert "bench collectives --help" in result["help"] and "bench zero --help" in result["help"]
+
+
+def test_the_collectives_benchmark_names_every_all_reduce_of_the_library():
+    from minidist.benchmarks.collectives import ALGORITHMS
+    from minidist.collectives import ALL_REDUCES
+    assert ALGORITHMS == tuple(ALL_REDUCES)
 
 
 def test_units_read_the_same_everywhere():

@@ -16,6 +16,9 @@ reads as the speed of one link and does not depend on N (nccl-tests PERFORMANCE.
 α and β of the α-β model are fitted by least squares to all minidist rows at once
 (each algorithm with its own coefficients from ``minidist.cost.allreduce_terms``) and
 every row shows the model's prediction next to the measurement.
+
+torch is imported where the work starts, not at the top: ``minidist bench collectives --help``
+answers without it (``minidist bench cli`` measures that).
 """
 from __future__ import annotations
 
@@ -23,25 +26,22 @@ import argparse
 import statistics
 import sys
 
-import torch
-import torch.distributed as dist
-
-import minidist
-from minidist import cost
-from minidist.collectives import ALL_REDUCES
 from minidist.units import byte_list_arg, parse_bytes, positive_int_arg
 
 NATIVE = "native"
+#: the keys of ``minidist.collectives.ALL_REDUCES``, named here so that --help needs no torch
+#: (tests/test_cli.py checks that the two agree)
+ALGORITHMS = ("parameter_server", "naive", "parallel", "tree", "ring", "recursive_halving", "fast_ring")
 DEFAULT_ALGORITHMS = [NATIVE, "ring", "fast_ring", "recursive_halving", "tree", "naive", "parameter_server", "parallel"]
 parse_size = parse_bytes      # '64K' -> 65536 (K, M, G binary, as nccl-tests; KB = 1000, KiB = 1024)
 
 
 def _algorithm_list(text: str) -> list[str]:
     names = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a != NATIVE and a not in ALL_REDUCES]
+    unknown = [a for a in names if a != NATIVE and a not in ALGORITHMS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown algorithm {', '.join(unknown) or repr(text)}; "
-                                         f"choose from {NATIVE},{','.join(ALL_REDUCES)}")
+                                         f"choose from {NATIVE},{','.join(ALGORITHMS)}")
     return names
 
 
@@ -57,7 +57,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sizes", type=byte_list_arg, default="1K,64K,1M,16M",
                         help="bytes per rank, comma-separated: 1K = 1KiB = 1024, 1KB = 1000, 16MiB")
     parser.add_argument("--algorithms", type=_algorithm_list, default=",".join(DEFAULT_ALGORITHMS),
-                        help=f"comma-separated, from {NATIVE},{','.join(ALL_REDUCES)}")
+                        help=f"comma-separated, from {NATIVE},{','.join(ALGORITHMS)}")
     parser.add_argument("--iters", type=positive_int_arg, default=None, help="timed calls per size (default: by size)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--plot", default=None, metavar="PATH", help="save busbw vs size with the fitted model")
@@ -69,6 +69,11 @@ def _iters_for(nbytes: int) -> int:
 
 def _measure(sizes, algorithms, iters, warmup, functions):
     """Runs on every rank: {(algorithm, size): [seconds per call]} of this rank."""
+    import torch
+    import torch.distributed as dist
+
+    import minidist
+    from minidist.collectives import ALL_REDUCES
     times = {}
     for nbytes in sizes:
         g = torch.Generator().manual_seed(dist.get_rank())
@@ -100,6 +105,9 @@ def measure(world_size=4, sizes=(1 << 10, 64 << 10, 1 << 20, 16 << 20), algorith
     from a lab), measured in the same interleaved run; ``models`` names the cost model of
     each (``{"my_ring": "ring"}``) so that it joins the α-β fit.
     """
+    import minidist
+    from minidist import cost
+    from minidist.collectives import ALL_REDUCES
     functions, models = dict(functions or {}), {a: a for a in ALL_REDUCES} | dict(models or {})
     algorithms = list(algorithms) + [f for f in functions if f not in algorithms]
     unknown = [a for a in algorithms if a != NATIVE and a not in ALL_REDUCES and a not in functions]

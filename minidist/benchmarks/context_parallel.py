@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-import torch.distributed as dist
+IMPLS = ("ulysses", "ring, overlap", "ring, no overlap")
 
-from minidist import cost
-from minidist.context_parallel import ring_attention, shard, ulysses_attention
-from minidist.runtime import device, launch, timed
-from minidist.trace import trace
 
-IMPLS = {
-    "ulysses": lambda q, k, v: ulysses_attention(q, k, v, True),
-    "ring, overlap": lambda q, k, v: ring_attention(q, k, v, True, zigzag=True, overlap=True),
-    "ring, no overlap": lambda q, k, v: ring_attention(q, k, v, True, zigzag=True, overlap=False),
-}
+def _attention(name: str, q, k, v):
+    from minidist.context_parallel import ring_attention, ulysses_attention    # torch: not for --help
+    if name == "ulysses":
+        return ulysses_attention(q, k, v, True)
+    return ring_attention(q, k, v, True, zigzag=True, overlap=name == "ring, overlap")
 
 
 def add_arguments(parser):
@@ -45,6 +40,11 @@ def add_arguments(parser):
 
 
 def _inputs(name, seq, heads, kv_heads, head_dim, batch):
+    import torch
+    import torch.distributed as dist
+
+    from minidist.context_parallel import shard
+    from minidist.runtime import device
     r, p = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(0)
     zigzag = name.startswith("ring")
@@ -55,12 +55,16 @@ def _inputs(name, seq, heads, kv_heads, head_dim, batch):
 
 
 def _step(name, inputs):
+    from minidist.runtime import timed
     with timed() as clock:
-        IMPLS[name](*inputs).sum().backward()
+        _attention(name, *inputs).sum().backward()
     return clock.seconds
 
 
 def _bench(seq, heads, kv_heads, head_dim, batch, steps, warmup):
+    import torch.distributed as dist
+
+    from minidist.trace import trace
     inputs = {name: _inputs(name, seq, heads, kv_heads, head_dim, batch) for name in IMPLS}
     times, sent, parts = {name: [] for name in IMPLS}, {}, {"pass": [], "block": []}
     for step in range(warmup + steps):
@@ -79,6 +83,8 @@ def _bench(seq, heads, kv_heads, head_dim, batch, steps, warmup):
 
 
 def run(args) -> list[dict]:
+    from minidist import cost
+    from minidist.runtime import launch
     p, kv = args.world_size, args.kv_heads or args.heads
     rows = []
     for seq in (int(s) for s in args.seqs.split(",")):

@@ -9,14 +9,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-
-import minidist
-from minidist.data_parallel import BucketedDDP, NaiveDDP
-from minidist.models import TinyMLP
-
 
 def add_arguments(parser):
     parser.add_argument("--world-size", type=int, default=2)
@@ -29,7 +21,14 @@ def add_arguments(parser):
 
 
 def _bench(hidden, layers, batch, bucket_mb, steps, warmup):
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
+
+    import minidist
+    from minidist.data_parallel import BucketedDDP, NaiveDDP
+    from minidist.models import TinyMLP
     rank, n = dist.get_rank(), dist.get_world_size()
     shape = dict(d_in=256, hidden=hidden, d_out=256, n_hidden=layers)
     cap = int(bucket_mb * (1 << 20))
@@ -58,6 +57,7 @@ def _bench(hidden, layers, batch, bucket_mb, steps, warmup):
 
 
 def run(args) -> list[dict]:
+    import minidist
     out = minidist.launch(_bench, args.world_size, args.hidden, args.layers, args.batch, args.bucket_mb,
                           args.steps, args.warmup, timeout=600)
     numel = out[0][1]

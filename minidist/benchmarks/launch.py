@@ -10,12 +10,6 @@ import os
 import statistics
 import tempfile
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-
-import minidist
-
 
 def add_arguments(parser):
     parser.add_argument("--world-size", type=int, default=4)
@@ -23,12 +17,15 @@ def add_arguments(parser):
 
 
 def _one_all_reduce():
+    import torch
+    import torch.distributed as dist
     t = torch.ones(4)
     dist.all_reduce(t)
     return t[0].item()
 
 
 def _torch_spawn_worker(rank, world_size, store_path):
+    import torch.distributed as dist
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
@@ -37,11 +34,13 @@ def _torch_spawn_worker(rank, world_size, store_path):
 
 
 def _torch_spawn(world_size):
+    import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as d:
         mp.spawn(_torch_spawn_worker, args=(world_size, os.path.join(d, "store")), nprocs=world_size, join=True)
 
 
 def _time(fn, repeats):
+    import minidist
     times = []
     for _ in range(repeats):
         with minidist.timed() as t:
@@ -51,6 +50,7 @@ def _time(fn, repeats):
 
 
 def run(args) -> list[dict]:
+    import minidist
     n = args.world_size
     fast = max(1, args.repeats)
     slow = max(1, min(3, args.repeats // 2))

@@ -15,24 +15,14 @@ from __future__ import annotations
 
 import statistics
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-
-import minidist
-from minidist.cost import pipeline_bubble, pipeline_peak_activations
-from minidist.models import block_stack, regression_batch
-from minidist.pipeline import Costs, make, partition, rank_chunks, run_schedule, simulate
-from minidist.pipeline import bubble_of, slots_from_trace
-from minidist.trace import merge, trace
-
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 
 def add_arguments(parser):
     parser.add_argument("--p", type=int, default=4, help="pipeline ranks")
     parser.add_argument("--m", type=int, nargs="+", default=[1, 4, 8, 16], help="micro-batch counts")
-    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES)
+    parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=SCHEDULES, metavar="NAME",
+                        help=f"schedules to measure, from {', '.join(SCHEDULES)}")
     parser.add_argument("--v", type=int, default=2, help="chunks per rank for interleaved")
     parser.add_argument("--t-f", type=float, default=0.05, help="sleep seconds per stage forward")
     parser.add_argument("--t-b", type=float, default=0.1, help="sleep seconds per stage backward")
@@ -45,6 +35,7 @@ def add_arguments(parser):
 
 
 def _cases(args):
+    from minidist.pipeline import make       # torch, imported when the benchmark runs (not for --help)
     out = []
     for name in args.schedules:
         for m in args.m:
@@ -59,6 +50,11 @@ def _cases(args):
 
 
 def _sleep_rank(cases, costs_by_v, repeats, width=8):
+    import torch.distributed as dist
+
+    from minidist.models import block_stack, regression_batch
+    from minidist.pipeline import make, partition, rank_chunks, run_schedule
+    from minidist.trace import trace
     rank, p = dist.get_rank(), dist.get_world_size()
     x, y = regression_batch(16 * 4, width)
     out = []
@@ -77,6 +73,10 @@ def _sleep_rank(cases, costs_by_v, repeats, width=8):
 
 
 def _bubble_rows(args):
+    import minidist
+    from minidist.cost import pipeline_bubble, pipeline_peak_activations
+    from minidist.pipeline import Costs, bubble_of, make, simulate, slots_from_trace
+    from minidist.trace import merge
     cases = _cases(args)
     runnable = [(n, m, v) for n, m, v, why in cases if why is None]
     costs_by_v = {v: Costs(F=args.t_f / v, B=args.t_b / v) for v in {1, args.v}}
@@ -113,7 +113,13 @@ def _bubble_rows(args):
 
 
 def _torch_rank(p, m, width, batch, n_blocks, repeats):
+    import torch.distributed as dist
+    import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    import minidist
+    from minidist.models import block_stack, regression_batch
+    from minidist.pipeline import make, partition, run_schedule
 
     rank = dist.get_rank()
     stages = partition(block_stack(n_blocks, width), p)
@@ -146,6 +152,7 @@ def _torch_rank(p, m, width, batch, n_blocks, repeats):
 
 
 def _torch_rows(args):
+    import minidist
     m = 8 if 8 in args.m else max(args.m)
     try:
         results = minidist.launch(_torch_rank, args.p, args.p, m, args.width, args.batch, 2 * args.p,

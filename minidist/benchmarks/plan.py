@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import statistics
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-
-from minidist import cost
+from minidist import cost                  # the cost models import no torch: --help stays fast
 from minidist.cost import planner
 from minidist.cost.tensor_parallel import Link
-from minidist.mesh import Trainer3D, check_3d
-from minidist.models import GPTConfig, TinyGPT, gpt_batch
-from minidist.runtime import device, launch, timed
+
+if TYPE_CHECKING:
+    from minidist.models import GPTConfig
 
 DEFAULT_LAYOUTS = "8x1x1,4x2x1,4x1x2,2x2x2,2x4x1,2x1x4,1x2x4,1x4x2"      # d x p x t
 P2P_SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
@@ -117,6 +115,10 @@ def model_time(cfg: GPTConfig, layout, *, batch: int, micro_batches: int, alpha:
 # ---------------------------------------------------------------------------------- on the ranks
 def _p2p(sizes, reps):
     """Ping-pong with the neighbour (0-1, 2-3, ...), all pairs at once: {bytes: [one-way seconds]}."""
+    import torch
+    import torch.distributed as dist
+
+    from minidist.runtime import device, timed
     rank = dist.get_rank()
     peer = rank ^ 1
     out = {}
@@ -139,6 +141,10 @@ def _p2p(sizes, reps):
 def _matmul_flops(m, k, n, reps=5, inner=20):
     """FLOP/s of this rank's (m, k) @ (k, n), all ranks at once; ``inner`` products per timing so that
     a timing spans several scheduler slices of the shared cores, as a training step does."""
+    import torch
+    import torch.distributed as dist
+
+    from minidist.runtime import device, timed
     a, b = torch.randn(m, k, device=device()), torch.randn(k, n, device=device())
     a @ b
     times = []
@@ -152,6 +158,11 @@ def _matmul_flops(m, k, n, reps=5, inner=20):
 
 
 def _measure(cfg, layouts, batch, micro_batches, schedule, steps, warmup):
+    import torch.distributed as dist
+
+    from minidist.mesh import Trainer3D
+    from minidist.models import TinyGPT, gpt_batch
+    from minidist.runtime import timed
     p2p = _p2p(P2P_SIZES, 9)
     flops = _matmul_flops(batch * cfg.seq_len // 2, cfg.d_model, 4 * cfg.d_model)
     trainers = [Trainer3D(TinyGPT(cfg), dp, pp, tp, batch=batch, micro_batches=micro_batches, schedule=schedule,
@@ -171,6 +182,8 @@ def _measure(cfg, layouts, batch, micro_batches, schedule, steps, warmup):
 def measure(cfg: GPTConfig, layouts, *, batch: int, micro_batches: int = 2, schedule: str = "1f1b", steps: int = 5,
             warmup: int = 1, timeout: float = 600) -> list[dict]:
     """One launch: the fit and every layout's steps; one row per layout, fastest measured first."""
+    from minidist.mesh import check_3d
+    from minidist.runtime import launch
     layouts = [tuple(x) for x in layouts]
     worlds = {dp * pp * tp for dp, pp, tp in layouts}
     if len(worlds) != 1 or len(layouts) < 2:
@@ -202,6 +215,7 @@ def measure(cfg: GPTConfig, layouts, *, batch: int, micro_batches: int = 2, sche
 
 
 def run(args) -> list[dict]:
+    from minidist.models import GPTConfig
     cfg = GPTConfig(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
                     seq_len=args.seq)
     rows = measure(cfg, parse_layouts(args.layouts), batch=args.batch, micro_batches=args.micro_batches,

@@ -16,13 +16,6 @@ from __future__ import annotations
 import copy
 import statistics
 
-import torch
-import torch.distributed as dist
-
-from minidist.models import GPTConfig, TinyGPT, gpt_batch, gpt_loss
-from minidist.runtime import device, launch, timed
-from minidist.tensor_parallel import tensor_parallel_gpt, torch_parallelize
-
 
 def add_arguments(parser):
     parser.add_argument("--world-sizes", default="2,4", help="comma-separated tensor-parallel sizes")
@@ -39,6 +32,9 @@ def add_arguments(parser):
 def _step(model, opt, ids, targets, ours: bool):
     """One training step; returns (seconds for forward+backward, seconds in all)."""
     from torch.distributed.tensor.parallel import loss_parallel
+
+    from minidist.models import gpt_loss
+    from minidist.runtime import timed
     with timed() as step:
         with timed() as fwd_bwd:
             logits = model(ids)
@@ -54,7 +50,13 @@ def _step(model, opt, ids, targets, ours: bool):
 
 
 def _bench(cfg_kwargs, batch, steps, warmup):
+    import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+
+    from minidist.models import GPTConfig, TinyGPT, gpt_batch
+    from minidist.runtime import device
+    from minidist.tensor_parallel import tensor_parallel_gpt, torch_parallelize
     cfg = GPTConfig(**cfg_kwargs)
     ref = TinyGPT(cfg)
     ids, targets = gpt_batch(0, batch, cfg.seq_len, cfg.vocab)
@@ -76,6 +78,7 @@ def _bench(cfg_kwargs, batch, steps, warmup):
 
 
 def run(args) -> list[dict]:
+    from minidist.runtime import launch
     rows = []
     for t in (int(w) for w in args.world_sizes.split(",")):
         cfg = dict(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,

@@ -9,16 +9,7 @@ same model, measured the same way from its DTensors' local shards. The rows feed
 """
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-
-import minidist
-from minidist.cost import zero_memory_bytes_fp32
-from minidist.harness.data_parallel import ZERO_STAGE, train_cases
-from minidist.memory import peak_bytes, storage_bytes
-from minidist.models import TinyMLP, mlp_batch
+from minidist.cost import zero_memory_bytes_fp32      # the cost models import no torch: --help stays fast
 
 LABEL = {"bucketed_ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
 
@@ -37,8 +28,16 @@ def _local(t):
 
 def _fsdp2(model_kwargs, batch):
     """torch FSDP2 on the same model; returns (memory dict, peak) or raises if unsupported."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    import torch.nn.functional as F
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    import minidist
+    from minidist.memory import peak_bytes, storage_bytes
+    from minidist.models import TinyMLP, mlp_batch
     mesh = init_device_mesh(minidist.device().type, (dist.get_world_size(),))
     model = TinyMLP(**model_kwargs)
     for m in model.modules():
@@ -68,6 +67,7 @@ def _fsdp2(model_kwargs, batch):
 
 
 def _bench(model_kwargs, with_fsdp2, bucket_bytes):
+    from minidist.harness.data_parallel import train_cases
     cases = [dict(variant=v, model_kwargs=model_kwargs, bucket_cap_bytes=bucket_bytes, steps=2, measure=True, peak=True, batch=48)
              for v in LABEL]
     out = {"ours": train_cases(cases)}
@@ -80,6 +80,8 @@ def _bench(model_kwargs, with_fsdp2, bucket_bytes):
 
 
 def run(args) -> list[dict]:
+    import minidist
+    from minidist.harness.data_parallel import ZERO_STAGE
     n = args.world_size
     model_kwargs = dict(d_in=64, hidden=args.hidden, d_out=64, n_hidden=args.layers)
     out = minidist.launch(_bench, n, model_kwargs, not args.no_fsdp2, args.bucket_kb << 10, timeout=600)
