@@ -285,3 +285,51 @@ def test_mesh_groups():
     assert ep_dp_groups(8, 4)["dp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
     with pytest.raises(ValueError):
         ep_dp_groups(4, 3)
+
+
+# ============================================================================= planner
+def test_planner_ranks_ep_layouts_for_a_moe_model():
+    from minidist.cost.planner import Cluster, ModelSpec, explain, plan_layouts, stage_param_split
+    moe = ModelSpec(4.6e9, 2, 2048, 1, 1024, experts=64, top_k=2)      # one head: no TP, so EP must carry the experts
+    h = 2048
+    assert moe.layer_params == 4 * h * h + 8 * h + 64 * h + 64 * (8 * h * h + 5 * h)
+    dense_part, experts = stage_param_split(moe, 1, 1, 4)
+    assert experts == 2 * 16 * (8 * h * h + 5 * h) and dense_part + 4 * experts == pytest.approx(moe.params)
+    cluster = Cluster(16, 8, 12e9)
+    plans = plan_layouts(moe, cluster, global_batch=64)
+    feasible = [p for p in plans if p.feasible]
+    assert feasible and all(p.ep > 1 for p in feasible), "EP=1 cannot hold 64 experts' states in 12 GB"
+    assert [p.time["total"] for p in feasible] == sorted(p.time["total"] for p in feasible)
+    assert any("not divisible by EP" in p.reason for p in plans if moe.experts % p.ep) or all(
+        moe.experts % p.ep == 0 for p in plans)
+    assert all(p.time["ep"] > 0 and p.time["total"] == pytest.approx(sum(v for k, v in p.time.items() if k != "total"))
+               for p in feasible)
+    by_layout = {(p.dp, p.pp, p.cp, p.ep, p.micro_batch): p for p in plans if p.time}
+    across, inside = by_layout[(8, 2, 1, 8, 1)], by_layout[(8, 2, 1, 4, 1)]
+    assert across.links["ep"] == "InfiniBand" and inside.links["ep"] == "NVLink"
+    assert across.time["ep"] > inside.time["ep"]
+    ep2 = by_layout[(8, 2, 1, 2, 1)]
+    assert across.memory["params"] < inside.memory["params"] < ep2.memory["params"]     # weights split over EP
+    assert across.memory["optimizer"] == inside.memory["optimizer"] == ep2.memory["optimizer"]   # ZeRO-1: / DP anyway
+    text = explain(plans, cluster)
+    top = feasible[0]
+    assert f"EP={top.ep}" in text and "EP=1 (every GPU holds all experts): no layout fits." in text
+    dense = plan_layouts(ModelSpec(4.6e9, 2, 2048, 1, 1024), cluster, global_batch=64)
+    assert all(p.ep == 1 and "ep" not in p.time for p in dense)
+
+
+def test_cli_plan_experts(capsys):
+    from minidist.cli import main
+    assert main(["plan", "--params", "53B", "--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "4096",
+                 "--experts", "64", "--top-k", "2", "--gpus", "64", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "64 experts per layer, top-2" in out and " EP " in out.splitlines()[out.splitlines().index(
+        next(line for line in out.splitlines() if line.startswith("#")))]
+    assert "EP inside a node" in out and "EP across nodes" in out
+    assert main(["plan", "--model", "mixtral-8x7b", "--seq", "4096", "--gpus", "64", "--json"]) == 0
+    import json
+    data = json.loads(capsys.readouterr().out)
+    assert any(p["ep"] > 1 and p["feasible"] for p in data["layouts"])
+    with pytest.raises(SystemExit):
+        main(["plan", "--model", "mixtral-8x7b", "--top-k", "9", "--gpus", "8"])
+    assert "--top-k 9 is more than the 8 experts" in capsys.readouterr().err
