@@ -46,7 +46,8 @@ def add_arguments(p) -> None:
     model.add_argument("--experts", type=positive_int_arg, metavar="N",
                        help="experts per layer: a Mixture of Experts, each expert an MLP (default 1: dense)")
     model.add_argument("--top-k", type=positive_int_arg, metavar="K", help="experts each token uses (default 1)")
-    model.add_argument("--ffn", type=positive_int_arg, metavar="N", help="width of each expert's MLP (default 4 x hidden)")
+    model.add_argument("--ffn", type=positive_int_arg, metavar="N",
+                       help="width of each expert's MLP (default 4 x hidden)")
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--gpus", type=positive_int_arg, metavar="N", required=True, help="GPUs in all")
     cluster.add_argument("--gpus-per-node", type=positive_int_arg, default=8, metavar="N", help="GPUs per node (NVLink inside)")
