@@ -324,4 +324,5 @@ EXEMPT = {
     "minidist.expert_parallel.local_expert_range": "a range of ints from the group's rank and size",
     "minidist.expert_parallel.ep_dp_groups": _PURE,
     "minidist.harness.expert_parallel.MoECase": "a frozen dataclass of sizes",
+    "minidist.harness.expert_parallel.expected_traffic": "the cost model's numbers (ints, no tensor)",
 }
