@@ -331,3 +331,16 @@ def test_cli_plan_experts(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--model", "mixtral-8x7b", "--top-k", "9", "--gpus", "8"])
     assert "--top-k 9 is more than the 8 experts" in capsys.readouterr().err
+
+
+def test_bench_rows_carry_traced_bytes_equal_to_the_formula():
+    import argparse
+    from minidist.benchmarks import expert_parallel as bench
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    rows = bench.run(parser.parse_args(["--tokens", "16", "--ep", "2", "--hidden", "8", "--experts", "4",
+                                        "--steps", "1", "--warmup", "0"]))
+    assert [(r["ep"], r["tokens"], r["equal"]) for r in rows] == [(2, 16, True)]
+    assert rows[0]["bytes_theory"] == 4 * 16 * 2 * 8 * 4 + 8 * 4 and rows[0]["torch_a2a_ms"] > 0
+    with pytest.raises(ValueError):
+        bench.run(parser.parse_args(["--ep", "3", "--experts", "4"]))
