@@ -312,7 +312,7 @@ def test_planner_ranks_ep_layouts_for_a_moe_model():
     assert across.memory["optimizer"] == inside.memory["optimizer"] == ep2.memory["optimizer"]   # ZeRO-1: / DP anyway
     text = explain(plans, cluster)
     top = feasible[0]
-    assert f"EP={top.ep}" in text and "EP=1 (every GPU holds all experts): no layout fits." in text
+    assert f"EP={top.ep}" in text and "EP=1 (every GPU holds all experts): no layout that fits uses it." in text
     dense = plan_layouts(ModelSpec(4.6e9, 2, 2048, 1, 1024), cluster, global_batch=64)
     assert all(p.ep == 1 and "ep" not in p.time for p in dense)
 
