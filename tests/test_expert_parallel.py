@@ -347,7 +347,7 @@ def test_bench_rows_carry_traced_bytes_equal_to_the_formula():
         bench.run(parser.parse_args(["--ep", "3", "--experts", "4"]))
 
 
-# ============================================================================= GPU (make test-gpu; the 4-GPU tour covers e > 1)
+# ============================================================================= GPU (make test-gpu; 4-GPU tour: e > 1)
 def _one_rank_layer():
     from minidist.expert_parallel import MoELayer
     layer = MoELayer(H, F, E, k=2, capacity_factor=1.0, balance_coef=0.0, device=minidist.device())   # world of one
