@@ -11,7 +11,9 @@
 * ``parallel3d``: DP × PP × TP per rank: parameters of a stage, traffic per axis, memory (``minidist.mesh``);
 * ``planner``: every (DP, PP, TP, CP, micro-batch) layout of a cluster ranked by modelled step time (``minidist plan``);
 * ``context_parallel``: bytes per rank of Ulysses' all-to-alls and ring attention's block
-  passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards.
+  passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards;
+* ``expert_parallel``: bytes per rank of MoE dispatch and combine (forward and backward), load
+  imbalance over the expert ranks, their α-β time, MoE MLP FLOPs.
 
 The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
 """
@@ -24,6 +26,9 @@ from minidist.cost.context_parallel import (causal_scores, hybrid_collectives, i
 from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, largest_model, ring_wire_bytes,
                                          theory_wire_bytes, zero_bytes_per_param, zero_memory_bytes,
                                          zero_memory_bytes_fp32)
+from minidist.cost.expert_parallel import (COUNT_BYTES, ep_bytes_per_rank, ep_collectives, ep_comm_time,
+                                           ep_layer_collectives, ep_rows, expert_load_imbalance, moe_activation_bytes,
+                                           moe_layer_flops, rank_loads)
 from minidist.cost.pipeline import (PIPELINE_SCHEDULES, pipeline_bubble, pipeline_bubble_ratio,
                                     pipeline_peak_activations)
 from minidist.cost.scale import GPT3_PARAMS, GPT3_TOKENS, PEAK_TFLOPS, gpu_years, model_bytes, training_flops
@@ -45,4 +50,6 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "tp_wire_bytes", "tp_activation_bytes_paper", "tp_activation_terms", "tp_activation_bytes",
            "Link", "NVLINK_H100", "INFINIBAND_NDR", "tp_comm_time", "tp_layer_flops",
            "ulysses_collectives", "ulysses_kv_heads", "ring_attention_messages", "causal_scores",
-           "ring_computed_scores", "imbalance", "hybrid_collectives"]
+           "ring_computed_scores", "imbalance", "hybrid_collectives",
+           "COUNT_BYTES", "ep_rows", "ep_collectives", "ep_layer_collectives", "ep_bytes_per_rank", "rank_loads",
+           "expert_load_imbalance", "ep_comm_time", "moe_layer_flops", "moe_activation_bytes"]
