@@ -21,7 +21,7 @@ import minidist
 from minidist import cost
 from minidist.checks.groups import consecutive_groups
 from minidist.memory import ActivationMeter, model_state
-from minidist.memory_techniques import (DynamicLossScaler, ZeroMixedPrecision, make_master_params, make_master_shard,
+from minidist.memory_techniques import (DynamicLossScaler, OffloadOptimizer, ZeroMixedPrecision, make_master_params, make_master_shard,
                                         mixed_precision_step, recompute_blocks, state_bytes, to_low_precision,
                                         zero1_mixed_precision_step)
 from minidist.models import GPTConfig, TinyGPT, flat_parameters, gpt_batch, gpt_loss, local_slice
@@ -285,3 +285,26 @@ def test_recompute_tensor_parallel_gpt_with_and_without_sequence_parallelism():
                 for k in ("y", "dx"):
                     assert torch.equal(r[k], runs["none"][k]), (rank, t, sp, policy, k)
                 assert all(torch.equal(a, b) for a, b in zip(r["grads"], runs["none"]["grads"], strict=True))
+
+
+def test_offload_steps_on_the_host_and_moves_4_bytes_per_parameter():
+    init, ref = reference("bf16")
+    model = to_low_precision(TinyGPT(**CFG, device="cpu"), torch.bfloat16)
+    opt = OffloadOptimizer(model.parameters(), host="cpu", lr=LR)
+    numel = _numel()
+    for step in range(STEPS):
+        ids, tgt = gpt_batch(step, BATCH, CFG["seq_len"], CFG["vocab"], device="cpu")
+        gpt_loss(model(ids), tgt).backward()
+        on_device = opt.device_bytes()
+        assert opt.step()
+        assert opt.traffic == {"down": 2 * numel, "up": 2 * numel} == {
+            k: v for k, v in cost.offload_traffic_bytes(numel).items() if k != "total"}
+    assert on_device["total"] == cost.offload_memory_bytes(numel)["device"] == 4 * numel
+    assert opt.host_bytes() == pytest.approx(cost.offload_memory_bytes(numel)["host"], rel=SLACK)
+    assert _relative_error(torch.cat([m.detach().reshape(-1) for m in opt.masters]), ref, init) < TOL["bf16"]
+    # fp16 with a scaler: an overflow moves nothing
+    model = to_low_precision(TinyGPT(**CFG, device="cpu"), torch.float16)
+    opt = OffloadOptimizer(model.parameters(), scaler=DynamicLossScaler(2.0 ** 10), lr=LR)
+    ids, tgt = gpt_batch(0, BATCH, CFG["seq_len"], CFG["vocab"], device="cpu")
+    (gpt_loss(model(ids), tgt) * float("inf")).backward()
+    assert not opt.step() and opt.traffic == {"down": 0, "up": 0} and opt.scaler.get_scale() == 512
