@@ -25,7 +25,10 @@ from minidist.memory_techniques import (DynamicLossScaler, OffloadOptimizer, Zer
                                         mixed_precision_step, recompute_blocks, state_bytes, to_low_precision,
                                         zero1_mixed_precision_step)
 from minidist.models import GPTConfig, TinyGPT, flat_parameters, gpt_batch, gpt_loss, local_slice
+from minidist.runtime import import_optimizers_before_fork
 from minidist.trace import trace
+
+import_optimizers_before_fork()      # the ranks build optimizers: they inherit torch._dynamo's import
 
 CFG = dict(vocab=37, d_model=16, n_heads=2, n_layers=2, seq_len=8)      # 7,349 parameters: no N divides it
 BATCH, STEPS, LR = 8, 2, 1e-3

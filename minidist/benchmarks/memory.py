@@ -89,6 +89,8 @@ def _bench(cfg: dict, batch: int) -> list[dict]:
 def run(args) -> list[dict]:
     import minidist
     from minidist.cost import activation_bytes, mixed_precision_memory_bytes
+    from minidist.runtime import import_optimizers_before_fork
+    import_optimizers_before_fork()      # the ranks build optimizers: they inherit the import
     n = args.world_size
     cfg = dict(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, seq_len=args.seq)
     out = minidist.launch(_bench, n, cfg, args.batch, timeout=600)

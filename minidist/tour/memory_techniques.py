@@ -71,7 +71,8 @@ def _both() -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _mixed_launch(world_size: int):
-    from minidist.runtime import launch, timed
+    from minidist.runtime import import_optimizers_before_fork, launch, timed
+    import_optimizers_before_fork()      # the ranks build optimizers: they inherit the import
     with timed() as elapsed:
         out = launch(_both, world_size, timeout=180)
     return out, elapsed.seconds
