@@ -21,9 +21,9 @@ import minidist
 from minidist import cost
 from minidist.checks.groups import consecutive_groups
 from minidist.memory import ActivationMeter, model_state
-from minidist.memory_techniques import (DynamicLossScaler, OffloadOptimizer, ZeroMixedPrecision, make_master_params, make_master_shard,
-                                        mixed_precision_step, recompute_blocks, state_bytes, to_low_precision,
-                                        zero1_mixed_precision_step)
+from minidist.memory_techniques import (DynamicLossScaler, OffloadOptimizer, ZeroMixedPrecision, make_master_params,
+                                        make_master_shard, mixed_precision_step, recompute_blocks, state_bytes,
+                                        to_low_precision, zero1_mixed_precision_step)
 from minidist.models import GPTConfig, TinyGPT, flat_parameters, gpt_batch, gpt_loss, local_slice
 from minidist.runtime import import_optimizers_before_fork
 from minidist.trace import trace
@@ -39,7 +39,8 @@ SLACK = 0.005          # Adam's step counters and shard padding, relative
 # are ~lr·sign(g), so a tiny gradient whose sign 16 bits flip moves 2·lr the other way). Measured:
 # bf16 0.06-0.12, fp16 0.06-0.07; one step skipped: 0.46; fp32 itself: 0.
 TOL = {"bf16": 0.2, "fp16": 0.15}
-TP_CFG = GPTConfig(vocab=16, d_model=16, n_heads=4, n_layers=2, seq_len=8, dropout=0.1)
+# GQA: 2 kv heads, split on t = 2, replicated on t = 4
+TP_CFG = GPTConfig(vocab=16, d_model=16, n_heads=4, n_kv_heads=2, n_layers=2, seq_len=8, dropout=0.1)
 
 
 def _numel():
@@ -283,7 +284,8 @@ def test_recompute_tensor_parallel_gpt_with_and_without_sequence_parallelism():
         for (t, sp), runs in out["tp"].items():
             for policy, r in runs.items():
                 formula = cfg.n_layers * cost.activation_bytes(policy, cfg.seq_len, 2, cfg.d_model, cfg.n_heads, t,
-                                                               sequence_parallel=sp, dropout=True)
+                                                               sequence_parallel=sp, dropout=True,
+                                                               kv_heads=cfg.n_kv_heads)
                 assert r["saved"] == formula, (rank, t, sp, policy, r["saved"], formula)
                 for k in ("y", "dx"):
                     assert torch.equal(r[k], runs["none"][k]), (rank, t, sp, policy, k)

@@ -66,12 +66,14 @@ def mixed_precision_bytes_per_param(precision: str = "bf16", stage: int = 0, n: 
 # ============================================================================= activations
 def activation_terms(policy: str, s: int, b: int, h: int, a: int, t: int = 1, *, sequence_parallel: bool = False,
                      d_ff: int | None = None, dropout: bool = False, elem_bytes: int = 4, mask_bytes: int = 1,
-                     stat_bytes: int | None = None) -> dict[str, float]:
+                     stat_bytes: int | None = None, kv_heads: int | None = None) -> dict[str, float]:
     """Bytes saved per block per rank under ``policy``, by term (the measured count).
 
     none: :func:`~minidist.cost.tensor_parallel.tp_activation_terms`; selective: the same
-    without the softmax output and attention dropout's mask and output; full: the block's
-    input only (its sequence shard under SP)."""
+    without the softmax output and attention dropout's mask and output, and with K and V kept
+    as the projections made them (``kv_heads`` < ``a``, GQA: before their repetition to the
+    query heads; a rank holds max(kv_heads/t, 1) of them); full: the block's input only (its
+    sequence shard under SP)."""
     _policy(policy)
     if policy == "full":
         return {"block input": elem_bytes * s * b * h / (t if sequence_parallel else 1)}
@@ -79,6 +81,9 @@ def activation_terms(policy: str, s: int, b: int, h: int, a: int, t: int = 1, *,
                                 elem_bytes=elem_bytes, mask_bytes=mask_bytes, stat_bytes=stat_bytes)
     if policy == "selective":
         terms = {k: v for k, v in terms.items() if k not in RECOMPUTED_BY_SELECTIVE}
+        kv = elem_bytes * s * b * (h // a) * max((kv_heads or a) / t, 1)        # one of K, V on this rank
+        terms["Q, K (for QKᵀ)"] = elem_bytes * s * b * h / t + kv
+        terms["V"] = kv
     return terms
 
 

@@ -28,5 +28,5 @@ from minidist.memory_techniques.zero_precision import (ZeroMixedPrecision, make_
                                                        zero1_mixed_precision_step)
 
 __all__ = ["DynamicLossScaler", "LOW_PRECISION", "MixedPrecisionOptimizer", "make_master_params", "master_step",
-           "mixed_precision_step", "state_bytes", "to_low_precision", "OffloadOptimizer", "POLICIES", "Recompute", "recompute",
-           "recompute_blocks", "ZeroMixedPrecision", "make_master_shard", "zero1_mixed_precision_step"]
+           "mixed_precision_step", "state_bytes", "to_low_precision", "OffloadOptimizer", "POLICIES", "Recompute",
+           "recompute", "recompute_blocks", "ZeroMixedPrecision", "make_master_shard", "zero1_mixed_precision_step"]
