@@ -32,7 +32,8 @@ examples:
   minidist plan --model llama-7b --seq 8192 --gpus 16 --gpu-memory 40GB --zero 3
   minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json
   minidist plan --model mixtral-8x7b --seq 4096 --gpus 64
-  minidist plan --params 20B --layers 24 --hidden 2048 --heads 16 --seq 4096 --experts 64 --top-k 2 --gpus 64"""
+  minidist plan --params 20B --layers 24 --hidden 2048 --heads 16 --seq 4096 \\
+      --experts 64 --top-k 2 --gpus 64"""
 
 
 def add_arguments(p) -> None:

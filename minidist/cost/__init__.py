@@ -13,7 +13,9 @@
 * ``context_parallel``: bytes per rank of Ulysses' all-to-alls and ring attention's block
   passes (MHA, GQA, MQA), both combined (2D), per-rank causal work with contiguous and zigzag shards;
 * ``expert_parallel``: bytes per rank of MoE dispatch and combine (forward and backward), load
-  imbalance over the expert ranks, their α-β time, MoE MLP FLOPs.
+  imbalance over the expert ranks, their α-β time, MoE MLP FLOPs;
+* ``memory_techniques``: bytes per parameter by precision × ZeRO stage × N, activation bytes
+  per recomputation policy, recomputation FLOPs, offload traffic (``minidist bench memory``).
 
 The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
 """
@@ -37,6 +39,10 @@ from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link, TP
                                            tp_activation_bytes_paper, tp_activation_terms, tp_comm_time,
                                            tp_gpt_collectives, tp_layer_collectives, tp_layer_flops, tp_payload_bytes,
                                            tp_wire_bytes, vocab_parallel_ce_collectives)
+from minidist.cost.memory_techniques import (PRECISIONS, activation_bytes, activation_bytes_paper, activation_terms,
+                                             layer_forward_flops, mixed_precision_bytes_per_param,
+                                             mixed_precision_memory_bytes, offload_memory_bytes,
+                                             offload_traffic_bytes, recompute_flops)
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "allreduce_bytes_per_rank",
            "allreduce_table", "allreduce_terms", "allreduce_time", "busbw", "chunk_sizes", "fit_alpha_beta",
@@ -53,3 +59,6 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "ring_computed_scores", "imbalance", "hybrid_collectives",
            "COUNT_BYTES", "ep_rows", "ep_collectives", "ep_layer_collectives", "ep_bytes_per_rank", "rank_loads",
            "expert_load_imbalance", "ep_comm_time", "moe_layer_flops", "moe_activation_bytes"]
+__all__ += ["PRECISIONS", "activation_bytes", "activation_bytes_paper", "activation_terms", "layer_forward_flops",
+            "mixed_precision_bytes_per_param", "mixed_precision_memory_bytes", "offload_memory_bytes",
+            "offload_traffic_bytes", "recompute_flops"]
