@@ -276,6 +276,15 @@ def test_recompute_reference_gpt_saves_the_formula_and_changes_nothing():
         extra = r["backward_flops"] - runs["none"]["backward_flops"]
         assert extra == cost.recompute_flops(policy, 2, cfg.seq_len, cfg.d_model, cfg.n_layers), (policy, extra)
     assert runs["full"]["saved"] < runs["selective"]["saved"] < runs["none"]["saved"]
+    # an input that needs no gradient: the parameters still get theirs
+    grads = {}
+    for policy in ("none", "full"):
+        m = copy.deepcopy(model)
+        torch.manual_seed(7)
+        recompute_blocks(m.blocks, x0, policy).pow(2).sum().backward()
+        grads[policy] = [p.grad for p in m.parameters() if p.grad is not None]
+    assert len(grads["full"]) == len(grads["none"]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads["full"], grads["none"]))
 
 
 def test_recompute_tensor_parallel_gpt_with_and_without_sequence_parallelism():
