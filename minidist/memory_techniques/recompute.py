@@ -44,8 +44,8 @@ POLICIES = ("none", "selective", "full")
 
 
 # ----------------------------------------------------------------------------- random state
-def _generators(modules) -> list[torch.Generator]:
-    """Generators owned by dropout modules with their own stream (a tracker's, made on first use)."""
+def _generators(modules) -> list[tuple]:
+    """(tracker, region) of every dropout module with its own stream (its generator is made on first use)."""
     out = []
     for m in modules:
         for mod in m.modules():
