@@ -276,6 +276,15 @@ def test_recompute_reference_gpt_saves_the_formula_and_changes_nothing():
         extra = r["backward_flops"] - runs["none"]["backward_flops"]
         assert extra == cost.recompute_flops(policy, 2, cfg.seq_len, cfg.d_model, cfg.n_layers), (policy, extra)
     assert runs["full"]["saved"] < runs["selective"]["saved"] < runs["none"]["saved"]
+    # an input that needs no gradient: the parameters still get theirs
+    grads = {}
+    for policy in ("none", "full"):
+        m = copy.deepcopy(model)
+        torch.manual_seed(7)
+        recompute_blocks(m.blocks, x0, policy).pow(2).sum().backward()
+        grads[policy] = [p.grad for p in m.parameters() if p.grad is not None]
+    assert len(grads["full"]) == len(grads["none"]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(grads["full"], grads["none"]))
 
 
 def test_recompute_tensor_parallel_gpt_with_and_without_sequence_parallelism():
@@ -313,3 +322,25 @@ def test_offload_steps_on_the_host_and_moves_4_bytes_per_parameter():
     ids, tgt = gpt_batch(0, BATCH, CFG["seq_len"], CFG["vocab"], device="cpu")
     (gpt_loss(model(ids), tgt) * float("inf")).backward()
     assert not opt.step() and opt.traffic == {"down": 0, "up": 0} and opt.scaler.get_scale() == 512
+
+
+def test_formulas_agree_with_the_paper_and_the_planner_uses_them():
+    from minidist.cost.pipeline import pipeline_peak_activations
+    from minidist.cost.planner import ModelSpec, Plan, memory
+    s, b, h, a = 2048, 4, 1024, 16
+    for t in (1, 2, 4):
+        for sp in (False, True):
+            for policy in ("none", "selective", "full"):
+                ours = cost.activation_bytes(policy, s, b, h, a, t, sequence_parallel=sp, dropout=True, elem_bytes=2,
+                                             stat_bytes=0)
+                assert ours == pytest.approx(cost.activation_bytes_paper(policy, s, b, h, a, t, sp), rel=1e-12)
+    assert cost.activation_bytes_paper("selective", s, b, h, a) == 34 * s * b * h
+    assert cost.recompute_flops("full", b, s, h) == cost.layer_forward_flops(b, s, h) == 24 * b * s * h * h + 4 * b * s * s * h
+    assert cost.recompute_flops("selective", b, s, h, layers=3, t=2) == 3 * 4 * b * s * s * h / 2
+    model = ModelSpec(6.74e9, 32, 4096, 32, 4096)
+    plan = Plan(dp=4, pp=2, tp=2, cp=1, micro_batch=1, micro_batches=8)
+    for policy in ("none", "selective", "full"):
+        got = memory(model, plan, zero_stage=1, recompute=policy, sequence_parallel=True)
+        per_layer = cost.activation_bytes_paper(policy, model.seq, 1, model.hidden, model.heads, 2, True)
+        assert got["activations"] == per_layer * (model.layers // 2) * pipeline_peak_activations("1f1b", 2, 8, rank=0)
+        assert got["optimizer"] == pytest.approx(12 * (got["params"] / 2) / 4)      # 2 bytes/param; 12/N, N = DP = 4

@@ -44,8 +44,8 @@ POLICIES = ("none", "selective", "full")
 
 
 # ----------------------------------------------------------------------------- random state
-def _generators(modules) -> list[torch.Generator]:
-    """Generators owned by dropout modules with their own stream (a tracker's, made on first use)."""
+def _generators(modules) -> list[tuple]:
+    """(tracker, region) of every dropout module with its own stream (its generator is made on first use)."""
     out = []
     for m in modules:
         for mod in m.modules():
@@ -104,8 +104,15 @@ class Recompute(torch.autograd.Function):
 
 def recompute(fn, *inputs, rng_modules=()):
     """fn(*inputs), recomputed in backward; ``rng_modules``: modules whose own dropout
-    generators must replay (the global and device streams always do)."""
-    return Recompute.apply(fn, _generators(rng_modules), *inputs)
+    generators must replay (the global and device streams always do). When no input needs a
+    gradient (the parameters inside ``fn`` still do), an empty anchor tensor that does is added,
+    so that autograd calls the backward at all."""
+    sources = _generators(rng_modules)
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and tensors and not any(t.requires_grad for t in tensors):
+        anchor = torch.empty(0, device=tensors[0].device, requires_grad=True)
+        return Recompute.apply(lambda *args: fn(*args[:-1]), sources, *inputs, anchor)
+    return Recompute.apply(fn, sources, *inputs)
 
 
 # ----------------------------------------------------------------------------- selective
