@@ -45,13 +45,15 @@ def cmd_grade(a) -> int:
     from autograder.grade import grade
     r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
               wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work, confirm=a.confirm,
-              sandbox=a.sandbox, students=a.student, due=_due(a.due))
+              sandbox=a.sandbox, students=a.student, due=_due(a.due), gpus_per_job=a.gpus_per_job)
     subs = []
     for j in sorted(r["jobs"], key=lambda j: (j.student, j.lab)):
         cells = [c for nb in j.result["cells"].values() for c in nb.values()]
+        manual = sum(c["max_points"] for c in cells if c["status"] == "manual")
         subs.append({"student": j.student, "lab": j.lab,
                      "score": f"{sum(float(c['points'] or 0) for c in cells):g}/"
-                              f"{sum(c['max_points'] for c in cells):g}",
+                              f"{sum(c['max_points'] for c in cells):g}"
+                              + (f" ({manual:g} await manual grading)" if manual else ""),
                      "seconds": f"{j.seconds:.1f}",
                      "problem": (j.result.get("failure") or "; ".join(j.result.get("notes", [])))[:80]})
     print(_table(subs, ["student", "lab", "score", "seconds", "problem"]))
@@ -140,6 +142,9 @@ def main(argv=None) -> int:
                         "config (c.Minidist.due_dates); late penalties follow c.LatePenalty")
     s.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="skip the confirmation run (tests again outside the kernel); for measurements only")
+    s.add_argument("--gpus-per-job", type=int, default=None, metavar="K",
+                   help="give each parallel job K GPUs of its own (CUDA_VISIBLE_DEVICES; the sandbox shows the GPU "
+                        "devices); --jobs times K must not exceed the GPUs visible")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--sandbox", dest="sandbox", action="store_const", const=True, default=None,
                    help="require a sandbox (fail if none is possible); default: use one where possible")

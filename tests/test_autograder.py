@@ -95,7 +95,8 @@ def test_every_submission_gets_a_grade_and_reasons(graded, course):
 def test_grades_csv_has_nbgrader_export_columns(graded):
     header = open(graded["out"] / "grades.csv").readline().strip().split(",")
     assert header == ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
-                      "email", "raw_score", "late_submission_penalty", "score", "max_score"]
+                      "email", "raw_score", "late_submission_penalty", "score", "max_score",
+                      "manual_points_pending", "needs_manual_grade"]
     assert graded["grades"]["sol1"]["max_score"] == "3.0"
 
 
@@ -256,6 +257,43 @@ def test_export_reproduces_grades_csv(graded, tmp_path):
     from autograder.gradebook import export_csv
     export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
     assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
+
+
+# ---------------------------------------------------------------- GPUs per job
+def test_parallel_jobs_get_disjoint_gpus_and_their_own_environment(tmp_path, monkeypatch):
+    """``grade --gpus-per-job K``: each job's environment (its worker's, kernels' and confirmation's)
+    has K GPUs of its own as CUDA_VISIBLE_DEVICES, never one a running job holds; too many jobs
+    for the GPUs is an error before anything is graded."""
+    import threading
+    from types import SimpleNamespace
+    from autograder.grade import grade, gpu_slots, run_all, visible_gpu_ids
+    lock, running, seen = threading.Lock(), {}, []
+
+    def fake_run(job, env):
+        mine = set(env["CUDA_VISIBLE_DEVICES"].split(","))
+        with lock:
+            assert not any(mine & other for other in running.values()), (job.student, running)
+            running[job.student] = mine
+            seen.append((job.student, env["CUDA_VISIBLE_DEVICES"], env["MINIDIST_SANDBOX_GPU"], env.get("EXTRA")))
+        time.sleep(0.05)
+        with lock:
+            del running[job.student]
+        job.result = {}
+        return job
+
+    todo = [SimpleNamespace(student=f"s{k}", result=None) for k in range(8)]
+    slots = gpu_slots(2, 3, visible_gpu_ids({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6"}))
+    assert slots == ["0,1,2", "3,4,5"]
+    done = [j for j, f in run_all(todo, 2, {"BASE": "1"}, fake_run, slots, {"s3": {"EXTRA": "meta"}})]
+    assert sorted(j.student for j in done) == [f"s{k}" for k in range(8)]
+    assert {g for _, g, _, _ in seen} == set(slots) and {a for _, _, a, _ in seen} == {"1"}
+    assert [s for s, _, _, e in seen if e] == ["s3"] and all(j.result["gpus"] in slots for j in done)
+    (tmp_path / "subs").mkdir()
+    for env, jobs, message in (("0,1,2,3", 3, "needs 6 GPUs, but 4 are visible"), ("", 1, "only 0 visible")):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+        with pytest.raises(SystemExit, match=message):
+            grade(tmp_path / "subs", tmp_path / "out", jobs=jobs, gpus_per_job=2, progress=False)
+    assert not (tmp_path / "out").exists()       # refused before anything was written
 
 
 # ---------------------------------------------------------------- wall clock, orphans
