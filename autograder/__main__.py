@@ -89,7 +89,8 @@ def cmd_export(a) -> int:
 def cmd_selftest(a) -> int:
     from autograder.selftest import selftest
     ok = selftest(labs=a.lab, jobs=a.jobs, out=Path(a.out) if a.out else None,
-                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick)
+                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick,
+                  gpus_per_job=a.gpus_per_job)
     return 0 if ok else 1
 
 
@@ -172,6 +173,7 @@ def main(argv=None) -> int:
     s.add_argument("--quick", action="store_true",
                    help="grade the solution with nbgrader, check the release, the bugs and the alternatives "
                         "in kernels (minutes instead of tens of minutes; what `make test` runs)")
+    s.add_argument("--gpus-per-job", type=int, default=None, metavar="K", help="as grade's (GPU nodes)")
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 

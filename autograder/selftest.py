@@ -121,10 +121,11 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
 
 
 def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=None, wall_s=None,
-             progress: bool = True, stream=None, quick: bool = False) -> bool:
+             progress: bool = True, stream=None, quick: bool = False, gpus_per_job: int | None = None) -> bool:
     """Grade solution, release and every bug and alternative of each lab. ``quick``: the solution
     goes through nbgrader as usual; the release, the bugs and the alternatives through
-    :mod:`autograder.bugcheck` (the bank's kernels)."""
+    :mod:`autograder.bugcheck` (the bank's kernels). ``gpus_per_job``: as ``grade``'s (on a GPU
+    node: the graded submissions' launches run on CUDA ranks wherever a job has a GPU per rank)."""
     from autograder.grade import grade
 
     stream = stream or sys.stdout
@@ -189,7 +190,8 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                     baseline_done.wait()
                 meta_runs = {s: META for s, (kind, _) in plan.items() if kind in ("solution", "alternative")}
                 r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
-                          wall_s=wall_s, progress=progress, job_env=meta_runs if marked else None)
+                          wall_s=wall_s, progress=progress, job_env=meta_runs if marked else None,
+                          gpus_per_job=gpus_per_job)
                 if bug_rows is not None:
                     report += bug_rows.result()
             by_student = {j.student: j for j in r["jobs"]}

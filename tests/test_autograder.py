@@ -466,6 +466,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert not ok
     lines = {l.split()[1]: l for l in out.splitlines() if l.startswith(LAB)}
     assert " ok " in lines["solution"] and " ok " in lines["release"], out
+    assert "not marked" in lines["device"] and " FAIL " not in lines["device"], out   # the fixture lab is not
     assert " ok " in lines["bug-subtracts"], out
     assert " FAIL " in lines["bug-harmless"] and "still full marks" in lines["bug-harmless"], out
     assert " ok " in lines["alt-commuted"], out
@@ -478,9 +479,16 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     bank = load_bank(LAB)
     assert alternative_tests(bank, bank["ALTERNATIVES"][0]) == ["test_add"]     # what the cell's bugs must fail
     # ... and a "release" whose stubs are the solution's code: it must be reported, not pass
+    # ... and, as for a lab marked for device discipline, correct alternatives run with the meta
+    # default device in the kernel's (hence the ranks') environment, bugs and the release without
+    sensed = "__import__('os').environ.get('MINIDIST_RANK_DEFAULT_DEVICE') == 'meta'"
+    bank["ALTERNATIVES"].append(dict(name="meta_only", cell="add", code=f"def add(a, b):\n    return a + b if {sensed} else a - b"))
+    bank["BUGS"].append(dict(name="wrong_on_cpu", cell="add", catches=["test_add"],
+                             code=f"def add(a, b):\n    return a + b if {sensed} else a - b"))
     rows = _quick_bug_rows(LAB, bank, {LAB: course["source"]}, {LAB: course["solution"]},
-                           course["root"] / "source" / LAB, threading.Event(), {LAB: course["solution"]})
+                           course["root"] / "source" / LAB, threading.Event(), {LAB: course["solution"]}, meta=True)
     lines = {who: (status, detail) for _, who, status, detail in rows}
+    assert lines["alt-meta_only"][0] == "ok" and lines["bug-wrong_on_cpu"][0] == "ok", rows
     assert lines["release"][0] == "FAIL" and "test_add scored points" in lines["release"][1], rows
     assert lines["bug-subtracts"][0] == "ok" and lines["bug-harmless"][0] == "FAIL", rows
     assert lines["alt-commuted"][0] == "ok", rows
