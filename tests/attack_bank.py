@@ -114,6 +114,20 @@ def allsum(x):
     return mine["ring_all_reduce"](x.clone())
 '''
 
+# a thread running before the graded call starts (a pool's worker, started in a solution cell) that
+# does the graded work with the library: reaches only pure checks (lab 2's, 4's and 6's graded_call, in
+# the kernel and the confirmation); rank checks run every student call under the refusal already
+PRESTARTED_POOL = r'''
+from concurrent.futures import ThreadPoolExecutor
+import minidist.collectives as C
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: None).result()          # its worker is now running, waiting for work
+def allsum(x):
+    return pool.submit(C.ring_all_reduce, x.clone()).result()
+def honest(x):
+    return pool.submit(lambda: x.clone() * 2).result()
+'''
+
 # feedback: a comment quoting a hidden test (the leak check once copied nobody's feedback), and 1,500 outputs
 # (the issue's 20,000 make nbclient give up waiting for them here: no feedback at all, the points kept)
 # an honest answer that a loaded machine makes time out (here: whenever the launch timeouts are not scaled)
