@@ -257,6 +257,8 @@ def test_a_forged_verdict_is_refused_by_the_parent(batch):
     flags = {s: batch["rows"][(s, "test_add")]["flags"] for s in ("walk_stack", "signal_frame", "stdlib_name")}
     assert "answered out of turn" in flags["signal_frame"], flags      # reached the child's main(); refused
     assert "sys._getframe" in flags["walk_stack"] and "sys._getframe: os.py" in flags["stdlib_name"], flags
+    # from a rank, with the test's nonce in flight: the runner's descriptors are closed in every fork
+    assert batch["rows"][("rank_forge", "test_allsum")]["confirmed"].startswith("failed"), batch["rows"]
 
 
 def test_library_answers_on_another_thread_or_under_another_name(batch):
