@@ -327,10 +327,11 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     from autograder.course import build_course, read_nb, solution_submission, write_nb
     from autograder.sandbox import shm_bytes
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
-    per = min(4, GPUS // 2)
+    from autograder.grade import visible_gpu_ids
+    ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU
+    per = min(4, len(ids) // 2)
     env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
                MINIDIST_LABS=str(tmp_path / "labs"))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
     old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
     os.environ.update({k: env[k] for k in old})
     try:
@@ -349,7 +350,7 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     slots = results["gpu_slots"]
-    assert slots == [",".join(str(g) for g in range(k * per, (k + 1) * per)) for k in range(2)], slots
+    assert slots == [",".join(ids[k * per:(k + 1) * per]) for k in range(2)], slots
     grades = {row["student_id"]: row["score"] for row in csv.DictReader(open(tmp_path / "out" / "grades.csv"))}
     assert grades == {s: "3.0" for s in students}, (grades, r.stdout[-2000:])
     for sub in results["submissions"]:
