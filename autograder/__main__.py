@@ -45,13 +45,15 @@ def cmd_grade(a) -> int:
     from autograder.grade import grade
     r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
               wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work, confirm=a.confirm,
-              sandbox=a.sandbox, students=a.student, due=_due(a.due))
+              sandbox=a.sandbox, students=a.student, due=_due(a.due), gpus_per_job=a.gpus_per_job)
     subs = []
     for j in sorted(r["jobs"], key=lambda j: (j.student, j.lab)):
         cells = [c for nb in j.result["cells"].values() for c in nb.values()]
+        manual = sum(c["max_points"] for c in cells if c["status"] == "manual")
         subs.append({"student": j.student, "lab": j.lab,
                      "score": f"{sum(float(c['points'] or 0) for c in cells):g}/"
-                              f"{sum(c['max_points'] for c in cells):g}",
+                              f"{sum(c['max_points'] for c in cells):g}"
+                              + (f" ({manual:g} await manual grading)" if manual else ""),
                      "seconds": f"{j.seconds:.1f}",
                      "problem": (j.result.get("failure") or "; ".join(j.result.get("notes", [])))[:80]})
     print(_table(subs, ["student", "lab", "score", "seconds", "problem"]))
@@ -87,7 +89,8 @@ def cmd_export(a) -> int:
 def cmd_selftest(a) -> int:
     from autograder.selftest import selftest
     ok = selftest(labs=a.lab, jobs=a.jobs, out=Path(a.out) if a.out else None,
-                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick)
+                  cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick,
+                  gpus_per_job=a.gpus_per_job)
     return 0 if ok else 1
 
 
@@ -140,6 +143,9 @@ def main(argv=None) -> int:
                         "config (c.Minidist.due_dates); late penalties follow c.LatePenalty")
     s.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="skip the confirmation run (tests again outside the kernel); for measurements only")
+    s.add_argument("--gpus-per-job", type=int, default=None, metavar="K",
+                   help="give each parallel job K GPUs of its own (CUDA_VISIBLE_DEVICES; the sandbox shows the GPU "
+                        "devices); --jobs times K must not exceed the GPUs visible")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--sandbox", dest="sandbox", action="store_const", const=True, default=None,
                    help="require a sandbox (fail if none is possible); default: use one where possible")
@@ -167,6 +173,7 @@ def main(argv=None) -> int:
     s.add_argument("--quick", action="store_true",
                    help="grade the solution with nbgrader, check the release, the bugs and the alternatives "
                         "in kernels (minutes instead of tens of minutes; what `make test` runs)")
+    s.add_argument("--gpus-per-job", type=int, default=None, metavar="K", help="as grade's (GPU nodes)")
     timing(s)
     s.set_defaults(fn=cmd_selftest)
 

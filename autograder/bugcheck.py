@@ -63,8 +63,9 @@ def _passes(cell) -> bool:
 class _Kernel:
     """One kernel holding the solution notebook, into which bugs are swapped one at a time."""
 
-    def __init__(self, nb, workdir: str):
+    def __init__(self, nb, workdir: str, alt_env: dict | None = None):
         self.nb = nb
+        self.alt_env = dict(alt_env or {})       # what a correct alternative's ranks run with
         # the launch-timeout scale the kernel starts with (it inherits our environment); bugs
         # and retries scale it for a while, then put it back
         self.base_scale = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)
@@ -110,8 +111,10 @@ class _Kernel:
         start = time.perf_counter()
         changed = inject(entry, {name: self.nb})[name]
         i = index[entry["cell"]]
-        self.run(changed.cells[i], i)
         should_pass = "must_pass" in entry
+        if should_pass and self.alt_env:
+            self.set_env(self.alt_env)
+        self.run(changed.cells[i], i)
         tests = entry["must_pass"] if should_pass else entry["catches"][:1]
         if not should_pass:
             self.set_timeout_scale(self.base_scale * BUG_TIMEOUT_SCALE)
@@ -120,8 +123,16 @@ class _Kernel:
             wrong = [t for t in wrong if not self._passes_with_more_time(self.nb.cells[index[t]], index[t])]
         if not should_pass:
             self.set_timeout_scale(self.base_scale)
+        if should_pass and self.alt_env:
+            self.set_env({k: None for k in self.alt_env})
         self.run(self.nb.cells[i], i)     # the correct cell again, for the next entry
         return wrong, time.perf_counter() - start
+
+    def set_env(self, env: dict):
+        """Set (None: remove) variables of the kernel's environment, which the ranks it launches inherit."""
+        code = "import os\n" + "".join(f"os.environ[{k!r}] = {v!r}\n" if v is not None else
+                                       f"os.environ.pop({k!r}, None)\n" for k, v in env.items())
+        self.run(nbformat.v4.new_code_cell(code), 0)
 
     def set_timeout_scale(self, scale: float):
         """Scale the launch timeouts of the cells run next in this kernel (``MINIDIST_TIMEOUT_SCALE``)."""
@@ -150,10 +161,11 @@ class _Kernel:
 
 
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
-               ) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
+               meta_env: dict | None = None) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
     """Run ``nb`` once, then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline
     problems, {name: (tests that did not fail / pass as they should, seconds)}).
-    ``baseline_done`` is set once the solution's tests have run (the CPU-bound part is over)."""
+    ``baseline_done`` is set once the solution's tests have run (the CPU-bound part is over).
+    ``meta_env``: variables a correct alternative runs with (the selftest's device discipline; bugs never)."""
     kernel_argv()   # installs the pinned kernel if it is missing
     nb = skip_demos(copy.deepcopy(nb))
     index = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
@@ -165,7 +177,7 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
     def kernel(k: int):
         if k and not shares[k]:
             return
-        state = _Kernel(nb, workdir)
+        state = _Kernel(nb, workdir, meta_env)
         with state.client.setup_kernel(env=env):
             if k == 0:
                 try:

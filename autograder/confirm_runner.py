@@ -19,7 +19,9 @@ What it guards:
 * the audit hook (:mod:`autograder.confirm_audit`), installed before anything else;
 * the channel: this process holds no token and no descriptor of the grader's. It answers the
   parent's request for one cell on a pipe, echoing that request's nonce: a reply forged while a
-  solution cell runs can only speak for that solution cell, since no test has been sent yet.
+  solution cell runs can only speak for that solution cell, since no test has been sent yet. The
+  pipe's descriptors are closed in every process forked from this one (the ranks, where graded
+  code runs while a test's nonce is in flight), and this process is not dumpable (:func:`_seal`).
 
 Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
@@ -133,10 +135,30 @@ def _number(value):
         return "<unprintable>"
 
 
+def _seal(channel):
+    """The channel to the parent stays in this process: every process forked from it (the ranks a
+    test launches, which run the graded code) closes both descriptors first thing, so a rank that
+    reaches this frame (a signal handler's frame walks up to it) holds a nonce but nothing to send
+    it on. Not dumpable either: a process of the same uid (a rank) can neither trace this one nor
+    open its descriptors or memory through /proc."""
+    import ctypes
+    import ctypes.util
+    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(4, 0, 0, 0, 0)     # PR_SET_DUMPABLE
+
+    def close_in_child():
+        for fd in channel:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    os.register_at_fork(after_in_child=close_in_child)
+
+
 def main():
-    sys.addaudithook(audit.audit)
     send, recv = wire.send, wire.recv          # bound before any student code runs
     cmd, reply = os.dup(0), os.dup(1)
+    _seal((cmd, reply))
+    sys.addaudithook(audit.audit)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)                           # a stray read or print never touches the channel

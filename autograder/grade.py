@@ -20,6 +20,8 @@ writes nothing to OUT, and exits with 128 + the signal's number.
 from __future__ import annotations
 
 import os
+import queue
+import re
 import shutil
 import signal
 import sys
@@ -127,6 +129,63 @@ def _stopped_by_signals(stop: threading.Event):
             signal.signal(s, h)
 
 
+def visible_gpu_ids(env=None) -> list[str]:
+    """The GPUs this grader may hand out: its own ``CUDA_VISIBLE_DEVICES`` if set (indices or
+    UUIDs), else one index per ``/dev/nvidiaN`` node (CUDA's indices 0..N-1; which physical GPU
+    an index names does not matter, only that two jobs never get the same one)."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    nodes = [n for n in (os.listdir("/dev") if os.path.isdir("/dev") else []) if re.fullmatch(r"nvidia\d+", n)]
+    return [str(i) for i in range(len(nodes))]
+
+
+def gpu_slots(jobs: int, per_job: int, gpus: list[str]) -> list[str]:
+    """``jobs`` disjoint ``CUDA_VISIBLE_DEVICES`` values of ``per_job`` GPUs each, from ``gpus``;
+    a clear error (before anything is graded) when there are not enough."""
+    if per_job < 1:
+        raise SystemExit(f"--gpus-per-job must be at least 1, not {per_job}")
+    if jobs * per_job > len(gpus):
+        raise SystemExit(f"--gpus-per-job {per_job} with --jobs {jobs} needs {jobs * per_job} GPUs, but "
+                         f"{len(gpus)} are visible ({','.join(gpus) or 'none'}): use --jobs "
+                         f"{max(1, len(gpus) // per_job)} or fewer" if len(gpus) >= per_job else
+                         f"--gpus-per-job {per_job} needs {per_job} GPUs, but only {len(gpus)} visible "
+                         f"({','.join(gpus) or 'none'})")
+    return [",".join(gpus[i * per_job:(i + 1) * per_job]) for i in range(jobs)]
+
+
+def run_all(todo: list, jobs: int, env: dict, run, slots: list[str] | None = None, extra: dict | None = None):
+    """Run ``run(job, env)`` for every job, ``jobs`` at a time; yields (job, future) as each ends.
+    ``extra``: {student: variables} added to that student's jobs' environment (the selftest's
+    ``MINIDIST_RANK_DEFAULT_DEVICE``).
+
+    With ``slots`` (:func:`gpu_slots`), a job takes a free slot for as long as it runs: its
+    environment (the worker's, hence its kernels' and its confirmation's) has that slot as
+    ``CUDA_VISIBLE_DEVICES`` and ``MINIDIST_SANDBOX_GPU=1`` (the sandbox shows the GPU devices), so
+    two jobs running at once never see the same GPU index."""
+    free: queue.Queue = queue.Queue()
+    for s in slots or []:
+        free.put(s)
+
+    def one(job):
+        own = dict(env, **(extra or {}).get(job.student, {}))
+        if not slots:
+            return run(job, own)
+        gpus = free.get()
+        try:
+            out = run(job, dict(own, CUDA_VISIBLE_DEVICES=gpus, MINIDIST_SANDBOX_GPU="1"))
+            if isinstance(getattr(out, "result", None), dict):
+                out.result["gpus"] = gpus
+            return out
+        finally:
+            free.put(gpus)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        futs = {ex.submit(one, j): j for j in todo}
+        for f in as_completed(futs):
+            yield futs[f], f
+
+
 def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:
     """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
     a home whose matplotlib font cache is built."""
@@ -153,14 +212,18 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
           cell_timeout_s: int | None = None, wall_s: float | None = None,
           progress: bool = True, keep_work: bool = False, confirm: bool = True,
           sandbox: bool | None = None, students: list[str] | None = None,
-          due: dict[str, str] | None = None, stream=None) -> dict:
+          due: dict[str, str] | None = None, stream=None, gpus_per_job: int | None = None,
+          job_env: dict[str, dict] | None = None) -> dict:
     """Grade SUBMISSIONS into OUT. ``confirm``: confirmation runs (default on); ``sandbox``: None
     = where possible, True = required, False = off; ``students``: grade only these and merge
-    into the results already in OUT; ``due``: {lab or "*": date}, over the course config."""
+    into the results already in OUT; ``due``: {lab or "*": date}, over the course config;
+    ``gpus_per_job``: each parallel job gets that many GPUs of its own (:func:`gpu_slots`);
+    ``job_env``: {student: variables} for that student's worker, kernels and confirmation."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():
         raise SystemExit(f"no such directory: {submissions}")
     stream = stream if stream is not None else sys.stderr
+    slots = gpu_slots(max(1, jobs), gpus_per_job, visible_gpu_ids()) if gpus_per_job else None
     kernel_argv()
     ctimeout = int(cell_timeout_s or cell_timeout())
     wall = float(wall_s or SUBMISSION_TIMEOUT)
@@ -195,13 +258,12 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     bar = Progress(len(todo), enabled=progress)
     done: list[Job] = []
     stop = threading.Event()
-    with _stopped_by_signals(stop) as caught, ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        futs = [ex.submit(run_job, j, template, ctimeout, wall, env, batch, stop) for j in todo]
-        for f in as_completed(futs):
+    with _stopped_by_signals(stop) as caught:
+        run = lambda j, e: run_job(j, template, ctimeout, wall, e, batch, stop)      # noqa: E731
+        for j, f in run_all(todo, jobs, env, run, slots, job_env):
             try:
                 j = f.result()
             except Exception as err:          # one submission, never the batch
-                j = next(t for t, ff in zip(todo, futs) if ff is f)
                 reason = f"grading failed: {type(err).__name__}: {str(err)[:200]}"
                 j.result = {"student": j.student, "lab": j.lab, "graded": False, "notes": [reason],
                             "failure": reason, "submitted": True,
@@ -222,6 +284,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": ctimeout, "wall_clock_limit_s": wall,
             "ignored": ignored, "seconds": None, "sandbox": str(batch["sandbox_text"]) if batch["sandbox"] else
             f"none: {batch['sandbox_text']}", "confirmation": bool(confirm), "due_dates": dues,
+            "gpus_per_job": gpus_per_job, "gpu_slots": slots,
             "regraded": sorted({j.student for j in done}) if students else None}
     if template is not None:
         all_labs_graded = sorted({j.lab for j in everyone})

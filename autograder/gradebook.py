@@ -42,7 +42,8 @@ def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
             for nb, rows in j.result["cells"].items():
                 for cell, row in rows.items():
                     g = gb.find_grade(cell, nb, j.lab, j.student)
-                    if row["status"] == "manual":
+                    if row["status"] == "manual":     # a written answer: the instructor's to grade
+                        g.needs_manual_grade = g.manual_score is None
                         continue
                     g.auto_score = min(float(row["points"] or 0.0), float(g.max_score))
                     g.manual_score = None
@@ -73,13 +74,41 @@ def set_due_dates(template: Path, dates: dict[str, str]) -> dict[str, str]:
     return done
 
 
+#: columns ``grades.csv`` has after nbgrader's own: points still to be graded by hand (a written
+#: answer) and whether any are, so that a solution's automatic 9/12 does not read as 75 %
+PENDING_FIELDS = ("manual_points_pending", "needs_manual_grade")
+
+
 def export_csv(db: Path, dest: Path) -> None:
-    from nbgrader.api import Gradebook
+    """nbgrader's CSV export, plus :data:`PENDING_FIELDS` per row (from the gradebook: the maximum
+    of every manually graded cell that has no manual score yet)."""
+    import csv
+
+    from nbgrader.api import Gradebook, MissingEntry
     from nbgrader.plugins.export import CsvExportPlugin
 
     with Gradebook("sqlite:///" + str(db)) as gb:
         plugin = CsvExportPlugin(to=str(dest))
         plugin.export(gb)
+        with open(dest, newline="") as f:
+            rows = list(csv.DictReader(f))
+            fields = list(rows[0]) if rows else []
+        for row in rows:
+            pending = 0.0
+            try:
+                sub = gb.find_submission(row["assignment"], row["student_id"])
+            except MissingEntry:
+                sub = None
+            for nb in sub.notebooks if sub is not None else []:
+                pending += sum(float(g.max_score or 0) for g in nb.grades
+                               if g.needs_manual_grade and g.manual_score is None)
+            row.update(manual_points_pending=f"{pending:g}", needs_manual_grade=str(pending > 0))
+    if rows:
+        with open(dest, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields + [k for k in PENDING_FIELDS if k not in fields],
+                               lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
 
 
 def late_penalties(gb, course, lab, student, sub, names) -> dict:

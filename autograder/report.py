@@ -45,6 +45,7 @@ def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
                      "failure": j.result.get("failure"), "notes": j.result.get("notes", []),
                      "seconds": round(j.seconds, 2), "submitted": j.result.get("submitted", True),
                      "timestamp": j.result.get("timestamp"), "late_penalty": j.result.get("late_penalty", {}),
+                     "gpus": j.result.get("gpus"),
                      "tests": [dict(notebook=nb, cell=c, **r) for nb, cs in cells.items()
                                for c, r in cs.items()]})
     (out / "results.json").write_text(json.dumps(dict(meta, submissions=subs), indent=1))

@@ -94,12 +94,40 @@ def give(path, uid: int | None) -> None:
             os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
 
 
+def gpus_asked() -> bool:
+    """Whether this job's sandboxes get the GPU devices (``MINIDIST_SANDBOX_GPU=1``, set by
+    ``grade --gpus-per-job``)."""
+    return os.environ.get("MINIDIST_SANDBOX_GPU", "").lower() in ("1", "yes", "on")
+
+
 def gpu_devices() -> list[str]:
-    """The GPU device nodes a sandbox gets when asked (``MINIDIST_SANDBOX_GPU=1``)."""
-    if os.environ.get("MINIDIST_SANDBOX_GPU", "").lower() not in ("1", "yes", "on"):
+    """The GPU device nodes a sandbox gets when asked, the same for both backends: every
+    ``/dev/nvidia*`` node (``nvidiactl``, ``nvidia-uvm``, ``nvidia0``...) and folder
+    (``nvidia-caps``), ``/dev/dri`` and ``/dev/kfd`` where present. Which GPUs a job *uses* is
+    its ``CUDA_VISIBLE_DEVICES`` (:func:`autograder.grade.gpu_slots`)."""
+    if not gpus_asked():
         return []
     import glob
-    return sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dri/*") + glob.glob("/dev/kfd"))
+    return sorted(glob.glob("/dev/nvidia*") + [d for d in ("/dev/dri", "/dev/kfd") if os.path.exists(d)])
+
+
+#: what every sandbox's /dev holds besides the GPU devices, whichever backend built it (bwrap's --dev)
+DEV_ENTRIES = frozenset({"null", "zero", "full", "random", "urandom", "tty", "shm", "fd", "stdin", "stdout",
+                         "stderr", "pts", "ptmx", "core"})
+
+
+def shm_bytes() -> int:
+    """The size of a sandbox's private ``/dev/shm`` (``MINIDIST_SANDBOX_SHM_GB`` overrides): 4 GiB.
+
+    NCCL's shared-memory transport (used between GPUs of one node that cannot reach each other
+    directly) puts each connection's buffers in ``/dev/shm``: per channel about 9.2 MiB (the
+    SIMPLE protocol's 4 MiB ``NCCL_BUFFSIZE``, LL128's 4.7 MiB, LL's 0.5 MiB). At 8 ranks a rank
+    holds, for collectives, up to 4 channels x 4 peers (ring neighbours, tree parent and
+    children), about 147 MiB, and for point-to-point up to 7 peers x 2 channels x 4 MiB, 56 MiB:
+    about 200 MiB a rank, 1.6 GiB for 8; 4 GiB leaves room for torch's own shared tensors. A
+    tmpfs's size is a cap, not a reservation: honest work uses what it writes; a submission can
+    pin at most this much memory there (docker's 64 MiB default makes NCCL fail in ``ncclShmOpen``)."""
+    return int(float(os.environ.get("MINIDIST_SANDBOX_SHM_GB") or 4) * (1 << 30))
 
 
 @dataclass(frozen=True)
@@ -162,7 +190,8 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env, devices, root: bool):
     for d in devices:
         cmd += ["--dev-bind", d, d]
     # /dev read-only (in a user namespace its tmpfs is the submission's own), /dev/shm writable
-    cmd += ["--remount-ro", "/dev", "--tmpfs", "/dev/shm", "--remount-ro", "/", "--chdir", cwd or "/tmp", "--clearenv"]
+    cmd += ["--remount-ro", "/dev", "--size", str(shm_bytes()), "--tmpfs", "/dev/shm", "--remount-ro", "/",
+            "--chdir", cwd or "/tmp", "--clearenv"]
     for k, v in env.items():
         cmd += ["--setenv", k, v]
     return cmd + ["--"] + list(argv)
@@ -196,7 +225,7 @@ def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str
         inner = _bwrap_argv(backend.exe, inside, ro, rw, cwd, env, devices, root)
     else:
         spec = {"root": ROOT_MOUNTPOINT, "ro": ro, "rw": rw, "cwd": cwd, "argv": inside, "env": env,
-                "tmp_size": "2g", "devices": devices, "userns": not root}
+                "tmp_size": "2g", "shm_size": shm_bytes(), "devices": devices, "userns": not root}
         inner = [backend.exe, *([] if root else ["--user", "--map-root-user"]), "--mount", "--pid", "--net",
                  "--ipc", "--uts", "--fork", "--kill-child", sys.executable, "-I", "-S",
                  os.path.join(tools, INIT.name), json.dumps(spec)]
@@ -205,7 +234,8 @@ def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str
 
 _PROBE = r"""
 import os, socket, sys
-bad = [p for p in sys.argv[1:] if os.path.exists(p)]
+DEV = set(sys.argv[1].split(","))
+bad = [p for p in sys.argv[2:] if os.path.exists(p)]
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
 c = socket.create_connection(s.getsockname()); c.close()
 try:
@@ -222,9 +252,8 @@ for path in ("/proc/sys/kernel/core_pattern", "/sys/fs/cgroup/minidist-probe", "
         open(path, "a").close(); bad.append("writable: " + path)
     except OSError:
         pass
-extra = sorted(set(os.listdir("/dev")) - {"null", "zero", "full", "random", "urandom", "tty", "shm", "fd", "stdin",
-                                          "stdout", "stderr", "pts", "ptmx", "core", "console"})
-if extra and not any(e.startswith(("nvidia", "dri", "kfd")) for e in extra):
+extra = sorted(e for e in set(os.listdir("/dev")) - DEV if not e.startswith(("nvidia", "dri", "kfd")))
+if extra:
     bad.append("/dev has " + " ".join(extra[:5]))
 print("ok" if not bad and os.getpid() <= 3 else "leaks: %s pid %d" % (bad, os.getpid()))
 """
@@ -264,7 +293,8 @@ def probe(hidden: list[str] = (), area: Path | None = None) -> tuple[Backend | N
                 continue
             backend = Backend(name, exe)
             hidden = [str(h) for h in hidden]
-            argv = command(backend, [sys.executable, "-I", "-S", "-c", _PROBE, *hidden], rw=[], cwd="/tmp",
+            argv = command(backend, [sys.executable, "-I", "-S", "-c", _PROBE, ",".join(sorted(DEV_ENTRIES)), *hidden],
+                           rw=[], cwd="/tmp",
                            env={"PATH": "/usr/bin:/bin"}, uid=uid, tools=tools)
             try:
                 r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
@@ -290,13 +320,15 @@ def _backends() -> list[str]:
 # ----------------------------------------------------------------------------- environment
 #: variables a sandboxed process may inherit (the grader's own environment may hold secrets)
 PASS_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-            "NBGRADER_EXECUTION", "PYTHONHASHSEED", "JPY_SESSION_NAME")
+            "NBGRADER_EXECUTION", "PYTHONHASHSEED", "JPY_SESSION_NAME", "CUDA_VISIBLE_DEVICES")
+#: prefixes of variables a sandboxed process inherits too (``NCCL_*``: the GPU node's transport settings)
+PASS_PREFIX = ("MINIDIST_", "NCCL_")
 
 
 def inner_env(env, home: str, pristine: str, tag_var: str) -> dict:
     """The environment inside a sandbox: a private home, the pristine minidist first on the
     path, matplotlib's cache pre-filled, the job's kill tag, and nothing else of the grader's."""
-    out = {k: v for k, v in env.items() if k in PASS_ENV or k.startswith("MINIDIST_") or k == tag_var}
+    out = {k: v for k, v in env.items() if k in PASS_ENV or k.startswith(PASS_PREFIX) or k == tag_var}
     out.pop("MINIDIST_SOLUTIONS", None)
     out.pop("MINIDIST_BUGBANK", None)
     out.pop("MINIDIST_LABS", None)

@@ -9,8 +9,9 @@ It builds the sandbox's file system and then runs the command it was given:
   (the kernel's private working folder, its connection folder), each ``[source, seen at]``;
 * every read-only bind is read-only all the way down (``/sys``'s cgroup and other sub-mounts
   included), and so are ``/proc/sys`` and ``/proc/sysrq-trigger`` of the fresh ``/proc``;
-* a fresh minimal ``/dev`` on a tmpfs: null, zero, full, random, urandom, tty (the machine's
-  nodes, bound one by one), a private ``/dev/shm``, and the GPU devices the spec names; the old
+* a fresh minimal ``/dev`` on a tmpfs, the same entries as bubblewrap's: null, zero, full, random,
+  urandom, tty (the machine's nodes, bound one by one), a private devpts and ``/dev/shm``, and the
+  GPU devices the spec names; the old
   root is detached, so nothing else of the machine is reachable;
 * the loopback interface up (gloo's ranks talk over it; no other interface exists);
 * the command runs in a user namespace of its own as uid and gid 1000, not 0, with no
@@ -21,7 +22,7 @@ When the command exits, this process exits with its status, and the kernel kills
 process of the PID namespace: nothing a submission started outlives its sandbox.
 
 Usage: ``python -I -S sandbox_init.py SPEC`` (a JSON object: ``root``, ``ro``, ``rw``, ``cwd``,
-``argv``, ``env``, ``tmp_size``, ``devices``).
+``argv``, ``env``, ``tmp_size``, ``shm_size``, ``devices``).
 """
 import ctypes
 import ctypes.util
@@ -90,17 +91,24 @@ def readonly_tree(path):
         mount(None, point, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | kept)
 
 
-def minimal_dev(dev, devices):
-    """A fresh /dev: the harmless character devices, the GPU devices asked for, a private shm."""
+def minimal_dev(dev, devices, shm_size):
+    """A fresh /dev with what bubblewrap's ``--dev`` makes (the same entries whichever backend
+    runs): the harmless character devices, a private devpts (``pts``, ``ptmx``), the ``fd``/``std*``
+    and ``core`` links, a private shm of ``shm_size`` bytes, and the GPU devices asked for."""
     os.makedirs(dev, exist_ok=True)
     mount("dev", dev, "tmpfs", MS_NOSUID, "mode=0755,size=64k")
     for name in DEVICES + tuple(os.path.relpath(d, "/dev") for d in devices):
         if os.path.exists("/dev/" + name):
             bind("/dev/" + name, dev + "/" + name, readonly=False)
     os.makedirs(dev + "/shm", exist_ok=True)
-    mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=256m")
+    mount("shm", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={int(shm_size)}")
+    os.makedirs(dev + "/pts", exist_ok=True)
+    try:                             # a new devpts instance: no terminal of the machine's is reachable
+        mount("devpts", dev + "/pts", "devpts", MS_NOSUID | 8, "newinstance,ptmxmode=0666,mode=0620")
+    except OSError:
+        pass                         # an empty pts: nothing in a kernel needs a terminal
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+                         ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"), ("core", "/proc/kcore")):
         os.symlink(target, dev + "/" + name)
     mount(None, dev, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID, "mode=0755,size=64k")   # the tmpfs alone
 
@@ -151,7 +159,7 @@ def build(spec):
         if os.path.exists(root + sub):
             mount(root + sub, root + sub, None, MS_BIND | MS_REC)
             readonly_tree(root + sub)
-    minimal_dev(root + "/dev", spec.get("devices", []))
+    minimal_dev(root + "/dev", spec.get("devices", []), spec.get("shm_size", 4 << 30))
     old = root + "/.old"
     os.makedirs(old, exist_ok=True)
     _check(libc.syscall(SYS_PIVOT_ROOT, root.encode(), old.encode()), "pivot_root")

@@ -23,6 +23,26 @@ class BankError(ValueError):
     pass
 
 
+#: torch's default device inside every rank (minidist/runtime/rank_process.py's DEFAULT_DEVICE_ENV)
+DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"
+#: what the solution and the correct alternatives of a lab marked for device discipline run with:
+#: anything a rank makes without ``device=`` lands on ``meta`` and fails, as it would on a GPU rank
+META = {DEFAULT_DEVICE_ENV: "meta"}
+
+
+def device_discipline(source_nbs: dict) -> bool:
+    """Whether the lab's solution notebooks say ``metadata["minidist"]["device_discipline"] = True``
+    (issue 26): then its solution and correct alternatives run with :data:`META`; bugs never do."""
+    return bool(source_nbs) and all((nb.metadata.get("minidist") or {}).get("device_discipline") is True
+                                    for nb in source_nbs.values())
+
+
+def manual_points(rows: dict) -> tuple[float, list[str]]:
+    """Points of a submission's cells that await manual grading (a written answer), and those cells."""
+    cells = [c for c, row in rows.items() if row["status"] == "manual"]
+    return sum(float(rows[c]["max_points"]) for c in cells), cells
+
+
 def load_bank(lab: str) -> dict:
     path = bugbank_dir() / f"{lab}.py"
     if not path.is_file():
@@ -101,10 +121,11 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
 
 
 def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=None, wall_s=None,
-             progress: bool = True, stream=None, quick: bool = False) -> bool:
+             progress: bool = True, stream=None, quick: bool = False, gpus_per_job: int | None = None) -> bool:
     """Grade solution, release and every bug and alternative of each lab. ``quick``: the solution
     goes through nbgrader as usual; the release, the bugs and the alternatives through
-    :mod:`autograder.bugcheck` (the bank's kernels)."""
+    :mod:`autograder.bugcheck` (the bank's kernels). ``gpus_per_job``: as ``grade``'s (on a GPU
+    node: the graded submissions' launches run on CUDA ranks wherever a job has a GPU per rank)."""
     from autograder.grade import grade
 
     stream = stream or sys.stdout
@@ -123,6 +144,12 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             release = {n: read_nb(course / "release" / lab / f"{n}.ipynb") for n in names}
             solution = {n: solution_submission(source[n], release[n]) for n in names}
             bank = load_bank(lab)
+            marked = device_discipline(source)
+            report.append((lab, "device discipline", "ok" if marked else "--",
+                           f"solution and {len(bank['ALTERNATIVES'])} correct alternatives run with "
+                           f"{DEFAULT_DEVICE_ENV}=meta in every rank (bugs on the default device)" if marked else
+                           "not marked (no metadata minidist.device_discipline in the solution notebook): "
+                           "every run on the default device"))
             problems = check_bank(lab, bank, source)
             if bank["path"] is None:
                 problems.append(f"no bug bank {bugbank_dir() / (lab + '.py')}")
@@ -159,10 +186,12 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                     # the release meanwhile, once the bank's baseline (the CPU-bound part) has run.
                     baseline_done = threading.Event()
                     bug_rows = pool.submit(_quick_bug_rows, lab, bank, source, solution,
-                                           course / "source" / lab, baseline_done, release)
+                                           course / "source" / lab, baseline_done, release, marked)
                     baseline_done.wait()
+                meta_runs = {s: META for s, (kind, _) in plan.items() if kind in ("solution", "alternative")}
                 r = grade(subs, dest, jobs=jobs, labs=[lab], cell_timeout_s=cell_timeout_s,
-                          wall_s=wall_s, progress=progress)
+                          wall_s=wall_s, progress=progress, job_env=meta_runs if marked else None,
+                          gpus_per_job=gpus_per_job)
                 if bug_rows is not None:
                     report += bug_rows.result()
             by_student = {j.student: j for j in r["jobs"]}
@@ -181,6 +210,9 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                              if row["status"] != "manual" and
                              (float(row["points"] or 0) < row["max_points"] or row["status"] != "pass")]
                     what = "full marks"
+                    pending, manual = manual_points(rows)
+                    if pending:
+                        what += f" on the automatic tests, {pending:g} points await manual grading ({', '.join(manual)})"
                 elif kind == "release":
                     fails = [f"{c}: {float(row['points'] or 0):g} points ({row['status']})"
                              for c, row in rows.items()
@@ -219,7 +251,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
 
 
 def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threading.Event,
-                    release: dict | None = None) -> list[tuple]:
+                    release: dict | None = None, meta: bool = False) -> list[tuple]:
     from autograder.bugcheck import check_bugs, graded_notebook
 
     rows = []
@@ -235,7 +267,7 @@ def _quick_bug_rows(lab, bank, source, solution, workdir, baseline_done: threadi
                         if a.get("notebook") in (None, name)]
             done = baseline_done if k == len(source) - 1 else None
             baseline, results = check_bugs(name, graded_notebook(source[name], solution[name]), entries, inject,
-                                           str(workdir), done)
+                                           str(workdir), done, meta_env=META if meta else None)
             rows += [(lab, "bugs (kernels)", "FAIL", p) for p in baseline]
             for b in entries:
                 if b["name"] not in results:

@@ -84,6 +84,28 @@ except RuntimeError:
     pass
 '''
 
+# the same forgery from a rank, while test_allsum (and its nonce) is in flight: the graded function
+# walks from a signal handler's frame up to the runner's main(), which the rank inherited at fork,
+# and writes a "passed" reply for the test in flight on the runner's descriptor
+RANK_FORGE = r'''
+import os, signal
+def allsum(x):
+    def forge(sig, frame):
+        while frame is not None:
+            names = frame.f_locals
+            if isinstance(names.get("msg"), dict) and "reply" in names and callable(names.get("send")):
+                names["send"](names["reply"], {"cell": names["msg"]["cell"]["id"], "kind": "test",
+                                               "nonce": names["msg"]["nonce"], "error": None, "stderr": "",
+                                               "value": None, "changed": [], "restored": [], "flags": [],
+                                               "seconds": 0.1})
+                print("forged")
+                return
+            frame = frame.f_back
+    signal.signal(signal.SIGUSR1, forge)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return x.clone()
+'''
+
 # a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
 SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
 
@@ -114,6 +136,20 @@ def allsum(x):
     return mine["ring_all_reduce"](x.clone())
 '''
 
+# a thread running before the graded call starts (a pool's worker, started in a solution cell) that
+# does the graded work with the library: reaches only pure checks (lab 2's, 4's and 6's graded_call, in
+# the kernel and the confirmation); rank checks run every student call under the refusal already
+PRESTARTED_POOL = r'''
+from concurrent.futures import ThreadPoolExecutor
+import minidist.collectives as C
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: None).result()          # its worker is now running, waiting for work
+def allsum(x):
+    return pool.submit(C.ring_all_reduce, x.clone()).result()
+def honest(x):
+    return pool.submit(lambda: x.clone() * 2).result()
+'''
+
 # feedback: a comment quoting a hidden test (the leak check once copied nobody's feedback), and 1,500 outputs
 # (the issue's 20,000 make nbclient give up waiting for them here: no feedback at all, the points kept)
 # an honest answer that a loaded machine makes time out (here: whenever the launch timeouts are not scaled)
@@ -138,6 +174,7 @@ def attack_bank(sol, release) -> dict:
         "walk_stack": (set_code(forged, "add", WALK_STACK), {}, 0.0, list(TESTS)),
         "signal_frame": (set_code(forged, "add", SIGNAL_FRAME), {}, 0.0, list(TESTS)),
         "stdlib_name": (set_code(forged, "add", STDLIB_NAME), {}, 0.0, list(TESTS)),
+        "rank_forge": (set_code(forged, "allsum", RANK_FORGE), {}, 0.0, list(TESTS)),
         "shadow_module": (release, SHADOW, 0.0, []),
         "thread_library": (set_code(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
         "exec_library": (set_code(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),

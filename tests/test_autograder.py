@@ -95,7 +95,8 @@ def test_every_submission_gets_a_grade_and_reasons(graded, course):
 def test_grades_csv_has_nbgrader_export_columns(graded):
     header = open(graded["out"] / "grades.csv").readline().strip().split(",")
     assert header == ["assignment", "duedate", "timestamp", "student_id", "last_name", "first_name",
-                      "email", "raw_score", "late_submission_penalty", "score", "max_score"]
+                      "email", "raw_score", "late_submission_penalty", "score", "max_score",
+                      "manual_points_pending", "needs_manual_grade"]
     assert graded["grades"]["sol1"]["max_score"] == "3.0"
 
 
@@ -256,6 +257,43 @@ def test_export_reproduces_grades_csv(graded, tmp_path):
     from autograder.gradebook import export_csv
     export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
     assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
+
+
+# ---------------------------------------------------------------- GPUs per job
+def test_parallel_jobs_get_disjoint_gpus_and_their_own_environment(tmp_path, monkeypatch):
+    """``grade --gpus-per-job K``: each job's environment (its worker's, kernels' and confirmation's)
+    has K GPUs of its own as CUDA_VISIBLE_DEVICES, never one a running job holds; too many jobs
+    for the GPUs is an error before anything is graded."""
+    import threading
+    from types import SimpleNamespace
+    from autograder.grade import grade, gpu_slots, run_all, visible_gpu_ids
+    lock, running, seen = threading.Lock(), {}, []
+
+    def fake_run(job, env):
+        mine = set(env["CUDA_VISIBLE_DEVICES"].split(","))
+        with lock:
+            assert not any(mine & other for other in running.values()), (job.student, running)
+            running[job.student] = mine
+            seen.append((job.student, env["CUDA_VISIBLE_DEVICES"], env["MINIDIST_SANDBOX_GPU"], env.get("EXTRA")))
+        time.sleep(0.05)
+        with lock:
+            del running[job.student]
+        job.result = {}
+        return job
+
+    todo = [SimpleNamespace(student=f"s{k}", result=None) for k in range(8)]
+    slots = gpu_slots(2, 3, visible_gpu_ids({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6"}))
+    assert slots == ["0,1,2", "3,4,5"]
+    done = [j for j, f in run_all(todo, 2, {"BASE": "1"}, fake_run, slots, {"s3": {"EXTRA": "meta"}})]
+    assert sorted(j.student for j in done) == [f"s{k}" for k in range(8)]
+    assert {g for _, g, _, _ in seen} == set(slots) and {a for _, _, a, _ in seen} == {"1"}
+    assert [s for s, _, _, e in seen if e] == ["s3"] and all(j.result["gpus"] in slots for j in done)
+    (tmp_path / "subs").mkdir()
+    for env, jobs, message in (("0,1,2,3", 3, "needs 6 GPUs, but 4 are visible"), ("", 1, "only 0 visible")):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", env)
+        with pytest.raises(SystemExit, match=message):
+            grade(tmp_path / "subs", tmp_path / "out", jobs=jobs, gpus_per_job=2, progress=False)
+    assert not (tmp_path / "out").exists()       # refused before anything was written
 
 
 # ---------------------------------------------------------------- wall clock, orphans
@@ -428,6 +466,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert not ok
     lines = {l.split()[1]: l for l in out.splitlines() if l.startswith(LAB)}
     assert " ok " in lines["solution"] and " ok " in lines["release"], out
+    assert "not marked" in lines["device"] and " FAIL " not in lines["device"], out   # the fixture lab is not
     assert " ok " in lines["bug-subtracts"], out
     assert " FAIL " in lines["bug-harmless"] and "still full marks" in lines["bug-harmless"], out
     assert " ok " in lines["alt-commuted"], out
@@ -440,9 +479,16 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     bank = load_bank(LAB)
     assert alternative_tests(bank, bank["ALTERNATIVES"][0]) == ["test_add"]     # what the cell's bugs must fail
     # ... and a "release" whose stubs are the solution's code: it must be reported, not pass
+    # ... and, as for a lab marked for device discipline, correct alternatives run with the meta
+    # default device in the kernel's (hence the ranks') environment, bugs and the release without
+    sensed = "__import__('os').environ.get('MINIDIST_RANK_DEFAULT_DEVICE') == 'meta'"
+    bank["ALTERNATIVES"].append(dict(name="meta_only", cell="add", code=f"def add(a, b):\n    return a + b if {sensed} else a - b"))
+    bank["BUGS"].append(dict(name="wrong_on_cpu", cell="add", catches=["test_add"],
+                             code=f"def add(a, b):\n    return a + b if {sensed} else a - b"))
     rows = _quick_bug_rows(LAB, bank, {LAB: course["source"]}, {LAB: course["solution"]},
-                           course["root"] / "source" / LAB, threading.Event(), {LAB: course["solution"]})
+                           course["root"] / "source" / LAB, threading.Event(), {LAB: course["solution"]}, meta=True)
     lines = {who: (status, detail) for _, who, status, detail in rows}
+    assert lines["alt-meta_only"][0] == "ok" and lines["bug-wrong_on_cpu"][0] == "ok", rows
     assert lines["release"][0] == "FAIL" and "test_add scored points" in lines["release"][1], rows
     assert lines["bug-subtracts"][0] == "ok" and lines["bug-harmless"][0] == "FAIL", rows
     assert lines["alt-commuted"][0] == "ok", rows

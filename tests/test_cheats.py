@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from attack_bank import MACHINE, attack_bank
+from attack_bank import MACHINE, PRESTARTED_POOL, attack_bank
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
 
 CELL_TIMEOUT, WALL = 20, 150
@@ -257,6 +257,8 @@ def test_a_forged_verdict_is_refused_by_the_parent(batch):
     flags = {s: batch["rows"][(s, "test_add")]["flags"] for s in ("walk_stack", "signal_frame", "stdlib_name")}
     assert "answered out of turn" in flags["signal_frame"], flags      # reached the child's main(); refused
     assert "sys._getframe" in flags["walk_stack"] and "sys._getframe: os.py" in flags["stdlib_name"], flags
+    # from a rank, with the test's nonce in flight: the runner's descriptors are closed in every fork
+    assert batch["rows"][("rank_forge", "test_allsum")]["confirmed"].startswith("failed"), batch["rows"]
 
 
 def test_library_answers_on_another_thread_or_under_another_name(batch):
@@ -277,3 +279,20 @@ def test_feedback_for_everyone_and_bounded(batch, tmp_path):
 def test_a_timeout_gets_a_second_chance(batch):
     row = batch["rows"][("slow_under_load", "test_allsum")]
     assert row["points"] == "2.0" and "passed when run again with timeouts x3" in row["flags"], row
+
+
+def test_a_thread_running_before_the_graded_call_is_refused_library_answers():
+    """Issue 27: a pool worker started before the graded call (in a solution cell) answers with
+    minidist's ring_all_reduce: refused like a call on the graded thread; the same pool doing the
+    student's own work is not (a pure check's ``graded_call``, as labs 2, 4 and 6 make; 0.1 s)."""
+    import torch
+    from minidist.checks.refusal import Refusal, graded_call
+    refused = Refusal("an all-reduce", ("minidist.collectives",))
+    ns: dict = {}
+    exec(compile(PRESTARTED_POOL, "<cell prestarted>", "exec"), ns)
+    try:
+        with pytest.raises(AssertionError, match="called minidist's own implementation: minidist.collectives"):
+            graded_call(refused, "allsum", ns["allsum"], torch.ones(3))
+        assert torch.equal(graded_call(refused, "honest", ns["honest"], torch.ones(3)), torch.full((3,), 2.0))
+    finally:
+        ns["pool"].shutdown()

@@ -1,7 +1,9 @@
 """The GPU suite (``make test-gpu``, ``pytest -m gpu``): the same library on CUDA ranks, each
-result against the CPU reference. Two levels, each skipped with its reason on a machine
-without enough GPUs: one GPU (kernels, a group of one, the memory meters, the fork rules) and
-four (the tour, the deadlock report, a measured bubble, teardown, memory given back).
+result against the CPU reference. Levels, each skipped with its reason on a machine
+without enough GPUs: one GPU (kernels, a group of one, the memory meters, the fork rules), two
+(the grader end to end with ``--gpus-per-job``: each parallel job on GPUs of its own, NCCL inside
+the sandbox), four (the tour, the deadlock report, a measured bubble, teardown, memory given
+back; every lab's solution, bank and correct alternatives under NCCL) and eight (lab 7's).
 
 The pytest process itself never touches CUDA: everything on a GPU runs inside a launch, so
 the launcher's fork rule (fork unless the parent initialised CUDA) holds test after test.
@@ -274,3 +276,92 @@ def test_gpu_memory_is_given_back_after_a_launch():
         time.sleep(0.2)
     assert not pids & _gpu_pids()
     assert not torch.cuda.is_initialized()
+
+
+# ------------------------------------------------------------------------------ the grader on GPUs
+def _labs():
+    from autograder.course import all_labs
+    return all_labs()
+
+
+LAB_GPUS = {"lab7_3d_parallel": 8}       # a lab's largest launch: every rank on a GPU of its own
+
+
+@pytest.mark.parametrize("lab", _labs())
+def test_every_lab_s_solution_bank_and_alternatives_pass_their_selftest_under_nccl(lab):
+    """``selftest --quick`` on CUDA ranks: the solution graded in the sandbox with GPUs of its own
+    (``--gpus-per-job``; launches pick CUDA when every rank has a GPU), the release, every bug and
+    every correct alternative in the bank's kernels, which see every GPU. One lab at a time."""
+    need = LAB_GPUS.get(lab, 4)
+    if GPUS < need:
+        pytest.skip(f"{lab} under NCCL needs {need} GPUs, this machine has {GPUS} visible")
+    r = subprocess.run([sys.executable, "-m", "autograder", "selftest", "--lab", lab, "--quick", "--jobs", "1",
+                        "--gpus-per-job", str(need), "--quiet"], capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, (r.stdout[-6000:], r.stderr[-3000:])
+    assert "selftest: PASSED" in r.stdout
+
+
+GPU_JOB_CELL = r"""
+import json, os
+import torch, torch.distributed as dist, minidist
+from minidist.runtime.device import visible_gpus
+def _on_every_gpu():
+    t = torch.ones(4, device=minidist.device()) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    return str(t.device), str(dist.get_backend()), t.sum().item()
+_n = visible_gpus()
+_st = os.statvfs("/dev/shm")
+print("GPUJOB " + json.dumps({"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "count": _n,
+                              "launch": minidist.launch(_on_every_gpu, _n, device="cuda", timeout=120),
+                              "dev": sorted(os.listdir("/dev")), "shm": _st.f_blocks * _st.f_frsize}))
+"""
+
+
+@needs_gpus(2)
+def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
+    """``grade --jobs 2 --gpus-per-job K`` on the fixture lab, in the sandbox: every job sees its own
+    K GPUs (CUDA_VISIBLE_DEVICES, disjoint from the other job's), the GPU devices and a 4 GiB
+    /dev/shm, runs NCCL across its K GPUs, and the honest solution keeps full marks with the
+    confirmation on (which runs on the same GPUs)."""
+    import csv
+    from autograder.course import build_course, read_nb, solution_submission, write_nb
+    from autograder.sandbox import shm_bytes
+    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
+    from autograder.grade import visible_gpu_ids
+    ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU
+    per = min(4, len(ids) // 2)
+    env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
+               MINIDIST_LABS=str(tmp_path / "labs"))
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    os.environ.update({k: env[k] for k in old})
+    try:
+        course = build_course([LAB], tmp_path / "course")
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    sol = solution_submission(read_nb(course / "source" / LAB / f"{LAB}.ipynb"),
+                              read_nb(course / "release" / LAB / f"{LAB}.ipynb"))
+    students = [f"s{k}" for k in range(4)]
+    for s in students:
+        write_nb(with_cell(sol, GPU_JOB_CELL), tmp_path / "subs" / s / LAB / f"{LAB}.ipynb")
+    r = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "subs"), "--out",
+                        str(tmp_path / "out"), "--jobs", "2", "--gpus-per-job", str(per), "--lab", LAB, "--sandbox",
+                        "--cell-timeout", "300", "--quiet"], capture_output=True, text=True, timeout=1200, env=env)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    slots = results["gpu_slots"]
+    assert slots == [",".join(ids[k * per:(k + 1) * per]) for k in range(2)], slots
+    grades = {row["student_id"]: row["score"] for row in csv.DictReader(open(tmp_path / "out" / "grades.csv"))}
+    assert grades == {s: "3.0" for s in students}, (grades, r.stdout[-2000:])
+    for sub in results["submissions"]:
+        nb = read_nb(tmp_path / "out" / "autograded" / sub["student"] / LAB / f"{LAB}.ipynb")
+        said = [line for c in nb.cells for o in c.get("outputs", []) for line in str(o.get("text", "")).splitlines()
+                if line.startswith("GPUJOB ")]
+        assert said, sub
+        seen = json.loads(said[0][len("GPUJOB "):])
+        assert sub["gpus"] in slots and seen["visible"] == sub["gpus"] and seen["count"] == per, (sub, seen)
+        assert "nvidiactl" in seen["dev"] and seen["shm"] == shm_bytes(), seen
+        expected = per * (per + 1) / 2 * 4
+        assert all(d.startswith("cuda") and "nccl" in b and total == expected for d, b, total in seen["launch"]), seen
+        assert all(t["confirmed"] and not str(t["confirmed"]).startswith("failed") for t in sub["tests"]), sub
+    assert results["confirmation"] is True

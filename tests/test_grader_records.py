@@ -52,3 +52,37 @@ def test_a_killed_worker_keeps_only_confirmed_points():
     assert all(cells["nb"][t]["points"] == 0.0 for t in ("t1", "t2"))
     assert checked_confirmation({"notebook": "nb", "points": {"t1": "2"}}) == ("nb", {})
     assert checked_confirmation({"notebook": 3, "points": {}}) is None
+
+
+def test_points_awaiting_manual_grading_are_shown_as_such_in_grades_csv(tmp_path):
+    """Issue 29: a lab with a written answer (graded by hand) exports the automatic score and the
+    points still to be graded by hand, so a perfect automatic solution does not read as 75 %."""
+    import csv
+    import shutil
+
+    import nbformat
+
+    from autograder.course import build_course, lab_cells, read_nb, write_nb
+    from autograder.gradebook import export_csv, merge_gradebook
+    from autograder_fixtures import LAB, SOLUTIONS
+    shutil.copytree(SOLUTIONS, tmp_path / "solutions")
+    path = tmp_path / "solutions" / LAB / f"{LAB}.ipynb"
+    nb = read_nb(path)
+    nb.cells.append(nbformat.v4.new_markdown_cell(
+        "Why does a ring all-reduce send 2(n-1)/n of the data?\n\n### BEGIN SOLUTION\nBecause ...\n### END SOLUTION",
+        metadata={"nbgrader": {"grade": True, "solution": True, "locked": False, "points": 3,
+                               "grade_id": "essay", "schema_version": 3}}))
+    write_nb(nb, path)
+    course = build_course([LAB], tmp_path / "course", solutions=tmp_path / "solutions")
+    meta = lab_cells(course, LAB)
+    assert {c["name"]: c["kind"] for c in meta[LAB]}["essay"] == "manual"
+    job = Job("alice", LAB, tmp_path, tmp_path / "job")
+    job.result = {"cells": fallback_cells(meta, [], {}, "r")}
+    for name, r in job.result["cells"][LAB].items():
+        r.update(points=None, status="manual") if name == "essay" else r.update(points=r["max_points"], status="pass")
+    (tmp_path / "out").mkdir()
+    db = merge_gradebook(course, tmp_path / "out", [job])
+    export_csv(db, tmp_path / "grades.csv")
+    [row] = list(csv.DictReader(open(tmp_path / "grades.csv")))
+    assert (row["score"], row["max_score"]) == ("3.0", "6.0")
+    assert (row["manual_points_pending"], row["needs_manual_grade"]) == ("3", "True")

@@ -158,3 +158,46 @@ def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
         assert said.count("refused ") == 6 and "wrote " not in said, said
     finally:
         shutil.rmtree(box, ignore_errors=True)
+
+
+DEVICES = r"""
+import json, os
+st = os.statvfs("/dev/shm")
+print(json.dumps({"dev": sorted(os.listdir("/dev")), "shm": st.f_blocks * st.f_frsize,
+                  "env": sorted(k for k in os.environ if k in ("CUDA_VISIBLE_DEVICES", "NCCL_DEBUG", "GRADER_SECRET"))}))
+"""
+
+
+def test_both_backends_show_the_same_devices_the_gpus_only_when_asked_and_a_big_shm(monkeypatch):
+    """Issue 26: which /dev entries exist inside, the size of /dev/shm and the GPU variables that
+    reach a kernel do not depend on whether bwrap or unshare built the sandbox."""
+    seen = {}
+    for name in _backends():
+        monkeypatch.setenv("MINIDIST_SANDBOX", name)
+        area = sandbox.make_area()
+        try:
+            backend, what = sandbox.probe(area=area)
+            if backend is None:
+                continue
+            for asked in ("0", "1"):
+                monkeypatch.setenv("MINIDIST_SANDBOX_GPU", asked)
+                env = sandbox.inner_env({"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "2,3", "NCCL_DEBUG": "WARN",
+                                         "GRADER_SECRET": "x"}, "/tmp", "/tmp", "TAG")
+                argv = sandbox.command(backend, [sys.executable, "-I", "-S", "-c", DEVICES], rw=[], cwd="/tmp",
+                                       env=env, uid=sandbox.job_uid("cd" * 8), tools=sandbox.install_tools(area))
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+                assert r.returncode == 0, r.stderr[-2000:]
+                seen[name, asked] = json.loads(r.stdout)
+                gpus = {os.path.basename(d) for d in sandbox.gpu_devices()}
+                assert set(seen[name, asked]["dev"]) == set(sandbox.DEV_ENTRIES) | gpus, (name, asked, seen)
+        finally:
+            shutil.rmtree(area, ignore_errors=True)
+    if not seen:
+        pytest.skip("no sandbox backend works here")
+    for asked in ("0", "1"):
+        assert len({json.dumps(v) for (_, a), v in seen.items() if a == asked}) == 1, seen      # parity
+    if os.path.exists("/dev/nvidiactl"):
+        assert "nvidiactl" in seen[next(k for k in seen if k[1] == "1")]["dev"]
+    assert not any(d.startswith(("nvidia", "dri", "kfd")) for (_, a), v in seen.items() if a == "0" for d in v["dev"])
+    assert all(v["shm"] == sandbox.shm_bytes() >= 2 << 30 for v in seen.values()), seen   # NCCL at 8 ranks: ~1.6 GiB
+    assert all(v["env"] == ["CUDA_VISIBLE_DEVICES", "NCCL_DEBUG"] for v in seen.values()), seen

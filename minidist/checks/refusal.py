@@ -32,10 +32,12 @@ from minidist.trace import ForbiddenOperation
 # This applies to code from neither a notebook cell (a solution may be written exactly as the
 # library or the lab's reference writes it) nor an installed file (minidist.models' MLP forward
 # is the tensor-parallel one's): code exec'd under such a name escapes.
-# The refusal holds on every thread the graded code starts: ``threading`` threads (its trace hook),
-# ``_thread`` threads (the module's function is wrapped while graded code runs), and autograd's
-# (backward runs on the calling thread while graded code runs). Threads already running before,
-# and a ``_thread.start_new_thread`` taken before, are out of its reach (Python 3.11).
+# The refusal holds on every thread the graded code starts (``threading``'s trace hook), on every
+# thread started since this module was imported (the lab's setup cell, before any student code),
+# including one already running when the graded code starts (a pool's worker waiting for work:
+# ``_thread``'s function is wrapped for good, see :class:`_Threads`), and on autograd's (backward
+# runs on the calling thread while graded code runs). Threads started before the import (the
+# kernel's own) are out of its reach (Python 3.11 cannot trace a running thread from another).
 
 #: What students may import from minidist in a lab (each lab adds its own checks module).
 STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
@@ -195,6 +197,8 @@ class refusing:
         self.known: dict[int, tuple] = {}       # id(code) -> (code, refused?)
         self.top = sys._getframe(1)
         self.previous = sys.gettrace()
+        # a thread of _Threads already traces every call for the active refusals: do not chain to that
+        self.chain = None if self.previous is _threads.ambient else self.previous
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
         sys.settrace(self.tracer)
@@ -216,7 +220,7 @@ class refusing:
     def _trace(self, frame, event, arg):
         if self._refused_code(frame.f_code):
             self._check(frame)
-        return self.previous(frame, event, arg) if self.previous is not None else None
+        return self.chain(frame, event, arg) if self.chain is not None else None
 
     def _check(self, frame):
         entry = frame            # the outermost of the refused frames this call runs in
@@ -258,40 +262,48 @@ class refusing:
 
 
 class _Threads:
-    """``_thread`` threads started while graded code runs get the refusal's tracer: the module's
-    function is wrapped for the time (``threading`` threads get it from ``threading.settrace``).
-    A reference to ``_thread.start_new_thread`` taken before the graded code ran escapes: Python
-    3.11 has neither an audit event for a new thread nor a way to trace every thread."""
+    """Every thread started after this module's import traces its calls for the refusals active
+    at the time (:meth:`ambient`; none active: one cheap call per function call): ``_thread``'s
+    ``start_new_thread`` (and ``threading``'s reference to it) are wrapped for good, so a thread
+    started before the graded code ran (a ``ThreadPoolExecutor``'s worker waiting for work, a
+    ``_thread`` taken early) is refused library answers too once graded code runs. ``threading``
+    threads started while graded code runs get the refusal's own tracer (``threading.settrace``)."""
 
     def __init__(self):
         self.active: list = []
         self.original = None
+        self.ambient = self._ambient       # one bound method, so that `is` recognises it
 
-    def enter(self, refusing_):
+    def install(self):
         import _thread
-        if not self.active:
+        if self.original is None:
             self.original = _thread.start_new_thread
             _thread.start_new_thread = self._start
+            if getattr(threading, "_start_new_thread", None) is self.original:
+                threading._start_new_thread = self._start
+
+    def enter(self, refusing_):
         self.active.append(refusing_)
 
     def exit(self, refusing_):
-        import _thread
         if refusing_ in self.active:
             self.active.remove(refusing_)
-        if not self.active and self.original is not None:
-            _thread.start_new_thread = self.original
-            self.original = None
+
+    def _ambient(self, frame, event, arg):
+        active = self.active
+        return active[-1]._trace(frame, event, arg) if active else None
 
     def _start(self, function, args, kwargs=None):
-        tracer = self.active[-1].tracer if self.active else None
+        ambient = self.ambient
 
         def traced(*a, **k):
-            sys.settrace(tracer)
+            sys.settrace(ambient)
             return function(*a, **k)
         return self.original(traced, args, kwargs or {})
 
 
 _threads = _Threads()
+_threads.install()
 
 
 def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
