@@ -153,14 +153,16 @@ BUGS = [
     dict(
         name="combine_weights_ignored",
         cell="ep_combine",
-        replace=[("return out.index_add(0, route.order // k, rows * w)", "return out.index_add(0, route.order // k, rows)")],
+        replace=[("return out.index_add(0, route.order // k, rows * w)",
+                  "return out.index_add(0, route.order // k, rows)")],
         catches=[COMBINE],
         why="the experts' outputs are summed without the router's weights",
     ),
     dict(
         name="combine_weights_choice_major",
         cell="ep_combine",
-        replace=[("w = weights.reshape(-1)[route.order].unsqueeze(-1)", "w = weights.t().reshape(-1)[route.order].unsqueeze(-1)")],
+        replace=[("w = weights.reshape(-1)[route.order].unsqueeze(-1)",
+                  "w = weights.t().reshape(-1)[route.order].unsqueeze(-1)")],
         catches=[COMBINE],
         why="pair numbers read as choice·n + token: each row gets another pair's weight",
     ),
@@ -281,7 +283,7 @@ def top_k_router(logits, k, capacity_factor=None):
         code='''
 def load_balancing_loss(router_probs, expert_indices, num_experts):
     """Switch's auxiliary loss E · Σ_i f_i · P_i (1 when the routing is perfectly balanced)."""
-    if router_probs.dim() != 2 or router_probs.shape[1] != num_experts or router_probs.shape[0] != expert_indices.shape[0]:
+    if router_probs.dim() != 2 or tuple(router_probs.shape) != (expert_indices.shape[0], num_experts):
         raise ValueError("router_probs must be (tokens, num_experts)")
     f = F.one_hot(expert_indices, num_experts).to(router_probs.dtype).mean(dim=(0, 1))
     return num_experts * torch.dot(f, router_probs.mean(0))

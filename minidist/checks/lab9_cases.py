@@ -42,8 +42,8 @@ def make_experts(num_experts: int, hidden: int = HID, ffn: int = FFN, seed: int 
         for fan_in, fan_out in ((hidden, ffn), (ffn, hidden)):
             lin = torch.nn.Linear(fan_in, fan_out, device=CPU, dtype=F64)
             with torch.no_grad():
-                lin.weight.copy_(torch.randn(fan_out, fan_in, generator=gen, dtype=F64) / fan_in ** 0.5)
-                lin.bias.copy_(0.1 * torch.randn(fan_out, generator=gen, dtype=F64))
+                lin.weight.copy_(torch.randn(fan_out, fan_in, generator=gen, dtype=F64, device=CPU) / fan_in ** 0.5)
+                lin.bias.copy_(0.1 * torch.randn(fan_out, generator=gen, dtype=F64, device=CPU))
             layers.append(lin)
         expert = torch.nn.Sequential(layers[0], torch.nn.GELU(), layers[1]).to(dtype)
         experts.append(expert.to(device if device is not None else minidist.device()))
@@ -61,14 +61,14 @@ def choices(case: dict, s: int, t: int) -> torch.Tensor:
     num_experts, k, load = case["E"], case["k"], case.get("load", "random")
     local, n = num_experts // t, tokens_of(s)
     gen = torch.Generator().manual_seed(1000 + 31 * s + 7 * num_experts + k)
-    allowed = torch.arange(num_experts)
+    allowed = torch.arange(num_experts, device=CPU)
     if load == "one_rank":
         allowed = allowed[:local]
     elif load == "empty_expert":
         allowed = allowed[allowed % local != local - 1]
-    idx = allowed[torch.rand(n, len(allowed), generator=gen).argsort(-1)[:, :k]]
+    idx = allowed[torch.rand(n, len(allowed), generator=gen, device=CPU).argsort(-1)[:, :k]]
     if load == "dropped":
-        drop = torch.rand(n, k, generator=gen) < 0.35
+        drop = torch.rand(n, k, generator=gen, device=CPU) < 0.35
         idx = idx.masked_fill(drop | (s == 0), -1)
     return idx
 
@@ -89,7 +89,8 @@ def err(what, got, want) -> str | None:
     if not want.dtype.is_floating_point:
         if torch.equal(got.to(want.dtype), want):
             return None
-        return f"{what} is {got.tolist() if got.numel() <= 24 else '...'}; expected {want.tolist() if want.numel() <= 24 else 'other values'}"
+        show = lambda x: x.tolist() if x.numel() <= 24 else f"a tensor of {x.numel()} other values"     # noqa: E731
+        return f"{what} is {show(got)}; expected {show(want)}"
     if got.dtype != want.dtype:
         return f"{what} has dtype {got.dtype}, expected {want.dtype} (the inputs' dtype)"
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
@@ -155,7 +156,7 @@ def case_dispatch(fn, case, r, t, group):
     num_experts, k, dtype = case["E"], case["k"], case["dtype"]
     toks = [randn((tokens_of(s), HID), 10 + s, dtype) for s in range(t)]
     if case.get("raises"):
-        idx = torch.zeros(tokens_of(r) + (case["raises"] == "rows"), k, dtype=torch.long)
+        idx = torch.zeros(tokens_of(r) + (case["raises"] == "rows"), k, dtype=torch.long, device=CPU)
         what = (f"{num_experts} experts do not split over {t} ranks" if case["raises"] == "split"
                 else "expert_indices has a row more than there are tokens")
         return raises(fn, (_device(toks[r]), _device(idx), num_experts, group), what)

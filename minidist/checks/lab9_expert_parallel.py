@@ -79,7 +79,8 @@ def _cases(name: str, hidden: bool) -> list[dict]:
         if hidden:
             cases += [dict(t=1, E=4, k=2, dtype=F64), dict(t=2, E=2, k=1, dtype=F64),
                       dict(t=4, E=8, k=1, dtype=F32, load="one_rank"), dict(t=2, E=8, k=2, dtype=F64, load="one_rank"),
-                      dict(t=4, E=8, k=2, dtype=F32, load="empty_expert"), dict(t=2, E=6, k=2, dtype=F32, load="dropped"),
+                      dict(t=4, E=8, k=2, dtype=F32, load="empty_expert"),
+                      dict(t=2, E=6, k=2, dtype=F32, load="dropped"),
                       dict(t=4, E=4, k=1, dtype=F64, load="dropped")]
             if name == "ep_dispatch":
                 cases += [dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="rows")]
@@ -113,7 +114,8 @@ def _must_raise(label, what, fn, *args):
 def _router_cases(hidden):
     cases = [dict(n=10, E=4, k=2, capacity=None, dtype=F32), dict(n=10, E=4, k=1, capacity=1.0, dtype=F32, skew=3.0)]
     if hidden:
-        cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0), dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
+        cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0),
+                  dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
                   dict(n=16, E=8, k=2, capacity=1.0, dtype=F32, skew=2.0), dict(n=7, E=5, k=5, capacity=None, dtype=F64),
                   dict(n=10, E=4, k=2, capacity=2.0, dtype=F32, skew=4.0), dict(n=11, E=4, k=2, capacity=0.7, dtype=F64),
                   dict(n=6, E=4, k=5, capacity=None, dtype=F32, raises="k > E"),
@@ -128,7 +130,8 @@ def _check_router(fn, hidden):
     name = "top_k_router"
     for case in _router_cases(hidden):
         n, num_experts, k, dtype = case["n"], case["E"], case["k"], case["dtype"]
-        logits = randn((n, num_experts), 5 + n) + case.get("skew", 0.0) * torch.arange(num_experts, 0, -1) / num_experts
+        favourites = torch.arange(num_experts, 0, -1, device="cpu") / num_experts      # expert 0 most
+        logits = randn((n, num_experts), 5 + n) + case.get("skew", 0.0) * favourites
         label = f"{name} ({describe_case(case)})"
         if case.get("raises"):
             bad = logits.to(dtype)[None] if "dimensions" in case["raises"] else logits.to(dtype)

@@ -68,7 +68,7 @@ def top_k_router(logits, k, capacity_factor=None):
 def load_balancing_loss(router_probs, expert_indices, num_experts):
     n, k = expert_indices.shape
     if router_probs.shape != (n, num_experts):
-        raise ValueError(f"router_probs {tuple(router_probs.shape)} does not match {n} tokens and {num_experts} experts")
+        raise ValueError(f"router_probs {tuple(router_probs.shape)} does not match {n} tokens, {num_experts} experts")
     counts = torch.bincount(expert_indices.reshape(-1), minlength=num_experts)
     fraction = counts.to(router_probs.dtype) / (n * k)
     return num_experts * (fraction * router_probs.mean(dim=0)).sum()
@@ -164,6 +164,6 @@ def plan(choices: list, num_experts: int) -> Plan:
     for r in range(e):
         rows = [(s, p) for j in range(local) for s in range(e)
                 for p in routes[s][0].tolist() if int(routes[s][2][p]) == r * local + j]
-        src.append(torch.tensor([s for s, _ in rows], dtype=torch.long))
-        pair.append(torch.tensor([p for _, p in rows], dtype=torch.long))
+        src.append(torch.tensor([s for s, _ in rows], dtype=torch.long, device=idx.device))
+        pair.append(torch.tensor([p for _, p in rows], dtype=torch.long, device=idx.device))
     return Plan([Route(o, c, recv[r]) for r, (o, c, _) in enumerate(routes)], src, pair)
