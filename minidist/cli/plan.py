@@ -12,11 +12,13 @@ from minidist.presets import PRESETS, describe
 from minidist.units import count_arg, fraction_arg, memory_arg, positive_int_arg
 
 MODEL_FIELDS = ("params", "layers", "hidden", "heads", "seq")
+MOE_FIELDS = ("experts", "top_k", "ffn")                # optional: a dense GPT without them
 
 DESCRIPTION = """\
 Rank every (DP, PP, TP, CP, micro-batch) layout of a GPT on a cluster by modelled step time:
 compute, the 1F1B bubble, alpha-beta traffic per axis (NVLink inside a node, InfiniBand across),
-and memory per GPU. A model, not a measurement.
+and memory per GPU. A model, not a measurement. With --experts (a Mixture of Experts), expert
+parallelism (EP, carved out of DP, inside or across nodes) is a fifth axis.
 
 Model presets (--model; any of --params/--layers/--hidden/--heads/--seq overrides its value):
 """ + "\n".join(wrap(f"  {describe(name)}", hanging="      ") for name in PRESETS) + """
@@ -28,7 +30,9 @@ EPILOG = """\
 examples:
   minidist plan --model llama-70b --gpus 64
   minidist plan --model llama-7b --seq 8192 --gpus 16 --gpu-memory 40GB --zero 3
-  minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json"""
+  minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json
+  minidist plan --model mixtral-8x7b --seq 4096 --gpus 64
+  minidist plan --params 20B --layers 24 --hidden 2048 --heads 16 --seq 4096 --experts 64 --top-k 2 --gpus 64"""
 
 
 def add_arguments(p) -> None:
@@ -39,6 +43,11 @@ def add_arguments(p) -> None:
     model.add_argument("--hidden", type=positive_int_arg, metavar="N", help="hidden size h")
     model.add_argument("--heads", type=positive_int_arg, metavar="N", help="attention heads")
     model.add_argument("--seq", type=positive_int_arg, metavar="N", help="sequence length (tokens)")
+    model.add_argument("--experts", type=positive_int_arg, metavar="N",
+                       help="experts per layer: a Mixture of Experts, each expert an MLP (default 1: dense)")
+    model.add_argument("--top-k", type=positive_int_arg, metavar="K", help="experts each token uses (default 1)")
+    model.add_argument("--ffn", type=positive_int_arg, metavar="N",
+                       help="width of each expert's MLP (default 4 x hidden)")
     cluster = p.add_argument_group("cluster")
     cluster.add_argument("--gpus", type=positive_int_arg, metavar="N", required=True, help="GPUs in all")
     cluster.add_argument("--gpus-per-node", type=positive_int_arg, default=8, metavar="N", help="GPUs per node (NVLink inside)")
@@ -68,20 +77,32 @@ def model_numbers(args, error) -> dict:
         error(f"give --model NAME ({', '.join(sorted(PRESETS))}) or all of {', '.join(missing)}")
     if numbers["hidden"] % numbers["heads"]:
         error(f"--hidden {numbers['hidden']} is not a multiple of --heads {numbers['heads']}")
+    for f, default in zip(MOE_FIELDS, (1, 1, None)):
+        given = getattr(args, f)
+        numbers[f] = given if given is not None else getattr(preset, f, default)
+    numbers["mlp_matrices"] = preset.mlp_matrices if preset else 2
+    if numbers["top_k"] > numbers["experts"]:
+        error(f"--top-k {numbers['top_k']} is more than the {numbers['experts']} experts per layer")
     return numbers
 
 
 def assumptions(args, numbers: dict, cluster) -> str:
     """Every number the ranking rests on, in words."""
     source = f"{args.model} preset" if args.model else "given"
-    overridden = [f"--{f}" for f in MODEL_FIELDS if args.model and getattr(args, f) is not None]
+    overridden = [f"--{f.replace('_', '-')}" for f in MODEL_FIELDS + MOE_FIELDS
+                  if args.model and getattr(args, f) is not None]
     recompute = {"none": "none (every activation kept)", "selective": "selective (attention scores recomputed)",
                  "full": "full (only each layer's input kept)"}[args.recompute]
     link = lambda l: f"{l.name}: {l.bandwidth / 1e9:g} GB/s, alpha {l.alpha * 1e6:g} us"     # noqa: E731
+    moe = ""
+    if numbers["experts"] > 1:
+        mlp = "SwiGLU" if numbers["mlp_matrices"] == 3 else "GELU"
+        moe = (f" Mixture of Experts: {numbers['experts']} experts per layer, top-{numbers['top_k']}, each a {mlp} "
+               f"MLP of width {numbers['ffn'] or 4 * numbers['hidden']}; EP carved out of DP.")
     return "\n".join([
         f"Model ({source}{'; ' + ', '.join(overridden) + ' given' if overridden else ''}): "
         f"{numbers['params'] / 1e9:.3g}B parameters, {numbers['layers']} layers, hidden {numbers['hidden']}, "
-        f"{numbers['heads']} heads, sequence {numbers['seq']} tokens.",
+        f"{numbers['heads']} heads, sequence {numbers['seq']} tokens.{moe}",
         f"Cluster: {args.gpus} GPUs, {args.gpus_per_node} per node, {args.gpu_memory / 1e9:.1f} GB each; "
         f"peak {args.peak_tflops:g} TFLOP/s per GPU at {args.mfu:.0%} MFU.",
         f"Links per GPU and direction: {link(cluster.intra)}; {link(cluster.inter)}.",
@@ -118,7 +139,8 @@ def run(args, error) -> int:
                f"(--json gives each one's reason)."))
     if feasible:
         print(format_table(_rows(feasible[:args.top])))
-        print("(b: sequences per micro-batch, m: micro-batches per step per DP rank)")
+        print("(b: sequences per micro-batch, m: micro-batches per step per DP rank"
+              + ("; EP inside DP, (IB): its all-to-alls cross nodes)" if numbers["experts"] > 1 else ")"))
     print()
     if warning:
         print(wrap(warning))
@@ -132,9 +154,11 @@ def _rows(plans) -> list[dict]:
     seconds = plans[0].time["total"] >= 1
     unit, scale = ("s", 1) if seconds else ("ms", 1e3)
     t = lambda x: f"{x * scale:.2f}" if seconds else f"{x * scale:.1f}"      # noqa: E731
-    return [{"#": i + 1, "DP": p.dp, "PP": p.pp, "TP": p.tp, "CP": p.cp, "b": p.micro_batch,
-             "m": p.micro_batches, f"step ({unit})": t(p.time["total"]), f"compute ({unit})": t(p.time["compute"]),
-             f"bubble ({unit})": t(p.time["bubble"]),
-             f"comm ({unit})": t(sum(p.time[a] for a in ("tp", "cp", "pp", "dp"))),
-             "memory (GB)": f"{p.memory['total'] / 1e9:.1f}", "free (%)": f"{p.free * 100:.0f}"}
+    moe = "ep" in plans[0].time
+    return [{"#": i + 1, "DP": p.dp, "PP": p.pp, "TP": p.tp, "CP": p.cp}
+            | ({"EP": f"{p.ep}" + (" (IB)" if p.links.get("ep") == "InfiniBand" else "")} if moe else {})
+            | {"b": p.micro_batch, "m": p.micro_batches, f"step ({unit})": t(p.time["total"]),
+               f"compute ({unit})": t(p.time["compute"]), f"bubble ({unit})": t(p.time["bubble"]),
+               f"comm ({unit})": t(sum(p.time.get(a, 0.0) for a in ("tp", "cp", "pp", "dp", "ep"))),
+               "memory (GB)": f"{p.memory['total'] / 1e9:.1f}", "free (%)": f"{p.free * 100:.0f}"}
             for i, p in enumerate(plans)]

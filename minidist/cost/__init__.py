@@ -27,8 +27,8 @@ from minidist.cost.data_parallel import (FP32_ADAM, MIXED_PRECISION_ADAM, larges
                                          theory_wire_bytes, zero_bytes_per_param, zero_memory_bytes,
                                          zero_memory_bytes_fp32)
 from minidist.cost.expert_parallel import (COUNT_BYTES, ep_bytes_per_rank, ep_collectives, ep_comm_time,
-                                           ep_layer_collectives, ep_rows, expert_load_imbalance, moe_layer_flops,
-                                           rank_loads)
+                                           ep_layer_collectives, ep_rows, expert_load_imbalance, moe_activation_bytes,
+                                           moe_layer_flops, rank_loads)
 from minidist.cost.pipeline import (PIPELINE_SCHEDULES, pipeline_bubble, pipeline_bubble_ratio,
                                     pipeline_peak_activations)
 from minidist.cost.scale import GPT3_PARAMS, GPT3_TOKENS, PEAK_TFLOPS, gpu_years, model_bytes, training_flops
@@ -52,4 +52,4 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
            "ulysses_collectives", "ulysses_kv_heads", "ring_attention_messages", "causal_scores",
            "ring_computed_scores", "imbalance", "hybrid_collectives",
            "COUNT_BYTES", "ep_rows", "ep_collectives", "ep_layer_collectives", "ep_bytes_per_rank", "rank_loads",
-           "expert_load_imbalance", "ep_comm_time", "moe_layer_flops"]
+           "expert_load_imbalance", "ep_comm_time", "moe_layer_flops", "moe_activation_bytes"]

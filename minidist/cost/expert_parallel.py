@@ -39,7 +39,7 @@ A2A = "all_to_all_single"
 COUNT_BYTES = 8                 # one int64 count per expert
 
 __all__ = ["COUNT_BYTES", "ep_rows", "ep_collectives", "ep_layer_collectives", "ep_bytes_per_rank", "rank_loads",
-           "expert_load_imbalance", "ep_comm_time", "moe_layer_flops"]
+           "expert_load_imbalance", "ep_comm_time", "moe_layer_flops", "moe_activation_bytes"]
 
 
 def _check(num_experts: int, e: int, top_k: int = 1, capacity_factor: float | None = None) -> None:
@@ -119,3 +119,15 @@ def moe_layer_flops(tokens: int, hidden: int, ffn: int, top_k: int, num_experts:
     """FLOPs of a MoE MLP (forward and backward, 3 × 2 per multiply-add): the router (E·h per
     token) and k experts of ``matrices`` h×ffn matrices per token (2 for a GELU MLP, 3 for SwiGLU)."""
     return 6 * tokens * hidden * (num_experts + top_k * matrices * ffn)
+
+
+def moe_activation_bytes(tokens: int, hidden: int, ffn: int, top_k: int, t: int = 1, sequence_parallel: bool = False,
+                         matrices: int = 2) -> float:
+    """Activation bytes a MoE MLP saves beyond the dense 4h MLP of Korthikanti et al. 2022 (16-bit,
+    per layer and rank): each token's row is saved as the input of k experts (2h bytes each, /t
+    under SP) and each expert's inner activations, 4(m−1)·ffn bytes (m = 2, GELU: its input
+    and output; m = 3, SwiGLU: gate, up, their activation and product), split over TP; the dense
+    MLP's 2h + 16h are taken off. Negative when the experts are narrower than 4h and k = 1."""
+    row = 2 * hidden / (t if sequence_parallel else 1)
+    inner = 4 * (matrices - 1) * ffn / t
+    return tokens * (top_k * (row + inner) - (row + 16 * hidden / t))

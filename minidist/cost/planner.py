@@ -22,6 +22,15 @@ Links: the mesh is (DP, PP, CP, TP), TP innermost. An axis runs over NVLink when
 the axes inside it fit in one node, else over InfiniBand (a ring is as slow as its slowest
 link). TP is kept inside a node: a layout whose TP group spans nodes is excluded.
 
+Mixture of Experts (``experts`` > 1, :mod:`minidist.cost.expert_parallel`): each layer's
+MLP is E experts of which a token uses k; EP ranks split the experts and is carved out of
+DP (the innermost EP ranks of each DP group, stride PP·CP·TP), so an EP group is inside a
+node when EP·PP·CP·TP fits one. Expert states are ZeRO-sharded over the DP·CP/EP ranks
+that hold the same experts, dense ones over DP·CP; compute counts k experts' MLPs per
+token; EP adds 4 all-to-alls per layer and micro-batch (dispatch and combine, forward and
+backward, :func:`~minidist.cost.expert_parallel.ep_comm_time`) on its link; the gradient
+all-reduce is the dense gradients' over DP·CP plus the experts' over DP·CP/EP.
+
 Headroom: a layout that fills a GPU to the last byte rarely runs (the allocator's
 fragmentation, NCCL's buffers and the CUDA context are not modelled), so with
 ``headroom=0.1`` the layouts that leave at least 10% of the memory free rank before the
@@ -34,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from minidist.cost.collectives import allreduce_time, p2p_time
 from minidist.cost.context_parallel import ring_attention_messages
 from minidist.cost.data_parallel import zero_memory_bytes
+from minidist.cost.expert_parallel import ep_comm_time, moe_activation_bytes, moe_layer_flops
 from minidist.cost.pipeline import pipeline_bubble_ratio, pipeline_peak_activations
 from minidist.cost.scale import PEAK_TFLOPS
 from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link, tp_activation_bytes_paper,
@@ -45,16 +55,39 @@ ELEM = 2                # bf16 activations, gradients and messages
 @dataclass(frozen=True)
 class ModelSpec:
     """A GPT: ``params`` in all; the embedding and LM head (V·h each) are what the layers
-    (12h² + 13h each) leave, which gives the vocabulary V."""
+    (12h² + 13h each) leave, which gives the vocabulary V. A Mixture of Experts has
+    ``experts`` MLPs per layer (``ffn`` wide, default 4h, ``mlp_matrices`` h×ffn matrices:
+    2 for GELU, 3 for SwiGLU) and a router (E·h), of which each token uses ``top_k``."""
     params: float
     layers: int
     hidden: int
     heads: int
     seq: int
+    experts: int = 1
+    top_k: int = 1
+    ffn: int | None = None
+    mlp_matrices: int = 2
+
+    @property
+    def moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def mlp_params(self) -> float:
+        """One MLP (one expert): its matrices and two biases."""
+        f = 4 * self.hidden if self.ffn is None else self.ffn
+        return self.mlp_matrices * self.hidden * f + f + self.hidden
+
+    @property
+    def dense_layer_params(self) -> float:
+        """What every rank of a layer's TP group keeps whatever EP: attention (4h² + 4h), two
+        LayerNorms (4h), the router (E·h) of a MoE; the MLP too when there is one expert."""
+        h = self.hidden
+        return 4 * h * h + 8 * h + (self.experts * h if self.moe else self.mlp_params)
 
     @property
     def layer_params(self) -> float:
-        return 12 * self.hidden ** 2 + 13 * self.hidden
+        return self.dense_layer_params + (self.experts * self.mlp_params if self.moe else 0)
 
     @property
     def vocab(self) -> float:
@@ -84,6 +117,7 @@ class Plan:
     cp: int
     micro_batch: int
     micro_batches: int
+    ep: int = 1                                     # expert parallelism, carved out of DP
     feasible: bool = True
     reason: str = ""
     memory: dict = field(default_factory=dict)      # bytes per GPU: params, grads, optimizer, activations, total
@@ -93,7 +127,7 @@ class Plan:
 
     @property
     def layout(self) -> str:
-        return f"DP{self.dp} PP{self.pp} TP{self.tp} CP{self.cp}"
+        return f"DP{self.dp} PP{self.pp} TP{self.tp} CP{self.cp}" + (f" EP{self.ep}" if self.ep > 1 else "")
 
     def as_dict(self) -> dict:
         return asdict(self) | {"layout": self.layout}
@@ -112,25 +146,43 @@ def axis_links(dp: int, pp: int, cp: int, tp: int, gpus_per_node: int) -> dict[s
     return out
 
 
-def stage_params(model: ModelSpec, pp: int, tp: int) -> float:
+def ep_crosses_nodes(ep: int, pp: int, cp: int, tp: int, gpus_per_node: int) -> bool:
+    """EP is the innermost part of DP: its ranks are PP·CP·TP apart, so its group spans EP·PP·CP·TP ranks."""
+    return ep > 1 and ep * pp * cp * tp > gpus_per_node
+
+
+def stage_params(model: ModelSpec, pp: int, tp: int, ep: int = 1) -> float:
     """Parameters per GPU of the first stage: L/PP layers and the embedding (and, with PP = 1,
-    the LM head too), split over TP."""
+    the LM head too), split over TP; a MoE's experts also split over EP."""
+    return sum(stage_param_split(model, pp, tp, ep))
+
+
+def stage_param_split(model: ModelSpec, pp: int, tp: int, ep: int = 1) -> tuple[float, float]:
+    """(dense, expert) parameters per GPU of the first stage; expert is 0 for a dense model."""
     ends = model.vocab * model.hidden * (2 if pp == 1 else 1)
-    return (model.layers // pp * model.layer_params + ends) / tp
+    layers = model.layers // pp
+    experts = layers * model.experts // ep * model.mlp_params / tp if model.moe else 0.0
+    return (layers * model.dense_layer_params + ends) / tp, experts
 
 
 def memory(model: ModelSpec, plan: Plan, *, zero_stage: int, recompute: str, sequence_parallel: bool,
            schedule: str = "1f1b") -> dict:
     """Bytes per GPU of the first pipeline stage (its layers, the embedding, the most micro-batches in flight)."""
     h, s = model.hidden, model.seq // plan.cp
-    numel = stage_params(model, plan.pp, plan.tp)
+    numel, expert_numel = stage_param_split(model, plan.pp, plan.tp, plan.ep)
     out = dict(zero_memory_bytes(zero_stage, numel, plan.dp * plan.cp))
+    if expert_numel:            # expert states: sharded over the DP·CP/EP ranks holding the same experts
+        experts = zero_memory_bytes(zero_stage, expert_numel, plan.dp * plan.cp // plan.ep)
+        out = {k: out[k] + experts[k] for k in out}
     if recompute == "full":     # only each layer's input (its shard under SP)
         per_layer = ELEM * s * plan.micro_batch * h / (plan.tp if sequence_parallel else 1)
     else:                       # selective: the attention scores' 5as/h term is recomputed, i.e. a = 0
         heads = model.heads if recompute == "none" else 0
         per_layer = tp_activation_bytes_paper(s, plan.micro_batch, h, heads, plan.tp, sequence_parallel)
     in_flight = pipeline_peak_activations(schedule, plan.pp, plan.micro_batches, rank=0)
+    if model.moe and recompute != "full":     # k experts' MLP activations per token instead of one MLP's
+        per_layer += moe_activation_bytes(s * plan.micro_batch, h, model.ffn or 4 * h, model.top_k, plan.tp,
+                                          sequence_parallel, model.mlp_matrices)
     out["activations"] = per_layer * (model.layers // plan.pp) * in_flight
     out["total"] = out["params"] + out["grads"] + out["optimizer"] + out["activations"]
     return out
@@ -142,7 +194,11 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
     h, s, b, m = model.hidden, model.seq, plan.micro_batch, plan.micro_batches
     cross = axis_links(plan.dp, plan.pp, plan.cp, plan.tp, cluster.gpus_per_node)
     link = {a: cluster.inter if c else cluster.intra for a, c in cross.items()}
-    layer_flops = tp_layer_flops(global_batch, s, h) * (4 / 3 if recompute == "full" else 1)   # + one forward
+    layer_flops = tp_layer_flops(global_batch, s, h)
+    if model.moe:               # the dense 4h MLP (48·b·s·h²) replaced by the router and k experts
+        layer_flops += moe_layer_flops(global_batch * s, h, model.ffn or 4 * h, model.top_k, model.experts,
+                                       model.mlp_matrices) - 48 * global_batch * s * h * h
+    layer_flops *= 4 / 3 if recompute == "full" else 1                                        # + one forward
     flops = model.layers * layer_flops + 6 * global_batch * s * h * model.vocab
     compute = flops / (cluster.gpus * cluster.peak_flops * cluster.mfu)
     layers = model.layers // plan.pp
@@ -153,14 +209,23 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
     cp = sum(p2p_time(c.nbytes, link["cp"].alpha, link["cp"].beta) for c in cp_msgs) * layers * m
     act = ELEM * b * s_local * h / (plan.tp if sequence_parallel else 1)
     pp = 2 * m * p2p_time(act, link["pp"].alpha, link["pp"].beta) if plan.pp > 1 else 0.0
-    grads = ELEM * stage_params(model, plan.pp, plan.tp)
+    dense, experts = stage_param_split(model, plan.pp, plan.tp, plan.ep)
     n = plan.dp * plan.cp
     dp_link = link["dp"] if plan.dp > 1 else link["cp"]
-    dp = allreduce_time("ring", n, grads, dp_link.alpha, dp_link.beta) if n > 1 else 0.0
+    dp = allreduce_time("ring", n, ELEM * dense, dp_link.alpha, dp_link.beta) if n > 1 else 0.0
+    if experts and n // plan.ep > 1:        # the experts' gradients over the ranks holding the same experts
+        dp += allreduce_time("ring", n // plan.ep, ELEM * experts, dp_link.alpha, dp_link.beta)
     out = {"compute": compute, "bubble": compute * pipeline_bubble_ratio(plan.pp, m), "tp": tp, "cp": cp,
            "pp": pp, "dp": dp}
+    links = {a: ("InfiniBand" if c else "NVLink") for a, c in cross.items()}
+    if model.moe:
+        ep_cross = ep_crosses_nodes(plan.ep, plan.pp, plan.cp, plan.tp, cluster.gpus_per_node)
+        tokens = b * s_local // (plan.tp if sequence_parallel else 1)
+        out["ep"] = ep_comm_time(tokens, h, model.top_k, model.experts, plan.ep,
+                                 cluster.inter if ep_cross else cluster.intra, elem_bytes=ELEM) * layers * m
+        links["ep"] = "InfiniBand" if ep_cross else "NVLink"
     out["total"] = sum(out.values())
-    return out, {a: ("InfiniBand" if c else "NVLink") for a, c in cross.items()}
+    return out, links
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512, micro_batch_sizes=(1, 2, 4, 8),
@@ -182,9 +247,9 @@ def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512,
                 continue
             for pp in _divisors(cluster.gpus // (tp * cp)):
                 dp = cluster.gpus // (tp * cp * pp)
-                for b in micro_batch_sizes:
+                for ep, b in [(ep, b) for ep in (_divisors(dp) if model.moe else [1]) for b in micro_batch_sizes]:
                     m = global_batch // (dp * b) if global_batch % (dp * b) == 0 else 0
-                    plan = Plan(dp, pp, tp, cp, b, m)
+                    plan = Plan(dp, pp, tp, cp, b, m, ep)
                     plan.reason = _excluded(model, cluster, plan, global_batch)
                     if not plan.reason:
                         plan.memory = memory(model, plan, zero_stage=zero_stage, recompute=recompute,
@@ -199,7 +264,7 @@ def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512,
                         plan.free = 1 - plan.memory["total"] / cluster.gpu_memory
                     plans.append(plan)
     key = lambda p: (not p.feasible, p.free < headroom, p.time.get("total", 0.0),  # noqa: E731
-                     p.tp, p.pp, p.cp, p.dp, p.micro_batch)
+                     p.tp, p.pp, p.cp, p.dp, p.ep, p.micro_batch)
     return sorted(plans, key=key)
 
 
@@ -213,6 +278,8 @@ def _excluded(model: ModelSpec, cluster: Cluster, plan: Plan, global_batch: int)
         return f"layers ({model.layers}) not divisible by PP={plan.pp}"
     if model.seq % (2 * plan.cp) and plan.cp > 1:
         return f"seq ({model.seq}) not divisible by 2·CP={2 * plan.cp} (zigzag causal shards)"
+    if model.experts % plan.ep:
+        return f"experts ({model.experts}) not divisible by EP={plan.ep}"
     if not plan.micro_batches:
         return f"global batch {global_batch} does not split into DP={plan.dp} × micro-batches of {plan.micro_batch}"
     return ""
@@ -244,8 +311,39 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
                      f"({ms(t['dp'])}); once per step, it is the collective that best tolerates a slow link.")
     if top.cp > 1:
         lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
+    if "ep" in t:
+        lines.extend(_expert_lines(feasible, top, ms))
     lines.append(f"Compute {ms(t['compute'])} at {cluster.mfu:.0%} of peak is the floor every layout shares.")
     return "\n".join(lines)
+
+
+def _ep_place(plan: Plan) -> str:
+    if plan.ep == 1:
+        return "EP=1 (every GPU holds all experts)"
+    return "EP inside a node" if plan.links["ep"] == "NVLink" else "EP across nodes"
+
+
+def _expert_lines(feasible: list[Plan], top: Plan, ms) -> list[str]:
+    """A MoE model: where the top layout puts EP, what its all-to-alls cost, and the best of each other placement."""
+    if top.ep > 1:
+        where = "inside a node, over NVLink" if top.links["ep"] == "NVLink" else "across nodes, over InfiniBand"
+        lines = [f"EP={top.ep} {where}: each GPU keeps 1/{top.ep} of the experts (their states are sharded over "
+                 f"the DP×CP/EP ranks holding the same experts); tokens reach their experts' ranks by 4 all-to-alls "
+                 f"per layer and micro-batch, {ms(top.time['ep'])} per step."]
+    else:
+        lines = ["EP=1: the experts fit on every DP rank, so no token leaves its GPU (no all-to-all); only "
+                 "the memory of the experts' states grows with their number."]
+    for place in ("EP=1 (every GPU holds all experts)", "EP inside a node", "EP across nodes"):
+        if place == _ep_place(top):
+            continue
+        best = min((p for p in feasible if _ep_place(p) == place), key=lambda p: p.time["total"], default=None)
+        if best is None:
+            lines.append(f"{place}: no layout fits.")
+        else:
+            lines.append(f"{place}: the fastest, {best.layout} (micro-batch {best.micro_batch}), takes "
+                         f"{ms(best.time['total'])} ({best.time['total'] / top.time['total'] - 1:+.1%}; "
+                         f"all-to-alls {ms(best.time['ep'])}).")
+    return lines
 
 
 def headroom_warning(plans: list[Plan], cluster: Cluster, headroom: float) -> str:

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from minidist.collectives.p2p import group_info
-from minidist.expert_parallel.dispatch import ep_combine, ep_dispatch
+from minidist.expert_parallel.dispatch import DispatchPlan, ep_combine, ep_dispatch
 from minidist.expert_parallel.losses import load_balancing_loss, router_z_loss
 from minidist.expert_parallel.router import Routing, check_moe_sizes, top_k_router
 from minidist.runtime import device as rank_device
@@ -130,11 +130,18 @@ class MoELayer(nn.Module):
         for p in self.experts.parameters():
             p.expert_parallel = True
         self.routing: Routing | None = None      # the last forward's, for inspection
+        self.plan: DispatchPlan | None = None    # its dispatch (rows sent and received per rank, per expert)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, self.routing = moe_layer(x, self.router, self.experts, self.k, self.capacity_factor, self.group,
-                                    return_routing=True)
-        logits = x.reshape(-1, x.shape[-1]) @ self.router.t()
+        """:func:`moe_layer`'s steps, keeping the routing and the dispatch plan; returns (y, aux loss)."""
+        if x.shape[-1] != self.router.shape[1]:
+            raise ValueError(f"tokens of hidden size {x.shape[-1]} for a layer of hidden size {self.router.shape[1]}")
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = tokens @ self.router.t()
+        self.routing = top_k_router(logits, self.k, self.capacity_factor)
+        rows, self.plan = ep_dispatch(tokens, self.routing.indices, self.num_experts, self.routing.mask, self.group)
+        outputs = run_experts(rows, self.plan.tokens_per_expert, self.experts)
+        y = ep_combine(outputs, self.routing.weights, self.plan, self.group).reshape(x.shape)
         aux = (self.balance_coef * load_balancing_loss(self.routing.probs, self.routing.indices, self.num_experts)
                + self.z_coef * router_z_loss(logits))
         return y, aux

@@ -25,12 +25,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.collectives.p2p import group_info
+from minidist.cost.expert_parallel import ep_collectives
 from minidist.expert_parallel import (MoELayer, load_balancing_loss, make_experts, make_router_weight, moe_reference,
                                       new_ep_dp_groups, router_z_loss, sync_moe_gradients)
 from minidist.runtime import device as rank_device
 from minidist.trace import trace
 
-__all__ = ["MoECase", "TinyMoE", "moe_batch", "train_dp_ep", "reference_train", "max_param_error"]
+__all__ = ["MoECase", "TinyMoE", "moe_batch", "train_dp_ep", "expected_traffic", "reference_train",
+           "max_param_error"]
 
 
 @dataclass(frozen=True)
@@ -96,12 +98,28 @@ def _named(model: TinyMoE) -> dict[str, torch.Tensor]:
     return out
 
 
+def expected_traffic(case: MoECase, ep: int, world_size: int, rows: tuple[int, int]) -> list[tuple[str, int, int]]:
+    """The last step's traffic by the cost model, sorted as ``train_dp_ep`` returns it: one flat
+    all-reduce of the dense gradients over every rank, one of this rank's experts over the d
+    replicas (when d > 1), and ``cost.ep_collectives`` for the rows this rank sent and received."""
+    elem = torch.finfo(case.dtype).bits // 8
+    h, f, n_exp = case.hidden, case.ffn, case.num_experts
+    dense = (h * h + h + n_exp * h) * elem
+    experts = n_exp // ep * (2 * h * f + f + h) * elem
+    dp = world_size // ep
+    out = [("all_reduce", world_size, dense)] if world_size > 1 else []
+    out += [("all_reduce", dp, experts)] if dp > 1 else []
+    out += [(c.op, ep, c.nbytes) for c in ep_collectives(*rows, h, n_exp, ep, elem)]
+    return sorted(out)
+
+
 def train_dp_ep(case: MoECase, ep: int, group=None) -> dict:
     """Inside a rank: ``case.steps`` SGD steps on the (n/ep, ep) mesh over ``group`` (None: the world).
 
     Returns ``losses`` (the global mean loss per step, on every rank), ``params`` (see the
     module docstring), ``traffic`` (the last step's (op, group size, payload bytes), sorted; the loss report
-    is not in it)."""
+    is not in it), ``rows`` (the last step's rows sent and received by the dispatch: the all-to-alls'
+    sizes, ``cost.ep_collectives``)."""
     rank, n = group_info(group)
     ep_group, edp_group = new_ep_dp_groups(ep, group)
     model = TinyMoE(case, ep_group)
@@ -123,7 +141,8 @@ def train_dp_ep(case: MoECase, ep: int, group=None) -> dict:
         losses.append(total.item() / n)
     traffic = sorted((e.op, len(e.group) if e.group is not None else dist.get_world_size(), e.nbytes)
                      for e in t.comm())
-    return {"losses": losses, "params": _named(model), "traffic": traffic}
+    rows = (sum(model.moe.plan.send_splits), sum(model.moe.plan.recv_splits))
+    return {"losses": losses, "params": _named(model), "traffic": traffic, "rows": rows}
 
 
 def reference_train(case: MoECase, world_size: int, device=None) -> dict:

@@ -27,6 +27,7 @@ TOUR_MODULES = [
     "minidist.tour.tensor_parallel", # Megatron column/row, MLP, attention (GQA), vocab CE, block with and without SP
     "minidist.tour.context_parallel", # Ulysses (MHA, GQA, MQA), ring (MHA, GQA), causal ring contiguous vs zigzag
     "minidist.tour.parallel3d",      # DP 2 x PP 2 x TP 2 TinyGPT on 8 ranks: loss, weights, bytes per axis, memory
+    "minidist.tour.expert_parallel", # MoE dispatch/combine, layer vs one process (drops, skew), DP 2 x EP 2 step
 ]
 
 # The heading printed above each module's rows: the lecture (deck in slides/) it tours.
@@ -37,6 +38,7 @@ LECTURES = {
     "minidist.tour.tensor_parallel": "Lecture 5: tensor and sequence parallelism",
     "minidist.tour.context_parallel": "Lecture 6: context parallelism",
     "minidist.tour.parallel3d": "Lecture 7: 3D parallelism (DP x PP x TP)",
+    "minidist.tour.expert_parallel": "Lecture 9: expert parallelism (Mixture of Experts)",
 }
 
 COLUMNS = ["technique", "world_size", "passed", "max_err", "tolerance", "bytes_per_rank", "bytes_theory",
