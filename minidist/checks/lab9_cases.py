@@ -148,7 +148,8 @@ def expected(name, sent, received, num_experts, t, elem_bytes, phase) -> list:
 
 
 def _device(x):
-    return x.to(minidist.device())
+    """A copy of ``x`` on the rank's device (never ``x`` itself: the references keep theirs untouched)."""
+    return x.detach().to(minidist.device(), copy=True)
 
 
 # ----------------------------------------------------------------------------- one runner per function
