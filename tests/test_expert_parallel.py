@@ -34,6 +34,7 @@ from minidist.expert_parallel import (ep_combine, ep_dispatch, ep_dp_groups, exp
                                       local_expert_range, make_experts, make_router_weight, moe_layer, moe_reference,
                                       router_z_loss, tokens_per_expert, top_k_router)
 from minidist.harness.expert_parallel import MoECase, expected_traffic, max_param_error, reference_train, train_dp_ep
+from minidist.runtime.device import visible_gpus
 from minidist.trace import trace
 
 E, H, F, T = 4, 6, 8, 8             # experts, hidden, expert ffn, tokens per rank
@@ -311,7 +312,7 @@ def test_planner_ranks_ep_layouts_for_a_moe_model():
     assert across.memory["optimizer"] == inside.memory["optimizer"] == ep2.memory["optimizer"]   # ZeRO-1: / DP anyway
     text = explain(plans, cluster)
     top = feasible[0]
-    assert f"EP={top.ep}" in text and "EP=1 (every GPU holds all experts): no layout fits." in text
+    assert f"EP={top.ep}" in text and "EP=1 (every GPU holds all experts): no layout that fits uses it." in text
     dense = plan_layouts(ModelSpec(4.6e9, 2, 2048, 1, 1024), cluster, global_batch=64)
     assert all(p.ep == 1 and "ep" not in p.time for p in dense)
 
@@ -344,3 +345,33 @@ def test_bench_rows_carry_traced_bytes_equal_to_the_formula():
     assert rows[0]["bytes_theory"] == 4 * 16 * 2 * 8 * 4 + 8 * 4 and rows[0]["torch_a2a_ms"] > 0
     with pytest.raises(ValueError):
         bench.run(parser.parse_args(["--ep", "3", "--experts", "4"]))
+
+
+# ============================================================================= GPU (make test-gpu; 4-GPU tour: e > 1)
+def _one_rank_layer():
+    from minidist.expert_parallel import MoELayer
+    layer = MoELayer(H, F, E, k=2, capacity_factor=1.0, balance_coef=0.0, device=minidist.device())   # world of one
+    x = torch.randn(3 * T, H, generator=torch.Generator().manual_seed(5)).to(minidist.device()).requires_grad_()
+    y, aux = layer(x)
+    (y.square().sum() + aux).backward()
+    step = train_dp_ep(MoECase(), 1)
+    return (str(y.device), x.detach().cpu(), y.detach().cpu(), x.grad.cpu(), layer.router.grad.cpu(),
+            step["params"])
+
+
+def check_one_rank_layer(device):
+    where, x, y, dx, drouter, params = minidist.launch(_one_rank_layer, 1, device=device, timeout=120)[0]
+    assert where.startswith(device)
+    router = make_router_weight(H, E, 0, device="cpu").requires_grad_()
+    xr = x.clone().requires_grad_()
+    yr, _ = moe_reference(xr, router, make_experts(H, F, range(E), 0, device="cpu"), 2, 1.0)
+    yr.square().sum().backward()
+    for got, want in ((y, yr), (dx, xr.grad), (drouter, router.grad)):
+        assert _err(got, want) <= 1e-5, _err(got, want)
+    assert max_param_error(params, reference_train(MoECase(), 1, device="cpu")["params"]) <= 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(visible_gpus() < 1, reason=f"needs 1 GPU, this machine has {visible_gpus()} visible")
+def test_moe_layer_on_cuda_equals_the_cpu_reference():
+    check_one_rank_layer("cuda")

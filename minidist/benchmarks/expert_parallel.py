@@ -1,4 +1,4 @@
-"""MoE dispatch and combine: time and traced bytes vs the formula, over token counts and EP sizes, next to torch's all-to-all.
+"""MoE dispatch and combine: time and traced bytes vs the formula by token count and EP size, and torch's all-to-all.
 
 One launch of max(--ep) ranks; an EP group of e is a block of e consecutive ranks (the
 other blocks run the same at the same time). Every rank routes its T tokens (fp32, hidden

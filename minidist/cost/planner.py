@@ -94,7 +94,9 @@ class ModelSpec:
         v = (self.params - self.layers * self.layer_params) / (2 * self.hidden)
         if v <= 0:
             raise ValueError(f"{self.layers} layers of hidden size {self.hidden} already hold "
-                             f"{self.layers * self.layer_params:.3g} parameters, more than params={self.params:.3g}")
+                             f"{self.layers * self.layer_params:.3g} parameters, more than params={self.params:.3g}"
+                             + (f" (with {self.experts} experts per layer: give the parameters of all of them)"
+                                if self.moe else ""))
         return v
 
 
@@ -338,7 +340,7 @@ def _expert_lines(feasible: list[Plan], top: Plan, ms) -> list[str]:
             continue
         best = min((p for p in feasible if _ep_place(p) == place), key=lambda p: p.time["total"], default=None)
         if best is None:
-            lines.append(f"{place}: no layout fits.")
+            lines.append(f"{place}: no layout that fits uses it.")
         else:
             lines.append(f"{place}: the fastest, {best.layout} (micro-batch {best.micro_batch}), takes "
                          f"{ms(best.time['total'])} ({best.time['total'] / top.time['total'] - 1:+.1%}; "

@@ -83,7 +83,8 @@ def _layer(k, cf, skew):
     w_grad = w.grad.clone()
     dist.all_reduce(w_grad)
     err = max(_err(y, yr[mine]), _err(x.grad, xr.grad[mine]), _err(w_grad, wr.grad),
-              max(_err(p.grad, q.grad) for j, m in zip(ids, local) for p, q in zip(m.parameters(), full[j].parameters())))
+              max(_err(p.grad, q.grad) for j, m in zip(ids, local)
+                  for p, q in zip(m.parameters(), full[j].parameters())))
     sent = int(routings[r].mask.sum())
     received = sum(int((rt.indices[rt.mask] // (E // P) == r).sum()) for rt in routings)
     theory = cost.tp_payload_bytes(cost.ep_collectives(sent, received, H, E, P))
