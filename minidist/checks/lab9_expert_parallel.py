@@ -1,0 +1,266 @@
+"""Lab 9's checks (expert parallelism: a Mixture-of-Experts layer whose experts live on different
+ranks): each graded function against the same layer in one process, and its traced all-to-alls
+against the cost model.
+
+Shazeer et al. 2017 (sparsely-gated top-k MoE), Lepikhin et al. 2020 (GShard: capacity, dispatch and
+combine by all-to-all), Fedus et al. 2021 (Switch Transformers: the load-balancing loss
+``E · Σ_i f_i · P_i``). A lab test cell is a one-liner::
+
+    checks.check_function("ep_dispatch", ep_dispatch)
+    checks.check_function("ep_dispatch", ep_dispatch, hidden=True)
+
+``top_k_router`` and ``load_balancing_loss`` communicate nothing and are checked in this process.
+The distributed ones run one launch of 4 ranks per call, cut into expert-parallel groups of t
+consecutive ranks (visible t = 2, 4; hidden t = 1, 2, 4). A case compares, on every rank, the
+outputs and every gradient (tokens, expert outputs, router weights, every local expert's
+parameters) with one process within ``TOL``, checks that the caller's tensors are unchanged, and
+for t > 1 that the traced all-to-alls (kind, bytes) equal :mod:`minidist.cost.expert_parallel`:
+the counts first, then the rows. Loads are uneven on purpose: group rank s holds ``5 + s`` tokens,
+and hidden cases send every token to one rank, starve an expert, or drop every choice of a rank.
+The lab's other functions are stood in for by the lab's reference inside the ranks
+(:mod:`minidist.checks.lab9_reference`); ``minidist.expert_parallel`` is refused while graded code
+runs. The runners are in :mod:`minidist.checks.lab9_cases`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import minidist
+from minidist.checks import lab9_reference as ref
+from minidist.checks.common import (Refusal, check_timeout, graded_call, is_student_code, launch_named, mark_case,
+                                    one_thread, report_passed)
+from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
+from minidist.checks.lab9_cases import CASE_RUNNERS, F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
+from minidist.checks.quiet import passes_quietly
+from minidist.cost import expert_parallel as cost
+from minidist.trace import trace
+
+Route = ref.Route                       # handed out: what ep_dispatch returns for ep_combine
+EP_CHECK_TIMEOUT = check_timeout(20.0)
+GRADED = ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine", "moe_layer")
+
+#: the notebook's functions stood in for by the reference inside the ranks, except the graded one's own cell
+STAND_INS = {"top_k_router": ref.top_k_router, "load_balancing_loss": ref.load_balancing_loss,
+             "ep_dispatch": ref.ep_dispatch, "all_to_all_rows": ref.all_to_all_rows,
+             "AllToAllRows": ref.AllToAllRows, "ep_combine": ref.ep_combine}
+OWN_CELL = {"ep_dispatch": ("ep_dispatch", "all_to_all_rows", "AllToAllRows")}
+
+#: minidist's expert parallelism is refused in graded code; the lab hands out no helper from it.
+REFUSED = Refusal("expert parallelism", ("minidist.expert_parallel",), checks=__name__)
+
+
+def _stand_in(fn, name: str) -> None:
+    """Inside a rank: the notebook's other lab functions become the reference (never in this process)."""
+    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
+    if names is None or not is_student_code(fn.__code__.co_filename):
+        return
+    for other, stand_in in STAND_INS.items():
+        if other not in OWN_CELL.get(name, (name,)) and other in names:
+            names[other] = stand_in
+
+
+def _body(progress, fn, name, cases):
+    _stand_in(fn, name)
+    groups = consecutive_groups((c["t"] for c in cases), WORLD)
+    out = []
+    with one_thread():
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
+            errs = CASE_RUNNERS[name](fn, case, r, t, group)
+            out.append((r, t, next((e for e in errs if e), None)))
+    return out
+
+
+def _cases(name: str, hidden: bool) -> list[dict]:
+    if name == "ep_dispatch" or name == "ep_combine":
+        cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
+        if hidden:
+            cases += [dict(t=1, E=4, k=2, dtype=F64), dict(t=2, E=2, k=1, dtype=F64),
+                      dict(t=4, E=8, k=1, dtype=F32, load="one_rank"), dict(t=2, E=8, k=2, dtype=F64, load="one_rank"),
+                      dict(t=4, E=8, k=2, dtype=F32, load="empty_expert"),
+                      dict(t=2, E=6, k=2, dtype=F32, load="dropped"),
+                      dict(t=4, E=4, k=1, dtype=F64, load="dropped")]
+            if name == "ep_dispatch":
+                cases += [dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="rows")]
+        return cases
+    if name == "moe_layer":
+        cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
+        if hidden:
+            cases += [dict(t=1, E=2, k=1, dtype=F64), dict(t=2, E=4, k=1, dtype=F64, skew=True),
+                      dict(t=4, E=8, k=2, dtype=F32, capacity=1.0, skew=True),
+                      dict(t=2, E=6, k=2, dtype=F64, capacity=0.5), dict(t=4, E=4, k=1, dtype=F32, capacity=1.5),
+                      dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="k"),
+                      dict(t=2, E=4, k=2, dtype=F32, capacity=0.0, raises="capacity"),
+                      dict(t=4, E=4, k=1, dtype=F32, raises="shape")]
+        return cases
+    raise ValueError(f"lab 9 has no distributed graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+# ----------------------------------------------------------------------------- pure checks (this process)
+def _must_raise(label, what, fn, *args):
+    name = label.split(" ")[0]
+    try:
+        graded_call(REFUSED, name, fn, *args)
+    except ValueError:
+        return
+    except Exception as other:      # noqa: BLE001  (the student's error, named)
+        raise AssertionError(f"{label}: raised {type(other).__name__} ({other}) although {what}; the lab asks for a "
+                             "ValueError with a clear message") from None
+    raise AssertionError(f"{label}: returned although {what}; the lab asks for a ValueError")
+
+
+def _router_cases(hidden):
+    cases = [dict(n=10, E=4, k=2, capacity=None, dtype=F32), dict(n=10, E=4, k=1, capacity=1.0, dtype=F32, skew=3.0)]
+    if hidden:
+        cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0),
+                  dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
+                  dict(n=16, E=8, k=2, capacity=1.0, dtype=F32, skew=2.0), dict(n=7, E=5, k=5, capacity=None, dtype=F64),
+                  dict(n=10, E=4, k=2, capacity=2.0, dtype=F32, skew=4.0), dict(n=11, E=4, k=2, capacity=0.7, dtype=F64),
+                  dict(n=6, E=4, k=5, capacity=None, dtype=F32, raises="k > E"),
+                  dict(n=6, E=4, k=0, capacity=None, dtype=F32, raises="k = 0"),
+                  dict(n=6, E=4, k=1, capacity=0.0, dtype=F32, raises="capacity_factor = 0"),
+                  dict(n=6, E=4, k=1, capacity=-1.0, dtype=F32, raises="capacity_factor < 0"),
+                  dict(n=6, E=4, k=1, capacity=None, dtype=F32, raises="logits of 3 dimensions")]
+    return cases
+
+
+def _check_router(fn, hidden):
+    name = "top_k_router"
+    for case in _router_cases(hidden):
+        n, num_experts, k, dtype = case["n"], case["E"], case["k"], case["dtype"]
+        favourites = torch.arange(num_experts, 0, -1, device="cpu") / num_experts      # expert 0 most
+        logits = randn((n, num_experts), 5 + n) + case.get("skew", 0.0) * favourites
+        label = f"{name} ({describe_case(case)})"
+        if case.get("raises"):
+            bad = logits.to(dtype)[None] if "dimensions" in case["raises"] else logits.to(dtype)
+            _must_raise(label, case["raises"], fn, bad, k, case["capacity"])
+            continue
+        logits = logits.to(dtype)
+        theirs = logits.clone().requires_grad_()
+        want = ref.top_k_router(theirs, k, case["capacity"])
+        mine = logits.clone().requires_grad_()
+        given = mine * 1
+        result = graded_call(REFUSED, name, fn, given, k, case["capacity"])
+        if not isinstance(result, (tuple, list)) or len(result) != 3:
+            raise AssertionError(f"{label}: must return (expert_indices, weights, keep)")
+        problem = (err("expert_indices", result[0], want[0]) or err("weights", result[1], want[1].detach())
+                   or err("keep", result[2], want[2]) or (None if torch.equal(given.detach(), logits) else
+                                                          "the logits were modified in place"))
+        if not problem:
+            up = randn((n, k), 6, dtype)
+            (want[1] * up).sum().backward()
+            (result[1] * up).sum().backward()
+            problem = err("logits.grad", mine.grad, theirs.grad)
+        if problem:
+            raise AssertionError(f"{label}: {problem}")
+    report_passed(name, "indices, weights and their gradient, kept choices; k = 1, 2 and k = E, capacity dropping "
+                  "and dropless, fp32/fp64" + (", bad k and capacity" if hidden else ""), hidden)
+
+
+def _check_loss(fn, hidden):
+    name = "load_balancing_loss"
+    cases = [dict(n=10, E=4, k=2, dtype=F32)]
+    if hidden:
+        cases += [dict(n=12, E=8, k=1, dtype=F64), dict(n=10, E=4, k=2, dtype=F32, starve=True),
+                  dict(n=9, E=6, k=3, dtype=F64), dict(n=6, E=4, k=1, dtype=F32, raises=True)]
+    for case in cases:
+        n, num_experts, k, dtype = case["n"], case["E"], case["k"], case["dtype"]
+        label = f"{name} ({describe_case(case)})"
+        logits = randn((n, num_experts), 8 + n)
+        if case.get("starve"):
+            logits[:, -1] = -50.0
+        probs = torch.softmax(logits, -1).to(dtype)
+        idx = probs.topk(k, dim=-1).indices
+        if case.get("raises"):
+            _must_raise(label, f"router_probs has {num_experts} columns for {num_experts + 1} experts", fn, probs, idx,
+                        num_experts + 1)
+            continue
+        theirs, mine = probs.clone().requires_grad_(), probs.clone().requires_grad_()
+        want = ref.load_balancing_loss(theirs, idx, num_experts)
+        given = (mine * 1, idx.clone())
+        got = graded_call(REFUSED, name, fn, *given, num_experts)
+        problem = err("the loss", got, want.detach())
+        if not problem and not (torch.equal(given[1], idx) and torch.equal(given[0].detach(), probs)):
+            problem = "its inputs were modified in place"
+        if not problem:
+            want.backward()
+            got.backward()
+            problem = err("router_probs.grad", mine.grad, theirs.grad)
+        if problem:
+            raise AssertionError(f"{label}: {problem}")
+    report_passed(name, "value and gradient; k = 1, 2, 3, fp32/fp64" + (", an expert nobody chose, probs that do "
+                  "not match E" if hidden else ""), hidden)
+
+
+COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
+           "ep_combine": "output, expert_outputs.grad, weights.grad and traced bytes",
+           "moe_layer": "output, aux loss, x/router/expert gradients and traced bytes"}
+
+
+@passes_quietly
+def check_function(name: str, fn, hidden: bool = False, timeout: float = EP_CHECK_TIMEOUT) -> None:
+    """Lab 9's graded function ``name``. The router and the loss in this process; the others on 4
+    ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): outputs and every gradient equal
+    one process, the caller's tensors unchanged, the traced all-to-alls equal the cost model.
+    Hidden cases: k = 1, fp64, uneven and empty loads, dropped choices, capacity, bad input."""
+    if name == "top_k_router":
+        return _check_router(fn, hidden)
+    if name == "load_balancing_loss":
+        return _check_loss(fn, hidden)
+    cases = _cases(name, hidden)
+    out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
+    raise_first_group_problem(name, cases, out, WORLD)
+    ts = sorted({c["t"] for c in cases})
+    extra = "; k = 2, fp32"
+    if hidden:
+        extra = ("; k = 1, 2, fp32/fp64, capacity and dropless, a starved expert, bad input" if name == "moe_layer" else
+                 "; k = 1, 2, fp32/fp64, one busy rank, a starved expert, a rank that sends nothing"
+                 + (", bad input" if name == "ep_dispatch" else ""))
+    report_passed(name, f"t = {', '.join(map(str, ts))}: {COVERED[name]}{extra}", hidden)
+
+
+# ----------------------------------------------------------------------------- measurements (demo cells)
+MEASURE_SETTINGS = (("balanced", 0.0, None), ("skewed", 1.5, None), ("skewed, capacity 1.25", 1.5, 1.25))
+
+
+def _measure_body(progress, top_k_router, ep_dispatch, tokens, hidden, num_experts, k, settings):
+    rank, device = dist.get_rank(), minidist.device()
+    out = []
+    for label, skew, cf in settings:
+        mark_case(progress, label)
+        x = randn((tokens, hidden), 90 + rank, F32)
+        w = randn((hidden, num_experts), 91, F32) / hidden ** 0.5
+        x[:, 0] = 1.0                                  # a constant feature: its weights are the experts' biases
+        w[0] = 0.0
+        w[0, :2] = skew                                # a bonus for experts 0 and 1, both on rank 0
+        with one_thread():
+            idx, _, keep = top_k_router((x @ w).to(device), k, cf)
+            keep = keep.to(idx.device)
+            with trace() as tr:
+                _, route = ep_dispatch(x.to(device), idx.masked_fill(~keep, -1), num_experts)
+        out.append(dict(setting=label, rank=rank, received=int(route.recv_counts.sum()), dropped=int((~keep).sum()),
+                        sent=int(keep.sum()), bytes=sum(e.nbytes for e in tr.comm())))
+    return out
+
+
+@passes_quietly
+def measure(top_k_router, ep_dispatch, tokens: int = 256, hidden: int = 32, num_experts: int = 8, k: int = 2,
+            settings=MEASURE_SETTINGS, timeout: float = EP_CHECK_TIMEOUT) -> list[dict]:
+    """On 4 ranks, for each (label, skew, capacity factor): your router on each rank's ``tokens`` tokens
+    (a bonus logit ``skew`` for experts 0 and 1, on rank 0), then your dispatch. One row per (setting,
+    rank): rows its experts ``received``, choices ``dropped``, ``bytes`` your dispatch sent (traced: the
+    counts and the rows), ``theory`` (:func:`minidist.cost.expert_parallel.ep_collectives`, the same
+    two exchanges), ``mean`` (n·k, a balanced rank's rows)."""
+    out = launch_named(_measure_body, WORLD, top_k_router, ep_dispatch, tokens, hidden, num_experts, k,
+                       tuple(settings), name="measure", timeout=timeout)
+    rows = []
+    for i in range(len(settings)):
+        for rank_rows in out:
+            row = dict(rank_rows[i])
+            row["theory"] = sum(c.nbytes for c in cost.ep_collectives(row["sent"], row["received"], hidden,
+                                                                      num_experts, WORLD)[:2])
+            row["mean"] = tokens * k
+            rows.append(row)
+    return rows
