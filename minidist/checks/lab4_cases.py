@@ -99,7 +99,7 @@ def _rank_grads(progress, fn, cases, schedules):
 
 EXECUTOR_CASES = {   # hidden -> p -> cases
     False: {2: [Case("gpipe", 2, 8), Case("1f1b", 2, 8)], 4: [Case("gpipe", 4, 8), Case("1f1b", 4, 8)]},
-    True: {3: [Case("gpipe", 1, 6), Case("1f1b", 3, 6), Case("1f1b", 5, 10), Case("gpipe", 6, 12),
+    True: {3: [Case("gpipe", 1, 6), Case("1f1b", 5, 10), Case("gpipe", 6, 12),
                Case("1f1b", 3, 9, torch.float64), Case("1f1b", 4, 8, p=1)],
            4: [Case("1f1b", 2, 8), Case("1f1b", 8, 16)]},
 }
