@@ -156,3 +156,45 @@ def draw_rounds(t, n):
         [[(s, d) for s, d, _ in by_round[k]] for k in ks], n,
         [f"round {k + 1}: partner = rank XOR {by_round[k][0][0] ^ by_round[k][0][1]}" for k in ks],
         [[f"{b} B" for _, _, b in by_round[k]] for k in ks], ncols=len(ks))
+
+
+def draw_f_g_split(t: int = 2, title: str | None = None):
+    """Megatron's MLP over ``t`` ranks (Shoeybi et al. 2019, Fig. 3a): the replicated X enters through f
+    (identity forward, all-reduce backward), rank r computes GeLU(X A_rᵀ) with its rows A_r of the first
+    weight (column-parallel) and multiplies by its columns B_r of the second (row-parallel), and g
+    (all-reduce forward, identity backward) sums the t partial outputs into the replicated Y."""
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 1.1 * t))
+    mid = (t - 1) / 2
+
+    def box(x, y, w, text, color, tc="white", size=10):
+        ax.add_patch(plt.Rectangle((x - w / 2, y - 0.34), w, 0.68, color=color, ec="none"))
+        ax.text(x, y, text, ha="center", va="center", color=tc, fontsize=size)
+
+    def arrow(x0, y0, x1, y1):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0), arrowprops=dict(arrowstyle="->", color="#444444", lw=1.2))
+
+    box(0, mid, 1.3, "X\n(replicated)", "#dddddd", "black")
+    box(1.65, mid, 0.7, "f", "#333333", size=12)
+    box(9.1, mid, 0.7, "g", "#333333", size=12)
+    box(10.75, mid, 1.3, "Y\n(replicated)", "#dddddd", "black")
+    arrow(0.65, mid, 1.3, mid)
+    arrow(9.45, mid, 10.1, mid)
+    for r in range(t):
+        y, color = t - 1 - r, RANK_COLORS[r % len(RANK_COLORS)]
+        arrow(2.0, mid, 2.7, y)
+        box(3.7, y, 2.0, f"X A{r}\u1d40\nrows {r} of A", color, size=9)
+        arrow(4.7, y, 5.05, y)
+        box(5.5, y, 0.9, "GeLU", color, size=9)
+        arrow(5.95, y, 6.35, y)
+        box(7.35, y, 2.0, f"\u00b7 B{r}\u1d40\ncolumns {r} of B", color, size=9)
+        arrow(8.35, y, 8.75, mid)
+    ax.text(1.65, -0.6, "f: forward identity\nbackward all-reduce", ha="center", va="top", fontsize=9)
+    ax.text(9.1, -0.6, "g: forward all-reduce\n(sums the partial outputs)\nbackward identity", ha="center",
+            va="top", fontsize=9)
+    ax.text(3.7, t - 0.55, "column-parallel", ha="center", va="bottom", fontsize=9, style="italic")
+    ax.text(7.35, t - 0.55, "row-parallel", ha="center", va="bottom", fontsize=9, style="italic")
+    ax.set_xlim(-0.8, 11.5)
+    ax.set_ylim(-1.7, t - 0.2)
+    ax.axis("off")
+    ax.set_title(title or f"Megatron's MLP on {t} ranks: one f, one g", fontsize=11)
+    return fig

@@ -299,6 +299,15 @@ def _measure_rank():
     assert sum(e.op == "span:F" for e in t.events) == 4
 
 
+def _kept_rank():
+    """:func:`minidist.harness.pipeline.kept_at_each_backward` around the library's executor."""
+    p, rank = dist.get_world_size(), dist.get_rank()
+    chunks = P.rank_chunks(P.partition(models.block_stack(p, WIDTH), p), p, rank)
+    x, y = models.regression_batch(PBATCH, WIDTH)
+    _, kept = HP.kept_at_each_backward(lambda c: P.run_schedule(P.make("1f1b", p, 4), c, x, y), chunks, [x])
+    assert kept == [0, 0, 0, 0], kept
+
+
 # ----------------------------------------------------------------------------- memory (1 rank)
 def _model_state_bytes():
     model = models.TinyMLP()
@@ -510,6 +519,7 @@ CASES = {
     "minidist.pipeline.partition": Case(1, _partition),
     "minidist.pipeline.rank_chunks": Case(2, _pipeline("gpipe")),
     "minidist.harness.pipeline.measure": Case(2, _measure_rank),
+    "minidist.harness.pipeline.kept_at_each_backward": Case(2, _kept_rank),
     # memory
     "minidist.memory.model_state_bytes": Case(1, _model_state_bytes),
     "minidist.memory.optimizer_state_tensors": Case(1, _model_state_bytes),

@@ -2,6 +2,7 @@
 student mistakes fail with a message that says what is wrong."""
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from minidist.checks import lab4_pipeline as C
@@ -103,7 +104,7 @@ def test_executor_checks():
 
 def test_memory_check_measures_what_autograd_keeps():
     C.check_executor_memory(lib_exec)
-    with pytest.raises(AssertionError, match="micro-batches at the peak"):
+    with pytest.raises(AssertionError, match="micro-batches at the peak|whose backward had already run"):
         C.check_executor_memory(hoarding_exec)
 
 
@@ -126,3 +127,47 @@ def test_bubble_is_graded_from_the_replayed_order_not_the_clock():
     assert all(abs(r["replayed"] - r["simulated"]) < 1e-9 and r["measured"] is None for r in rows), rows
     with pytest.raises(AssertionError, match=r"replayed in its own order .* bubble of 0\.\d+; the schedule's is 0\.273"):
         C.check_executor_memory(early_receive_exec)
+
+
+def buffer_keeping_exec(s, chunks, x, y, costs=None):
+    """The library's executor on stages whose inputs and outputs are kept in a list until the step ends
+    (no retain_graph: autograd frees what it saved, the executor's own references stay)."""
+    keep = []
+
+    def forward(inp, _c=chunks[0]):
+        out = _c(inp)
+        keep.append((inp, out))
+        return out
+    return run_schedule(s, [_Wrap(forward)], x, y, costs=costs).loss
+
+
+def test_memory_check_counts_what_the_executor_keeps_after_a_backward():
+    with pytest.raises(AssertionError, match=r"gpipe\(p=4, m=8\): when the backward of micro-batch \d began, "
+                                             r"rank 0 still held the stage input or output of 7 micro-batches"):
+        C.check_executor_memory(buffer_keeping_exec)
+
+
+def consuming_exec(s, chunks, x, y, costs=None):
+    """Runs the schedule, then empties this rank's action list: a second step with it does nothing."""
+    loss = run_schedule(s, chunks, x, y, costs=costs).loss
+    s.actions[dist.get_rank()].clear()
+    return loss
+
+
+def no_loss_at_p1_exec(s, chunks, x, y, costs=None):
+    """The loss computed only on a stage that is not also the first (an elif after stage 0's branch): at
+    p = 1 the gradients are right and no loss comes back."""
+    if s.p > 1:
+        return run_schedule(s, chunks, x, y, costs=costs).loss
+    for xb, yb in zip(x.chunk(s.m), y.chunk(s.m)):
+        (F.mse_loss(chunks[0](xb), yb) / s.m).backward()
+    return None
+
+
+def test_executor_is_run_twice_per_schedule_and_at_p1():
+    with pytest.raises(AssertionError, match=r"gpipe\(p=2, m=2\), batch of 8: on rank 0, the schedule it was given "
+                                             r"changed during the call"):
+        C.check_executor(consuming_exec)
+    with pytest.raises(AssertionError, match=r"1f1b\(p=1, m=4\), batch of 8: the last stage \(rank 0\) returned "
+                                             r"loss None.*both the first and the last"):
+        C.check_executor(no_loss_at_p1_exec, hidden=True)

@@ -160,9 +160,94 @@ def gpipe_schedule(p, m):
     dict(
         name="executor_buffers_default_dtype",
         cell="run_pipeline",
-        replace=[("torch.empty(xs[0].shape, dtype=x.dtype)", "torch.empty(xs[0].shape)")],
+        replace=[("torch.empty(xs[0].shape, dtype=x.dtype, device=x.device)", "torch.empty(xs[0].shape, device=x.device)")],
         catches=[GRADS],
         why="receive buffers in the default dtype: right in float32 only (a hidden case trains in float64)",
+    ),
+    dict(
+        name="executor_loss_only_in_elif",
+        cell="run_pipeline",
+        replace=[('''                inp = xs[a.mb] if stage == 0 else received.pop(("act", *key)).requires_grad_()
+                out = chunks[a.chunk](inp)
+                if stage == last:
+                    out = F.mse_loss(out, ys[a.mb]) / s.m
+                    loss = out.item() + (loss or 0.0)
+                else:
+                    outgoing[("act", *key)] = out.detach()''', '''                if stage == 0:                          # the first stage reads the batch and sends on
+                    inp = xs[a.mb]
+                    out = chunks[a.chunk](inp)
+                    outgoing[("act", *key)] = out.detach()
+                elif stage == last:                     # the last stage computes the loss
+                    inp = received.pop(("act", *key)).requires_grad_()
+                    out = F.mse_loss(chunks[a.chunk](inp), ys[a.mb]) / s.m
+                    loss = out.item() + (loss or 0.0)
+                else:
+                    inp = received.pop(("act", *key)).requires_grad_()
+                    out = chunks[a.chunk](inp)
+                    outgoing[("act", *key)] = out.detach()''')],
+        catches=[GRADS],
+        why="the loss only in an elif after the first stage's branch: with p = 1 the one stage never computes it",
+    ),
+    dict(
+        name="executor_consumes_schedule",
+        cell="run_pipeline",
+        code='''
+def run_pipeline(schedule, chunks, x, y, costs=None):
+    """Run one training step's forwards and backwards of `schedule` on this rank.
+    Returns the full-batch loss on the rank holding the last stage, None elsewhere."""
+    s, rank = schedule, dist.get_rank()
+    last = s.num_stages - 1
+    xs, ys = x.chunk(s.m), y.chunk(s.m)
+    received, outgoing, stored = {}, {}, {}
+    pending_sends, loss = [], None
+    todo = s.actions[rank]                    # popped from the front as it runs
+    while todo:
+        if todo[0].is_comm:
+            recvs = []
+            while todo and todo[0].is_comm:
+                a = todo.pop(0)
+                key = ("act" if a.kind.endswith("_F") else "grad", a.mb, a.chunk)
+                if a.kind.startswith("SEND"):
+                    tensor = outgoing.pop(key)
+                    pending_sends.append((dist.isend(tensor, dst=a.peer), tensor))
+                else:
+                    received[key] = torch.empty(xs[0].shape, dtype=x.dtype, device=x.device)
+                    recvs.append(dist.irecv(received[key], src=a.peer))
+            for request in recvs:
+                request.wait()
+            continue
+        a = todo.pop(0)
+        key, stage = (a.mb, a.chunk), s.stage(rank, a.chunk)
+        with timed(a, costs):
+            if a.kind == "F":
+                inp = xs[a.mb] if stage == 0 else received.pop(("act", *key)).requires_grad_()
+                out = chunks[a.chunk](inp)
+                if stage == last:
+                    out = F.mse_loss(out, ys[a.mb]) / s.m
+                    loss = out.item() + (loss or 0.0)
+                else:
+                    outgoing[("act", *key)] = out.detach()
+                stored[key] = (inp, out)
+            else:
+                inp, out = stored.pop(key)
+                torch.autograd.backward(out, None if stage == last else received.pop(("grad", *key)))
+                if stage > 0:
+                    outgoing[("grad", *key)] = inp.grad
+    for request, _ in pending_sends:
+        request.wait()
+    return loss
+''',
+        catches=[GRADS],
+        why="pops the actions off the schedule it was given: a second step with the same schedule does nothing",
+    ),
+    dict(
+        name="executor_never_frees",
+        cell="run_pipeline",
+        replace=[("inp, out = stored.pop(key)", "inp, out = stored[key]"),
+                 ('received.pop(("act", *key))', 'received[("act", *key)]'),
+                 ('received.pop(("grad", *key))', 'received[("grad", *key)]')],
+        catches=[MEMORY],
+        why="stage inputs, outputs and receive buffers kept in their dicts until the step ends: all m micro-batches alive",
     ),
 ]
 
@@ -395,7 +480,7 @@ def run_pipeline(schedule, chunks, x, y, costs=None):
         replace=[("out = F.mse_loss(out, ys[a.mb]) / s.m\n                    loss = out.item() + (loss or 0.0)",
                   "out = F.mse_loss(out, ys[a.mb])\n                    loss = out.item() / s.m + (loss or 0.0)"),
                  ('grad = None if stage == last else received.pop(("grad", *key))',
-                  'grad = torch.tensor(1.0 / s.m, dtype=out.dtype) if stage == last else received.pop(("grad", *key))')],
+                  'grad = torch.tensor(1.0 / s.m, dtype=out.dtype, device=out.device) if stage == last else received.pop(("grad", *key))')],
         why="keeps each micro-batch loss unscaled and seeds its backward with 1/m instead (the same gradients)",
     ),
     dict(
@@ -433,7 +518,7 @@ def run_pipeline(schedule, chunks, x, y, costs=None):
                 tensor = outgoing.pop(key)
                 sends.append((tensor, dist.isend(tensor, dst=a.peer)))
             else:
-                buf = torch.empty(xs[0].shape, dtype=x.dtype)
+                buf = torch.empty(xs[0].shape, dtype=x.dtype, device=x.device)
                 arriving[key] = (buf, dist.irecv(buf, src=a.peer))
             continue
         stage = s.stage(rank, a.chunk)

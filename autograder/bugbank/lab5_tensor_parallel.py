@@ -89,6 +89,15 @@ BUGS = [
         why="g's backward averages the (already equal) gradients: right numbers, one all-reduce too many",
     ),
 
+    dict(
+        name="g_in_place",
+        cell="reduce_from_tp",
+        replace=[("        out = x.clone()\n        dist.all_reduce(out, group=group)\n        return out\n",
+                  "        dist.all_reduce(x, group=group)      # Megatron reduces in place\n        return x\n")],
+        catches=[G_TEST],
+        why="all-reduces the caller's tensor in place (the trap the lab warns about): the caller's partial sum is gone",
+    ),
+
     # ------------------------------------------------------------------ column_parallel_linear
     dict(
         name="column_without_f",
@@ -208,6 +217,22 @@ BUGS = [
                   "")],
         catches=[ATTN],
         why="no ValueError when t does not divide the heads (hidden: 4 heads on t = 3)",
+    ),
+    dict(
+        name="attn_checks_query_heads_only",
+        cell="tp_attention",
+        replace=[("    if n_heads % t or n_kv % t:\n", "    if n_heads % t:\n")],
+        catches=[ATTN],
+        why="checks that t divides the query heads only: 12 query / 4 kv heads on t = 3 crash in view or hang",
+    ),
+    dict(
+        name="attn_gqa_chunk3",
+        cell="tp_attention",
+        replace=[("    q, k, v = column_parallel_linear(x, weight, bias, group).split(\n"
+                  "        [n_heads // t * hd, n_kv // t * hd, n_kv // t * hd], dim=-1)\n",
+                  "    q, k, v = column_parallel_linear(x, weight, bias, group).chunk(3, dim=-1)\n")],
+        catches=[ATTN],
+        why="splits the fused QKV output with chunk(3): under GQA the K and V parts are smaller than Q's",
     ),
     dict(
         name="attn_o_bias_on_every_rank",
@@ -331,6 +356,23 @@ BUGS = [
         why="reduce-scatters along dim 0, the batch, instead of the sequence",
     ),
 
+    dict(
+        name="sp_rs_buffer_default_dtype",
+        cell="sp_reduce_scatter",
+        replace=[("out = full.new_empty((full.shape[0] // t, *full.shape[1:]))",
+                  "out = torch.empty((full.shape[0] // t, *full.shape[1:]))")],
+        catches=[SP_RS],
+        why="output buffer in the default dtype (float32): fp64 and bf16 inputs abort in gloo or come back as fp32",
+    ),
+    dict(
+        name="sp_gather_buffer_default_dtype",
+        cell="sp_gather",
+        replace=[("out = parts.new_empty((t * parts.shape[0], *parts.shape[1:]))",
+                  "out = torch.empty((t * parts.shape[0], *parts.shape[1:]), device=x.device)")],
+        catches=[SP_GATHER],
+        why="gather buffer in the default dtype (float32): fp64 and bf16 shards do not fit it",
+    ),
+
     # ------------------------------------------------------------------ sp_mlp_block
     dict(
         name="sp_ln_grads_not_reduced",
@@ -362,6 +404,44 @@ BUGS = [
         replace=[("h = sp_gather(F.layer_norm(x, ", "h = sp_gather(F.layer_norm(copy_to_tp(x, group), ")],
         catches=[SP_BLOCK],
         why="an f on the sequence shard: backward adds other ranks' token gradients into mine",
+    ),
+    dict(
+        name="sp_block_hooks_pile_up",
+        cell="sp_mlp_block",
+        code='''
+class GatheredLinear(torch.autograd.Function):
+    """Keeps only the sequence shard; all-gathers it again in backward (Korthikanti et al.)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, group):
+        ctx.save_for_backward(x, w)
+        ctx.group = group
+        return F.linear(sp_gather(x, group), w, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        total = sp_gather(x, ctx.group)
+        return (sp_reduce_scatter(grad @ w, ctx.group), grad.flatten(0, -2).T @ total.flatten(0, -2),
+                grad.flatten(0, -2).sum(0), None)
+
+
+def sp_mlp_block(x, ln, mlp, group=None):
+    def summed(g):
+        g = g.clone()
+        dist.all_reduce(g, group=group)
+        return g
+
+    for p in (ln.weight, ln.bias, mlp.proj.bias):
+        p.register_hook(summed)
+    t, rank = dist.get_world_size(group), dist.get_rank(group)
+    h = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    h = F.gelu(GatheredLinear.apply(h, mlp.fc.weight.tensor_split(t)[rank], mlp.fc.bias.tensor_split(t)[rank], group))
+    y = sp_reduce_scatter(F.linear(h, mlp.proj.weight.tensor_split(t, dim=1)[rank]), group)
+    return x + y + mlp.proj.bias
+''',
+        catches=[SP_BLOCK],
+        why="hooks registered on the parameters at every call: the second step's partial gradients are all-reduced twice",
     ),
 ]
 
@@ -408,11 +488,29 @@ def copy_to_tp(x, group=None):
 
     # ------------------------------------------------------------------ reduce_from_tp (g)
     dict(
-        name="g_in_place",
+        name="g_functional_all_reduce",
         cell="reduce_from_tp",
-        replace=[("        out = x.clone()\n        dist.all_reduce(out, group=group)\n        return out\n",
-                  "        dist.all_reduce(x, group=group)      # Megatron reduces in place\n        return x\n")],
-        why="forward all-reduces its input in place and returns it (Megatron's _ReduceFromModelParallelRegion)",
+        code='''
+import torch.distributed._functional_collectives as funcol
+
+
+class ReduceFromTP(torch.autograd.Function):
+    """Megatron's g: all-reduce forward (a functional collective, out of place), identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return funcol.all_reduce(x, "sum", group if group is not None else dist.group.WORLD) * 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def reduce_from_tp(x, group=None):
+    """g: leave a tensor-parallel region by summing the per-rank partial results."""
+    return ReduceFromTP.apply(x, group)
+''',
+        why="torch's functional collectives (funcol.all_reduce, out of place): traced like dist.all_reduce",
     ),
     dict(
         name="g_async_all_reduce",
@@ -599,7 +697,7 @@ def vocab_parallel_cross_entropy(logits, target, group=None, ignore_index=-100, 
     if vocab_size is None:
         vocab_size = t * logits.shape[-1]
     start, stop = shard_range(vocab_size, rank, t)
-    ids = torch.arange(start, stop)                            # the global ids of my columns
+    ids = torch.arange(start, stop, device=logits.device)      # the global ids of my columns
     m = logits.detach().amax(dim=-1)
     dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
     shifted = logits - m[..., None]
@@ -691,6 +789,35 @@ def sp_gather(x, group=None):
         why="backward written out with dist.reduce_scatter on a list of sequence chunks",
     ),
 
+    dict(
+        name="sp_gather_functional_collectives",
+        cell="sp_gather",
+        code='''
+import torch.distributed._functional_collectives as funcol
+
+
+class SPGather(torch.autograd.Function):
+    """All-gather along the sequence (dim 1) forward; reduce-scatter backward, with functional collectives."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group if group is not None else dist.group.WORLD
+        parts = x.movedim(1, 0).contiguous()                       # the sequence in front
+        return funcol.all_gather_single(parts, 0, ctx.group).movedim(0, 1).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        full = grad.movedim(1, 0).contiguous()
+        return funcol.reduce_scatter_single(full, "sum", 0, ctx.group).movedim(0, 1).contiguous(), None
+
+
+def sp_gather(x, group=None):
+    """(b, s/t, h) this rank's tokens -> (b, s, h) every rank's, in rank order."""
+    return SPGather.apply(x, group)
+''',
+        why="torch.distributed._functional_collectives (all_gather_single / reduce_scatter_single): traced like dist.*",
+    ),
+
     # ------------------------------------------------------------------ sp_reduce_scatter
     dict(
         name="sp_rs_with_a_list",
@@ -746,43 +873,6 @@ def sp_reduce_scatter(x, group=None):
     ),
 
     # ------------------------------------------------------------------ sp_mlp_block
-    dict(
-        name="sp_block_regather_and_hooks",
-        cell="sp_mlp_block",
-        code='''
-class GatheredLinear(torch.autograd.Function):
-    """Keeps only the sequence shard; all-gathers it again in backward (Korthikanti et al.)."""
-
-    @staticmethod
-    def forward(ctx, x, w, b, group):
-        ctx.save_for_backward(x, w)
-        ctx.group = group
-        return F.linear(sp_gather(x, group), w, b)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, w = ctx.saved_tensors
-        total = sp_gather(x, ctx.group)
-        return (sp_reduce_scatter(grad @ w, ctx.group), grad.flatten(0, -2).T @ total.flatten(0, -2),
-                grad.flatten(0, -2).sum(0), None)
-
-
-def sp_mlp_block(x, ln, mlp, group=None):
-    def summed(g):
-        g = g.clone()
-        dist.all_reduce(g, group=group)
-        return g
-
-    for p in (ln.weight, ln.bias, mlp.proj.bias):
-        p.register_hook(summed)
-    t, rank = dist.get_world_size(group), dist.get_rank(group)
-    h = F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-    h = F.gelu(GatheredLinear.apply(h, mlp.fc.weight.tensor_split(t)[rank], mlp.fc.bias.tensor_split(t)[rank], group))
-    y = sp_reduce_scatter(F.linear(h, mlp.proj.weight.tensor_split(t, dim=1)[rank]), group)
-    return x + y + mlp.proj.bias
-''',
-        why="Going further, both ideas: fc saves only the shard and re-gathers it in backward; partial grads summed by p.register_hook",
-    ),
     dict(
         name="sp_block_regather_in_backward",
         cell="sp_mlp_block",

@@ -29,20 +29,22 @@ A deadlocking executor fails after ``timeout`` seconds with the launcher's diagn
 from __future__ import annotations
 
 import copy
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 
-from minidist.checks.common import TOL, TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case
+from minidist.checks.common import (TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case,
+                                    report_passed)
+from minidist.checks.lab4_cases import (EXECUTOR_CASES, WIDTH, Case, _compare_step, _inputs, _rank_grads,  # noqa: F401
+                                        _schedule)
 from minidist.checks.quiet import passes_quietly
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
+from minidist.harness.pipeline import kept_at_each_backward
 from minidist.memory import ActivationMeter, Metered
 from minidist.models import block_stack, regression_batch
-from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, replayed_slots, simulate,
-                               slots_from_trace, validate)
+from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, replayed_slots,
+                               simulate, slots_from_trace, validate)
 from minidist.trace import merge, trace
 
 #: minidist's schedule builders (make, gpipe, one_f_one_b, with_comms, ...) and executor (run_schedule)
@@ -52,7 +54,6 @@ REFUSED = Refusal("pipeline schedules and their executor",
                   allow=("minidist.pipeline.schedules.Action", "minidist.pipeline.schedules.Schedule",
                          "minidist.pipeline.executor.timed", "minidist.pipeline.executor.StepStats"),
                   checks=__name__)
-WIDTH = 8
 SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode
 
 SCHEDULE_CASES = {                     # (p, m)
@@ -120,67 +121,25 @@ def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None)
         if sim.peak_activations != want:
             raise AssertionError(f"{where}: peak micro-batch activations per rank {sim.peak_activations}, "
                                  f"expected {want}")
+    shown = ", ".join(f"{p}/{m}" for p, m in SCHEDULE_CASES[hidden])
+    report_passed(name, f"p/m = {shown}: valid, {kind}'s compute order, bubble and peak = theory", hidden)
 
 
 # ----------------------------------------------------------------------------- executor
-def _model(p: int) -> nn.Sequential:
-    return block_stack(p + 1 if p > 1 else 2, WIDTH, seed=p)      # uneven stages when p > 1
-
-
-def _schedule(kind, p, m):
-    return make(kind, p, m)
-
-
-class Case(NamedTuple):
-    """One executor case: a library schedule of ``m`` micro-batches over a batch, in ``dtype``."""
-    kind: str
-    m: int
-    batch: int
-    dtype: torch.dtype = torch.float32
-
-    def __str__(self):
-        return f"{self.kind}, m={self.m}, batch={self.batch}" + (
-            "" if self.dtype == torch.float32 else f", {self.dtype}")
-
-
-def _inputs(p, case: Case):
-    """The stage model and the batch of one executor case, in its dtype."""
-    x, y = regression_batch(case.batch, WIDTH, step=case.m)
-    return _model(p).to(case.dtype), x.to(case.dtype), y.to(case.dtype)
-
-
-def _rank_grads(progress, fn, cases, schedules):
-    rank, p, out = dist.get_rank(), dist.get_world_size(), []
-    for case in cases:
-        mark_case(progress, str(case))
-        model, x, y = _inputs(p, case)
-        chunks = rank_chunks(partition(model, p), p, rank)
-        loss = fn(copy.deepcopy(schedules[case.kind, case.m]), chunks, x, y)
-        loss = float(loss) if isinstance(loss, torch.Tensor) else loss
-        grads = [None if q.grad is None else q.grad.clone() for c in chunks for q in c.parameters()]
-        out.append((loss, grads))
-    return out
-
-
-EXECUTOR_CASES = {   # hidden -> p -> cases
-    False: {2: [Case("gpipe", 2, 8), Case("1f1b", 2, 8)], 4: [Case("gpipe", 4, 8), Case("1f1b", 4, 8)]},
-    True: {3: [Case("gpipe", 1, 6), Case("1f1b", 3, 6), Case("1f1b", 5, 10), Case("gpipe", 6, 12),
-               Case("1f1b", 3, 9, torch.float64)],
-           4: [Case("1f1b", 2, 8), Case("1f1b", 8, 16)]},
-}
-
-
 @passes_quietly
 def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """``fn(schedule, chunks, x, y)`` runs one step's forwards and backwards of the library's
-    GPipe and 1F1B schedules; gradients on every rank and the loss (returned by the rank
-    holding the last stage, None elsewhere) must equal single-process autograd's."""
+    GPipe and 1F1B schedules (the first case of each launch twice with the same schedule object);
+    gradients on every rank and the loss (returned by the rank holding the last stage, None
+    elsewhere) must equal single-process autograd's at every step, and the schedule, the batch
+    and the weights stay as the caller gave them. Hidden: p = 3, m not a multiple of p, fp64, and p = 1 (one stage,
+    run on rank 0 of the 3-rank launch)."""
     name = name or getattr(fn, "__name__", "executor")
-    for p, cases in EXECUTOR_CASES[hidden].items():
-        schedules = {(c.kind, c.m): _schedule(c.kind, p, c.m) for c in cases}   # built outside the refusal
-        results = launch_named(_rank_grads, p, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
+    for world, cases in EXECUTOR_CASES[hidden].items():
+        schedules = {(c.kind, c.m, c.p or world): _schedule(c.kind, c.p or world, c.m) for c in cases}   # outside the refusal
+        results = launch_named(_rank_grads, world, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
         for i, case in enumerate(cases):
-            kind, m, batch = case.kind, case.m, case.batch
+            kind, m, batch, p = case.kind, case.m, case.batch, case.p or world
             where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (
                 "" if case.dtype == torch.float32 else f" in {case.dtype}")
             model, x, y = _inputs(p, case)
@@ -188,42 +147,32 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
             ref_loss.backward()
             stages = partition(model, p)
             for r in range(p):
-                loss, grads = results[r][i]
-                want = [q.grad for q in rank_chunks(stages, p, r)[0].parameters()]
-                if any(g is None for g in grads):
-                    raise AssertionError(f"{where}: rank {r} has parameters without a gradient; every "
-                                         f"stage's backward must reach its weights")
-                errs = [(g - w).abs().max().item() for g, w in zip(grads, want)]
-                if max(errs) > TOL:
-                    ratio = (grads[0].norm() / want[0].norm()).item() if want[0].norm() > 0 else float("nan")
-                    hint = ""
-                    if abs(ratio - m) < 1e-3 * m and m > 1:
-                        hint = (f" The gradients are {m}x too large: the loss of each micro-batch must be "
-                                f"scaled by 1/m, so that m accumulated gradients average, not sum.")
-                    elif ratio < 0.99:
-                        hint = (" Too small: are gradients of some micro-batches lost (overwritten, or "
-                                ".grad zeroed between micro-batches)?")
-                    raise AssertionError(f"{where}: rank {r}'s gradients differ from single-process "
-                                         f"training (max |error| {max(errs):.3g}, |grad| ratio {ratio:.3f}).{hint}")
-                if r == p - 1:
-                    if loss is None or abs(loss - ref_loss.item()) > TOL:
-                        raise AssertionError(f"{where}: the last stage (rank {r}) returned loss {loss}, "
-                                             f"expected the full-batch loss {ref_loss.item():.6f} "
-                                             f"(sum of the m micro-batch losses, each scaled by 1/m)")
-                elif loss is not None:
-                    raise AssertionError(f"{where}: rank {r} returned {loss!r}; only the rank holding the "
-                                         f"last stage has a loss, the others return None")
+                for step, (loss, grads, changed) in enumerate(results[r][i]):
+                    at = where if step == 0 else f"{where}, step 2 (the same schedule object again)"
+                    if changed:
+                        raise AssertionError(f"{at}: on rank {r}, {changed}")
+                    want = [q.grad for q in rank_chunks(stages, p, r)[0].parameters()]
+                    _compare_step(at, r, p, m, loss, grads, want, ref_loss.item())
+    sizes = sorted({c.p or w for w, cs in EXECUTOR_CASES[hidden].items() for c in cs})
+    dtypes = "fp32/fp64" if any(c.dtype != torch.float32 for cs in EXECUTOR_CASES[hidden].values() for c in cs) else "fp32"
+    report_passed(name, f"p = {', '.join(map(str, sizes))}, GPipe and 1F1B, {dtypes}: gradients and loss vs one "
+                        f"process, a schedule run twice, schedule, batch and weights untouched", hidden)
 
 
 # ----------------------------------------------------------------------------- memory, bubble
+def _stage(p, rank):
+    return rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
+
+
 def _rank_memory(progress, fn, cases, costs, repeats, schedules):
     rank, p, out = dist.get_rank(), dist.get_world_size(), []
     for kind, m, batch in cases:
         mark_case(progress, str(Case(kind, m, batch)))
-        stage = rank_chunks(partition(block_stack(p, WIDTH), p), p, rank)[0]
+        stage = _stage(p, rank)
         meter = ActivationMeter(stage.parameters())
         x, y = regression_batch(batch, WIDTH)
-        fn(copy.deepcopy(schedules[kind, m]), [Metered(stage, meter)], x, y)
+        _, finished = kept_at_each_backward(lambda c: fn(copy.deepcopy(schedules[kind, m]), c, x, y),
+                                        [Metered(stage, meter)], ignore=(x, y))
         one = ActivationMeter(stage.parameters())        # one micro-batch, alone
         with torch.autograd.graph.saved_tensors_hooks(one.pack, one.unpack):
             kept = stage(x.chunk(m)[0].clone().requires_grad_())
@@ -234,7 +183,7 @@ def _rank_memory(progress, fn, cases, costs, repeats, schedules):
             with trace() as t:
                 fn(copy.deepcopy(schedules[kind, m]), [stage], x, y, costs=costs)
             bubbles.append(t)
-        out.append((meter.peak_calls, meter.peak_bytes, one.peak_bytes, bubbles))
+        out.append((meter.peak_calls, meter.peak_bytes, one.peak_bytes, bubbles, finished))
     return out
 
 
@@ -245,12 +194,16 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
     activations (micro-batches and bytes) per rank; the bubble of a sleep-compute run
     (``measured``: the smallest of ``repeats``, whose timeline is ``slots``; None without
     ``sleep``); and ``replayed``, the bubble of the run's traced order replayed at ``costs``,
-    which load does not change. One dict per case, with the theory and the simulator's
-    bubble next to it (keys as ``minidist.plots.plot_bubble_vs_m`` wants them)."""
+    which load does not change; ``kept``, per rank, at each backward, how many finished
+    micro-batches still had their stage input or output alive
+    (:func:`minidist.harness.pipeline.kept_at_each_backward`). One dict per case, with the theory
+    and the simulator's bubble next to it (keys as ``minidist.plots.plot_bubble_vs_m`` wants them).
+    Outputs land as the backend writes them here (no ``outputs_at_wait``: its handles would keep the
+    receive buffers alive); :func:`check_executor` checks the waits."""
     name = name or getattr(fn, "__name__", "executor")
     schedules = {(kind, m): _schedule(kind, p, m) for kind, m, _ in cases}       # built outside the refusal
     results = launch_named(_rank_memory, p, fn, cases, costs if sleep else None, repeats, schedules, name=name,
-                           timeout=timeout, refuse=REFUSED)
+                           timeout=timeout, refuse=REFUSED, outputs_at_wait=False)
     rows = []
     for i, (kind, m, batch) in enumerate(cases):
         measured, timelines, replayed = [], [], None
@@ -265,6 +218,7 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
                          peak_microbatches=[results[r][i][0] for r in range(p)],
                          peak_bytes=[results[r][i][1] for r in range(p)],
                          microbatch_bytes=[results[r][i][2] for r in range(p)],
+                         kept=[results[r][i][4] for r in range(p)],
                          theory_microbatches=[pipeline_peak_activations(kind, p, m, r) for r in range(p)],
                          measured=None if None in measured else min(measured),
                          slots=timelines[measured.index(min(measured))] if None not in measured else timelines[0],
@@ -274,11 +228,32 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
     return rows
 
 
+KEPT_SLACK = 1      # finished micro-batches a stage may still hold when a backward begins (a loop variable)
+
+
+def _check_kept(where, row, p, m):
+    """Between micro-batches a stage holds what the schedule has in flight (and what it has sent):
+    a micro-batch whose backward has run must let go of its stage input (a received buffer) and output."""
+    act = row["batch"] // m * WIDTH * 4
+    for r in range(p):
+        kept = row["kept"][r]
+        if kept and max(kept) > KEPT_SLACK:
+            k = kept.index(max(kept))
+            mb = [a.mb for a in make(row["schedule"], p, m).compute(r) if a.kind == "B"][k]
+            raise AssertionError(
+                f"{where}: when the backward of micro-batch {mb} began, rank {r} still held the stage input or "
+                f"output of {max(kept)} micro-batches whose backward had already run (~{max(kept) * act} bytes of "
+                f"activations; {row['schedule']} needs at most {row['theory_microbatches'][r]} micro-batches in "
+                f"flight on this rank). Forget each micro-batch's stage input (its receive buffer) and output "
+                f"once its backward has run.")
+
+
 @passes_quietly
 def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
-    rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's;
-    and the run's traced order, replayed at fixed costs, has the schedule's simulated
+    rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's; each
+    time a backward begins, at most ``KEPT_SLACK`` finished micro-batches still have their stage
+    input (a receive buffer) or output alive; and the run's traced order, replayed at fixed costs, has the schedule's simulated
     bubble (p-1)/(m+p-1) exactly, whatever the load on the machine."""
     name = name or getattr(fn, "__name__", "executor")
     p, m = 4, 8
@@ -297,6 +272,7 @@ def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str
                 raise AssertionError(f"{where}: rank {r} held {row['peak_bytes'][r]} bytes of activations at "
                                      f"the peak; {row['theory_microbatches'][r]} micro-batches of "
                                      f"{row['batch'] // m} rows hold {want}. Is every micro-batch 1/m of the batch?")
+        _check_kept(where, row, p, m)
         if row["replayed"] is None:
             raise AssertionError(f"{where}: no compute was recorded on the timeline. "
                                  f"Run every F and B inside `with timed(action, costs):`.")
@@ -305,3 +281,5 @@ def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str
                                  f"and free messages, has a bubble of {row['replayed']:.3f}; the schedule's is "
                                  f"{row['simulated']:.3f}. Do ranks wait for messages they do not need yet, "
                                  f"synchronise more than the schedule asks, or compute out of the schedule's order?")
+    report_passed(name, f"p = {p}, m = {m}, GPipe and 1F1B: activations per rank = theory, nothing kept "
+                        f"after its backward, replayed bubble = the schedule's")

@@ -23,13 +23,16 @@ are in :mod:`minidist.checks.lab5_cases`.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from minidist import cost
-from minidist.checks.common import Refusal, check_timeout, is_student_code, launch_named, mark_case, one_thread
+from minidist.checks.common import (Refusal, check_timeout, is_student_code, launch_named, mark_case, one_thread,
+                                    report_passed)
 from minidist.checks.groups import describe_case, raise_first_group_problem
-from minidist.checks.lab5_cases import (B, CASE_RUNNERS, CFG, S, SEQ, WORLD, _compare_traffic, _groups, _part, _randn,
-                                        _traffic)
+from minidist.checks.lab5_cases import (B, CASE_RUNNERS, CFG, S, SEQ, WORLD, _compare_traffic, _dev, _groups, _part,
+                                        _randn, _traffic)
 from minidist.checks.quiet import passes_quietly
 from minidist.memory import ActivationMeter
 from minidist.models import TinyGPT
@@ -93,15 +96,16 @@ def _body(progress, fn, name, cases):
         for case in cases:
             group, r, t = groups[case["t"]]
             mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            result = CASE_RUNNERS[name](fn, name, case, r, t, group)
-            errs, tr, want, extra = result
+            errs, traces, want, extra = CASE_RUNNERS[name](fn, name, case, r, t, group)
             problem = next((e for e in errs if e), None)
             if problem is None and t > 1 and want is not None:
                 if name == "vocab_parallel_cross_entropy":
                     problem = _compare_traffic(extra, want)
-                else:
+                for call, tr in enumerate(traces):
                     got = {p: _traffic(tr[p], t) for p in ("forward", "backward")}
-                    problem = _compare_traffic(got, want, extra)
+                    problem = problem or _compare_traffic(got, want, extra)
+                    if problem and call:
+                        problem += " (second call on the same module)"
             out.append((r, t, problem))
     return out
 
@@ -110,10 +114,13 @@ def _body(progress, fn, name, cases):
 F32, F64 = torch.float32, torch.float64
 
 
+BF16 = torch.bfloat16
+
+
 def _cases(name: str, hidden: bool) -> list[dict]:
     ts = (1, 2, 3, 4) if hidden else (2, 4)
     if name in ("copy_to_tp", "reduce_from_tp"):
-        shapes = [((B, S, CFG.d_model), F32)] + ([((5,), F64), ((3, 7), F32)] if hidden else [])
+        shapes = [((B, S, CFG.d_model), F32)] + ([((5,), F64), ((3, 7), F32), ((4, 6), BF16)] if hidden else [])
         return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
     if name in ("column_parallel_linear", "row_parallel_linear"):
         base = dict(d_in=24, d_out=48, bias=True, lead=(B, S), dtype=F32)
@@ -121,33 +128,61 @@ def _cases(name: str, hidden: bool) -> list[dict]:
                              if hidden else [])
         return [dict(t=t, **v) for t in ts for v in variants]
     if name == "tp_mlp":
-        return [dict(t=t) for t in ts] + ([dict(t=4, cfg=dict(d_ff=96))] if hidden else [])
+        return [dict(t=t) for t in ts] + ([dict(t=4, cfg=dict(d_ff=96)), dict(t=3, dtype=F64)] if hidden else [])
     if name == "tp_attention":
         cases = [dict(t=t) for t in ts]
         if hidden:          # grouped-query attention (t divides n_kv_heads), and heads that do not split
             cases += [dict(t=2, cfg=dict(n_kv_heads=4)), dict(t=4, cfg=dict(n_kv_heads=4)),
-                      dict(t=3, cfg=dict(n_kv_heads=3)), dict(t=3, cfg=dict(n_heads=4, n_kv_heads=4), raises=True)]
+                      dict(t=3, cfg=dict(n_kv_heads=3)), dict(t=3, dtype=F64),
+                      dict(t=3, cfg=dict(n_heads=4, n_kv_heads=4), raises=True),       # neither splits over 3
+                      dict(t=3, cfg=dict(n_kv_heads=4), raises=True)]                  # 12 query heads do, 4 kv do not
         return cases
     if name == "vocab_parallel_cross_entropy":
         base = dict(vocab=48, uneven=False, ignore_index=-100, lead=(B * S,), scale=3.0)
         variants = [base] + ([{**base, "vocab": 50, "uneven": True}, {**base, "ignore_index": 7, "lead": (B, S)},
-                              {**base, "scale": 400.0}] if hidden else [])
+                              {**base, "scale": 400.0}, {**base, "dtype": F64}] if hidden else [])
         return [dict(t=t, **v) for t in ts for v in variants]
-    if name in ("sp_gather", "sp_reduce_scatter", "sp_mlp_block"):
-        return [dict(t=t) for t in ts]
+    if name in ("sp_gather", "sp_reduce_scatter"):
+        return [dict(t=t) for t in ts] + ([dict(t=t, dtype=d) for t in (2, 3) for d in (F64, BF16)] if hidden else [])
+    if name == "sp_mlp_block":
+        return [dict(t=t) for t in ts] + ([dict(t=3, dtype=F64)] if hidden else [])
     raise ValueError(f"lab 5 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+def _covered(name: str, cases: list[dict]) -> str:
+    """What a passing test proved, in a few words (the ✓ line)."""
+    ts = ", ".join(str(t) for t in sorted({c["t"] for c in cases}))
+    dtypes = "/".join(sorted({str(c.get("dtype", F32)).replace("torch.", "").replace("float", "fp").replace("bfp", "bf")
+                              for c in cases}))
+    what = "output and gradients vs one process, traffic vs the cost model, inputs untouched"
+    if name in ("tp_mlp", "tp_attention", "sp_mlp_block"):
+        what += ", two calls per module"
+    if any(c.get("raises") for c in cases):
+        what += ", ValueError before any message when heads do not split"
+    return f"t = {ts}, {dtypes}: {what}"
+
+
+def _load_dynamo_if_functional_collectives():
+    """torch's functional collectives load ``torch._dynamo`` on their first call (seconds of CPU in every
+    rank, past a launch's timeout on a busy machine): when the notebook has imported them, load it once
+    here, before the ranks are forked, so that they inherit it."""
+    if "torch.distributed._functional_collectives" in sys.modules:
+        import torch._dynamo  # noqa: F401
 
 
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = TP_CHECK_TIMEOUT) -> None:
     """Lab 5's graded function ``name`` on 4 ranks cut into groups of t: output, input and
-    parameter gradients equal one process; collectives (t > 1) equal the cost model's.
+    parameter gradients equal one process; collectives (t > 1) equal the cost model's; the
+    caller's tensors unchanged; outputs in the inputs' dtype; a module used twice in a row.
     Visible: t = 2 and 4; hidden: t = 1, 2, 3, 4 and the cases the lab states (no bias,
-    2-D and odd shapes, fp64, an uneven vocabulary, a custom ignore_index, logits that
-    overflow exp without the max, GQA, heads that do not split)."""
+    2-D and odd shapes, fp64 and bf16, an uneven vocabulary, a custom ignore_index, logits that
+    overflow exp without the max, GQA, query or kv heads that do not split)."""
     cases = _cases(name, hidden)
+    _load_dynamo_if_functional_collectives()
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
     raise_first_group_problem(name, cases, out, WORLD)
+    report_passed(name, _covered(name, cases), hidden)
 
 
 # ----------------------------------------------------------------------------- measurements (demo cells)
@@ -157,8 +192,8 @@ def _measure_body(progress, tp_mlp, tp_attention, sp_mlp_block, ts):
     for t in ts:
         group, r, size = groups[t]
         mark_case(progress, f"t={t}")
-        block = TinyGPT(CFG).blocks[0]
-        x = _randn((B, S, CFG.d_model), 8)
+        block = TinyGPT(CFG).blocks[0]                       # on this rank's device
+        x = _dev(_randn((B, S, CFG.d_model), 8))
         row = dict(t=size)
         with one_thread():
             for what, fn in (("mlp", tp_mlp), ("attention", tp_attention)):
