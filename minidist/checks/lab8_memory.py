@@ -120,7 +120,7 @@ def _check_scaler_here(cls, hidden: bool) -> None:
     if hidden:
         settings += [dict(init_scale=2.0 ** 10, growth_factor=4.0, backoff_factor=0.25, growth_interval=1),
                      dict(init_scale=1.0, growth_interval=2)]
-    flags = [False, False, False, False, True, False, False, True, True, False, False, False, False]
+    flags = [False] * 4 + [True] + [False] * 2 + [True, True] + [False] * 7     # growth twice in a row at the end
     for kw in settings:
         s = call(cls, **kw)
         got = []
