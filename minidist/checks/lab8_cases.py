@@ -46,7 +46,7 @@ def make_models(dtype, device):
     ref = nn.Sequential(nn.Linear(D_IN, D_HID, device="cpu"), nn.Tanh(), nn.Linear(D_HID, D_OUT, device="cpu"))
     with torch.no_grad():
         for p in ref.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.7)
+            p.copy_(torch.randn(p.shape, generator=g, device="cpu") * 0.7)
     low = nn.Sequential(nn.Linear(D_IN, D_HID, device=device), nn.Tanh(), nn.Linear(D_HID, D_OUT, device=device))
     low.to(dtype)
     with torch.no_grad():
@@ -61,7 +61,7 @@ def flat(tensors) -> torch.Tensor:
 
 def batch(step: int, device="cpu"):
     g = torch.Generator().manual_seed(100 + step)
-    x, y = torch.randn(BATCH, D_IN, generator=g), torch.randn(BATCH, D_OUT, generator=g)
+    x, y = (torch.randn(n, generator=g, device="cpu") for n in ((BATCH, D_IN), (BATCH, D_OUT)))
     return x.to(device), y.to(device)
 
 
@@ -151,7 +151,7 @@ def run_scaler(cls, case, r, t, group):
     params = [torch.zeros(s, device=dev, dtype=dtype, requires_grad=True) for s in ((3, 4), (5,), (2,))]
     for i, p in enumerate(params):
         if i != case.get("no_grad", -1):
-            p.grad = (torch.randn(p.shape, generator=g) * scale).to(dev, dtype)
+            p.grad = (torch.randn(p.shape, generator=g, device="cpu") * scale).to(dev, dtype)
     want = [None if p.grad is None else (p.grad.double() / scale) for p in params]
     bad_rank = case.get("bad_rank")
     if bad_rank is not None and r == bad_rank % t:

@@ -107,7 +107,7 @@ def _check_scaler_here(cls, hidden: bool) -> None:
     if getattr(s, "loss_scale", None) != 2.0 ** 16:
         raise AssertionError(f"{name}(): loss_scale must start at init_scale = 2**16 = 65536.0, "
                              f"it is {getattr(s, 'loss_scale', 'missing')!r}")
-    w = torch.tensor(3.0, requires_grad=True)
+    w = torch.tensor(3.0, device="cpu", requires_grad=True)
     scaled = call(s.scale, w * 2.0)
     if not isinstance(scaled, torch.Tensor) or scaled.grad_fn is None:
         raise AssertionError(f"{name}.scale(loss) must return a tensor that backward can go through "
@@ -161,7 +161,7 @@ def _run_blocks(fn, blocks, x, policy, seed, refused: bool):
     with meter.recording():
         y = graded_call(REFUSED, "recompute_blocks", fn, blocks, x, policy) if refused else fn(blocks, x)
     saved = meter.bytes
-    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), device="cpu")
     if refused:
         graded_call(REFUSED, "recompute_blocks", y.backward, upstream)
     else:
@@ -182,7 +182,7 @@ def _check_recompute(fn, hidden: bool) -> None:
         label = f"{name} ({describe_case(case)})"
         model = TinyGPT(device="cpu", **cfg)
         blocks = model.blocks
-        x0 = torch.randn(RB, cfg["seq_len"], cfg["d_model"], generator=torch.Generator().manual_seed(4))
+        x0 = torch.randn(RB, cfg["seq_len"], cfg["d_model"], generator=torch.Generator().manual_seed(4), device="cpu")
         if case.get("raises"):
             try:
                 graded_call(REFUSED, name, fn, blocks, x0.clone().requires_grad_(), case["policy"])
@@ -292,7 +292,7 @@ def measure_recompute(recompute_blocks, seqs=(32, 128), layers: int = 4, d_model
     with one_thread():
         for s in seqs:
             model = TinyGPT(n_layers=layers, d_model=d_model, n_heads=heads, seq_len=s, dropout=0.1, device="cpu")
-            x0 = torch.randn(b, s, d_model, generator=torch.Generator().manual_seed(0))
+            x0 = torch.randn(b, s, d_model, generator=torch.Generator().manual_seed(0), device="cpu")
             plain_backward = None
             for policy in ("none", "selective", "full"):
                 x = x0.clone().requires_grad_()
