@@ -49,7 +49,9 @@ def test_top_layout_of_a_small_case_is_the_hand_computed_one():
     model, cluster = ModelSpec(1e8, 4, 1024, 16, 1024), Cluster(2, 1, 80e9)
     h, s, B = 1024, 1024, 64
     vocab = (1e8 - 4 * (12 * h * h + 13 * h)) / (2 * h)
-    compute = (4 * 72 * B * s * h * h * (1 + s / (6 * h)) + 6 * B * s * h * vocab) / (2 * 989e12 * 0.5)
+    # selective recomputation (the default) runs QKᵀ and the weighted V again: 4Bs²h per layer
+    layer = 72 * B * s * h * h * (1 + s / (6 * h)) + 4 * B * s * s * h
+    compute = (4 * layer + 6 * B * s * h * vocab) / (2 * 989e12 * 0.5)
     dp2 = compute + 2 * 5e-6 + 2 * 1e8 / 50e9        # ring all-reduce of 2 bytes/param, n = 2: 2α + Sβ
     pp2 = compute + compute / 64 + 2 * 64 * (5e-6 + 2 * s * h / 50e9)   # bubble (p-1)/m, m = 64; act + grad
     assert dp2 < pp2

@@ -5,12 +5,13 @@ from the formulas of the other ``cost`` modules (nothing new is modelled here):
 
 * memory per GPU (the first pipeline stage, which holds the most in-flight micro-batches
   under 1F1B): model states with mixed-precision Adam and ZeRO over the DP×CP ranks that
-  hold the same weights (:func:`~minidist.cost.data_parallel.zero_memory_bytes`), plus
-  activations (:func:`~minidist.cost.tensor_parallel.tp_activation_bytes_paper` per layer
-  on the s/CP tokens a rank holds; selective recomputation drops its 5as/h term, full
+  hold the same weights (:func:`~minidist.cost.memory_techniques.mixed_precision_memory_bytes`,
+  bf16), plus activations (:func:`~minidist.cost.memory_techniques.activation_bytes_paper` per
+  layer on the s/CP tokens a rank holds; selective recomputation drops its 5as/h term, full
   recomputation keeps only each layer's input) × L/PP layers × the schedule's in-flight
   micro-batches (:func:`~minidist.cost.pipeline.pipeline_peak_activations`);
 * time per step = compute (72·b·s·h²(1+s/6h) per layer, :func:`~minidist.cost.tensor_parallel.tp_layer_flops`,
+  plus what recomputation runs again, :func:`~minidist.cost.memory_techniques.recompute_flops`,
   plus 6·b·s·h·V for the LM head, spread over all GPUs at ``mfu`` of peak) + the 1F1B bubble
   ((PP-1)/m of compute, :func:`~minidist.cost.pipeline.pipeline_bubble_ratio`) + α-β time of
   each axis's traffic, none of it assumed overlapped: TP's collectives per layer and
@@ -33,13 +34,14 @@ from dataclasses import asdict, dataclass, field
 
 from minidist.cost.collectives import allreduce_time, p2p_time
 from minidist.cost.context_parallel import ring_attention_messages
-from minidist.cost.data_parallel import zero_memory_bytes
+from minidist.cost.memory_techniques import activation_bytes_paper, mixed_precision_memory_bytes, recompute_flops
 from minidist.cost.pipeline import pipeline_bubble_ratio, pipeline_peak_activations
 from minidist.cost.scale import PEAK_TFLOPS
 from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link, tp_activation_bytes_paper,
                                            tp_comm_time, tp_layer_collectives, tp_layer_flops)
 
 ELEM = 2                # bf16 activations, gradients and messages
+PRECISION = "bf16"      # model states: 2 + 2 + 12 bytes per parameter (minidist.cost.memory_techniques)
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,9 @@ def memory(model: ModelSpec, plan: Plan, *, zero_stage: int, recompute: str, seq
     """Bytes per GPU of the first pipeline stage (its layers, the embedding, the most micro-batches in flight)."""
     h, s = model.hidden, model.seq // plan.cp
     numel = stage_params(model, plan.pp, plan.tp)
-    out = dict(zero_memory_bytes(zero_stage, numel, plan.dp * plan.cp))
-    if recompute == "full":     # only each layer's input (its shard under SP)
-        per_layer = ELEM * s * plan.micro_batch * h / (plan.tp if sequence_parallel else 1)
-    else:                       # selective: the attention scores' 5as/h term is recomputed, i.e. a = 0
-        heads = model.heads if recompute == "none" else 0
-        per_layer = tp_activation_bytes_paper(s, plan.micro_batch, h, heads, plan.tp, sequence_parallel)
+    out = dict(mixed_precision_memory_bytes(PRECISION, zero_stage, numel, plan.dp * plan.cp))
+    # none sbh(34 + 5as/h) [TP, SP forms]; selective drops 5as/h; full keeps each layer's input (its SP shard)
+    per_layer = activation_bytes_paper(recompute, s, plan.micro_batch, h, model.heads, plan.tp, sequence_parallel)
     in_flight = pipeline_peak_activations(schedule, plan.pp, plan.micro_batches, rank=0)
     out["activations"] = per_layer * (model.layers // plan.pp) * in_flight
     out["total"] = out["params"] + out["grads"] + out["optimizer"] + out["activations"]
@@ -142,7 +141,8 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
     h, s, b, m = model.hidden, model.seq, plan.micro_batch, plan.micro_batches
     cross = axis_links(plan.dp, plan.pp, plan.cp, plan.tp, cluster.gpus_per_node)
     link = {a: cluster.inter if c else cluster.intra for a, c in cross.items()}
-    layer_flops = tp_layer_flops(global_batch, s, h) * (4 / 3 if recompute == "full" else 1)   # + one forward
+    # + what recomputation runs again: the whole forward (full) or attention's 4bs²h (selective)
+    layer_flops = tp_layer_flops(global_batch, s, h) + recompute_flops(recompute, global_batch, s, h)
     flops = model.layers * layer_flops + 6 * global_batch * s * h * model.vocab
     compute = flops / (cluster.gpus * cluster.peak_flops * cluster.mfu)
     layers = model.layers // plan.pp

@@ -22,10 +22,11 @@ from minidist.memory_techniques.loss_scaler import DynamicLossScaler
 from minidist.memory_techniques.mixed_precision import (LOW_PRECISION, MixedPrecisionOptimizer, make_master_params,
                                                         master_step, mixed_precision_step, state_bytes,
                                                         to_low_precision)
+from minidist.memory_techniques.offload import OffloadOptimizer
 from minidist.memory_techniques.recompute import POLICIES, Recompute, recompute, recompute_blocks
 from minidist.memory_techniques.zero_precision import (ZeroMixedPrecision, make_master_shard,
                                                        zero1_mixed_precision_step)
 
 __all__ = ["DynamicLossScaler", "LOW_PRECISION", "MixedPrecisionOptimizer", "make_master_params", "master_step",
-           "mixed_precision_step", "state_bytes", "to_low_precision", "POLICIES", "Recompute", "recompute",
+           "mixed_precision_step", "state_bytes", "to_low_precision", "OffloadOptimizer", "POLICIES", "Recompute", "recompute",
            "recompute_blocks", "ZeroMixedPrecision", "make_master_shard", "zero1_mixed_precision_step"]

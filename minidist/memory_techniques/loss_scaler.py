@@ -26,6 +26,7 @@ API (used by lab 8 and deck 08):
                                growth_interval=2000, group=None)
     scaler.scale(loss).backward()
     found_inf = scaler.unscale_(params)   # grads /= S in place; True on every rank if any rank overflowed
+    scaler.found_inf(params)              # the same check without unscaling (offload checks on the device)
     scaler.update(found_inf)              # backoff or growth; scaler.history: S before each update
 """
 from __future__ import annotations
@@ -77,13 +78,23 @@ class DynamicLossScaler:
 
         Unscale the fp32 master gradients, not the fp16 ones: 1/S would flush the small
         fp16 values to zero, the very thing scaling prevents."""
-        grads = [p.grad for p in params if p.grad is not None]
-        device = grads[0].device if grads else _group_device(self.group)
-        flag = torch.zeros(1, dtype=torch.float32, device=device)
+        params = list(params)
         inv = 1.0 / self.scale_value
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(inv)          # inf·(1/S) stays inf, nan stays nan
+        return self.found_inf(params)
+
+    @torch.no_grad()
+    def found_inf(self, params) -> bool:
+        """Whether any rank of the group holds an inf or nan in the gradients of ``params``: a
+        0/1 flag on the gradients' device, one all-reduce (MAX) over the group. (Scaled or not:
+        dividing by S makes no inf.)"""
+        grads = [p.grad for p in params if p.grad is not None]
+        device = grads[0].device if grads else rank_device()   # a rank without gradients still joins
+        flag = torch.zeros(1, dtype=torch.float32, device=device)
         for g in grads:
-            g.mul_(inv)
-            flag += (~torch.isfinite(g)).any().to(flag.dtype)     # inf·(1/S) stays inf, nan stays nan
+            flag += (~torch.isfinite(g)).any().to(flag.dtype)
         if _communicates(self.group):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item() > 0)
@@ -110,8 +121,3 @@ class DynamicLossScaler:
 
 def _communicates(group) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
-
-
-def _group_device(group) -> torch.device:
-    """A rank with no gradient at all still joins the all-reduce: on this rank's device."""
-    return rank_device()

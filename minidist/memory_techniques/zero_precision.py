@@ -120,9 +120,20 @@ class ZeroMixedPrecision(nn.Module):
         out["total"] = out["params"] + out["grads"] + out["optimizer"]
         return out
 
-    def numel(self) -> int:
-        return sum(p.numel() for p in self.module.parameters() if p.requires_grad) if self.stage != 3 \
-            else sum(u.layout.numel for u in self.wrapper.units)
+    @torch.no_grad()
+    def full_masters(self) -> list[torch.Tensor]:
+        """The fp32 master of every trainable parameter, whole, in the module's order (stages 1-3:
+        an all-gather of each shard over the group, all ranks together): for checks and checkpoints."""
+        if self.stage == 0:
+            return [m.detach().clone() for m in self.optimizer.masters]
+        pieces = self.wrapper.buckets if self.stage in (1, 2) else self.wrapper.units
+        whole = {}
+        for piece, master in zip(pieces, self.optimizer.masters):
+            flat = torch.empty(piece.layout.padded_numel, dtype=master.dtype, device=master.device)
+            dist.all_gather_into_tensor(flat, master.detach(), group=self.group)
+            for p, view in zip(piece.params, piece.layout.views(flat)):
+                whole[id(p)] = view.clone()
+        return [whole[id(p)] for p in trainable_parameters(self.module)]
 
 
 # ----------------------------------------------------------------------------- functional stage 1
