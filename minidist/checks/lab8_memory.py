@@ -1,0 +1,311 @@
+"""Lab 8's checks (memory beyond sharding: mixed precision with a dynamic loss scale, ZeRO-1 in
+mixed precision, activation recomputation): each graded function against an fp32 reference.
+
+Micikevicius et al. 2018 (mixed precision training, loss scaling); Rajbhandari et al. 2019 (ZeRO:
+2 + 2 + 12 bytes per parameter with Adam, 2 + 2 + 12/N with ZeRO-1); Chen et al. 2016 and
+Korthikanti et al. 2022 (full and selective recomputation). A lab test cell is a one-liner::
+
+    checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step)
+    checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step, hidden=True)
+
+The distributed functions run in one launch of 4 ranks per call, cut into data-parallel groups of
+t consecutive ranks (visible t = 2, 4; hidden 1–4; t = 3 runs next to a group of one). The steps
+train a 43-parameter MLP (uneven shards over 2, 3 and 4 ranks) for two or three steps: the
+master weights must equal an fp32 shadow fed with every rank's actual gradients (``TOL``), the
+model's weights must be the masters cast back, the loss scale must follow the reference, the
+gradients must be freed, and with Adam the model-state bytes each rank holds
+(:func:`minidist.memory.model_state_bytes`) must be 2 + 2 + 12 (or 12/N) per parameter before the
+step and 2 + 12 after it. Hidden: an overflow injected in one rank's gradient only (every rank
+skips, the scale backs off, the next step recovers), bf16 without a scaler, mixed precision
+against fp32 training in one process within ``lab8_cases.VS_FP32``, masters that do not fit
+(``ValueError`` before any collective). ``recompute_blocks`` has no communication and is checked
+in this process: output, input and parameter gradients equal the blocks run plainly with the same
+random state, the random state afterwards is the same too, the caller's input and weights are
+untouched, and the bytes saved for backward (:class:`minidist.memory.ActivationMeter`) equal the
+formula of ``lab8_cases.block_activation_bytes`` to the byte. minidist's own implementation
+(``minidist.memory_techniques``) is refused while a graded function runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
+                                    report_passed)
+from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
+from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, err, expected_saved,
+                                        scale_history, shard_bounds)
+from minidist.checks.quiet import passes_quietly
+from minidist import cost
+from minidist.memory import ActivationMeter, model_state, model_state_bytes
+from minidist.models import TinyGPT, gpt_batch, gpt_loss
+from minidist.runtime import import_optimizers_before_fork
+
+import_optimizers_before_fork()      # the ranks build optimizers: they inherit the import
+
+MEM_CHECK_TIMEOUT = check_timeout(20.0)
+GRADED = ("DynamicLossScaler", "mixed_precision_step", "zero1_mixed_precision_step", "recompute_blocks")
+
+#: minidist.memory_techniques is refused in graded code; the lab hands out no helper from it.
+REFUSED = Refusal("mixed precision, loss scaling and recomputation", ("minidist.memory_techniques",),
+                  checks=__name__)
+
+__all__ = ["GRADED", "REFUSED", "TOL", "VS_FP32", "ReferenceScaler", "check_function", "measure_bytes",
+           "measure_recompute", "shard_bounds"]
+
+
+def _body(progress, fn, name, cases):
+    groups = consecutive_groups((c["t"] for c in cases), WORLD)
+    out = []
+    with one_thread():
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
+            errs = CASE_RUNNERS[name](fn, case, r, t, group)
+            out.append((r, t, next((e for e in errs if e), None)))
+    return out
+
+
+def _cases(name: str, hidden: bool) -> list[dict]:
+    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    if name == "DynamicLossScaler":
+        cases = [dict(t=t, dtype=torch.float32, **v) for t in ts for v in ({}, {"bad_rank": 0})]
+        if hidden:
+            cases += [dict(t=t, dtype=torch.float32, bad_rank=t - 1, bad=float("nan"), no_grad=1) for t in ts]
+            cases += [dict(t=t, dtype=torch.float16, bad_rank=1, bad=float("-inf")) for t in (2, 3)]
+            cases += [dict(t=t, dtype=torch.float32, scale=1000.0) for t in (1, 4)]
+        return cases
+    if name in ("mixed_precision_step", "zero1_mixed_precision_step"):
+        cases = [dict(t=t, dtype="fp16", scaler=True, opt="sgd") for t in ts if not hidden]
+        cases += [dict(t=t, dtype="bf16", scaler=False, opt="adam") for t in ts if not hidden]
+        if hidden:
+            cases += [dict(t=t, dtype="fp16", scaler=True, opt="adam", steps=3, overflow=(1, t - 1), vs_fp32=True)
+                      for t in ts]
+            cases += [dict(t=t, dtype="bf16", scaler=False, opt="sgd", steps=3, vs_fp32=True) for t in (1, 3)]
+            cases += [dict(t=t, raises=True) for t in (2, 3)]
+        return cases
+    raise ValueError(f"lab 8 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+COVERED = {
+    "DynamicLossScaler": ("scale, update's history, unscale_ in place on t=2,4 with an inf on one rank",
+                          "t=1..4, NaN/-inf on one rank, fp16 grads, a missing grad, scale 1000, bad arguments"),
+    "mixed_precision_step": ("t=2,4: fp16+scaler+SGD, bf16+Adam vs the fp32 shadow; bytes 2+2+12 / 2+12",
+                             "t=1..4: overflow on one rank skipped everywhere, 3 steps, vs fp32 training, ValueError"),
+    "zero1_mixed_precision_step": ("t=2,4, uneven shards: fp16+scaler+SGD, bf16+Adam; bytes 2+2+12/N / 2+12/N",
+                                   "t=1..4: overflow on one rank's shard skipped everywhere, vs fp32 training, "
+                                   "ValueError"),
+    "recompute_blocks": ("full, selective with dropout: output, grads, RNG, saved bytes = formula",
+                         "none, no dropout, 3 layers, bad policy (ValueError)"),
+}
+
+
+# ----------------------------------------------------------------------------- the scaler, in this process
+def _check_scaler_here(cls, hidden: bool) -> None:
+    name = "DynamicLossScaler"
+    call = lambda *a, **k: graded_call(REFUSED, name, *a, **k)       # noqa: E731
+    s = call(cls)
+    if getattr(s, "loss_scale", None) != 2.0 ** 16:
+        raise AssertionError(f"{name}(): loss_scale must start at init_scale = 2**16 = 65536.0, "
+                             f"it is {getattr(s, 'loss_scale', 'missing')!r}")
+    w = torch.tensor(3.0, device="cpu", requires_grad=True)
+    scaled = call(s.scale, w * 2.0)
+    if not isinstance(scaled, torch.Tensor) or scaled.grad_fn is None:
+        raise AssertionError(f"{name}.scale(loss) must return a tensor that backward can go through "
+                             f"(loss * loss_scale), got {type(scaled).__name__}")
+    scaled.backward()
+    if scaled.item() != 6.0 * 2 ** 16 or w.grad.item() != 2.0 * 2 ** 16:
+        raise AssertionError(f"{name}.scale(loss) must be loss · loss_scale: got {scaled.item():g} and a gradient of "
+                             f"{w.grad.item():g} for loss = 6, d loss/dw = 2, scale 65536")
+    settings = [dict(init_scale=8.0, growth_interval=3)]
+    if hidden:
+        settings += [dict(init_scale=2.0 ** 10, growth_factor=4.0, backoff_factor=0.25, growth_interval=1),
+                     dict(init_scale=1.0, growth_interval=2)]
+    flags = [False] * 4 + [True] + [False] * 2 + [True, True] + [False] * 7     # growth twice in a row at the end
+    for kw in settings:
+        s = call(cls, **kw)
+        got = []
+        for f in flags:
+            call(s.update, f)
+            got.append(s.loss_scale)
+        want = scale_history(flags, **kw)
+        if got != want:
+            raise AssertionError(f"{name}({', '.join(f'{k}={v}' for k, v in kw.items())}): after update() with "
+                                 f"found_inf = {[int(f) for f in flags]} the scale went {got}, expected {want}")
+    if hidden:
+        for kw in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.5), dict(growth_interval=0)):
+            try:
+                call(cls, **kw)
+            except ValueError:
+                continue
+            raise AssertionError(f"{name}({', '.join(f'{k}={v}' for k, v in kw.items())}) must raise ValueError")
+
+
+# ----------------------------------------------------------------------------- recomputation, in this process
+RECOMPUTE_CFG = dict(n_layers=2, d_model=16, n_heads=2, seq_len=8, vocab=8, seed=3)
+RB = 2
+
+
+def _recompute_cases(hidden: bool) -> list[dict]:
+    cases = [dict(policy=p, dropout=0.1) for p in ("full", "selective")]
+    if hidden:
+        cases += [dict(policy=p, dropout=0.0) for p in ("none", "full", "selective")]
+        cases += [dict(policy=p, dropout=0.1, n_layers=3) for p in ("full", "selective")]
+        cases += [dict(policy="checkpoint", dropout=0.0, raises=True)]
+    return cases
+
+
+def _run_blocks(fn, blocks, x, policy, seed, refused: bool):
+    """Forward (its saved bytes), then backward with a fixed upstream gradient, from random state ``seed``."""
+    torch.manual_seed(seed)
+    meter = ActivationMeter([t for b in blocks for t in model_state(b)])
+    with meter.recording():
+        y = graded_call(REFUSED, "recompute_blocks", fn, blocks, x, policy) if refused else fn(blocks, x)
+    saved = meter.bytes
+    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), device="cpu")
+    if refused:
+        graded_call(REFUSED, "recompute_blocks", y.backward, upstream)
+    else:
+        y.backward(upstream)
+    return y.detach(), saved, torch.get_rng_state()
+
+
+def _plain(blocks, x):
+    for b in blocks:
+        x = b(x)
+    return x
+
+
+def _check_recompute(fn, hidden: bool) -> None:
+    name = "recompute_blocks"
+    for case in _recompute_cases(hidden):
+        cfg = dict(RECOMPUTE_CFG, n_layers=case.get("n_layers", 2), dropout=case["dropout"])
+        label = f"{name} ({describe_case(case)})"
+        model = TinyGPT(device="cpu", **cfg)
+        blocks = model.blocks
+        x0 = torch.randn(RB, cfg["seq_len"], cfg["d_model"], generator=torch.Generator().manual_seed(4), device="cpu")
+        if case.get("raises"):
+            try:
+                graded_call(REFUSED, name, fn, blocks, x0.clone().requires_grad_(), case["policy"])
+            except ValueError:
+                continue
+            raise AssertionError(f"{label}: policy {case['policy']!r} must raise ValueError (use 'none', 'full' "
+                                 f"or 'selective')")
+        x = x0.clone().requires_grad_()
+        y_ref, _, rng_ref = _run_blocks(_plain, blocks, x, None, 11, False)
+        grads_ref = [x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()]
+        weights = [p.detach().clone() for p in blocks.parameters()]
+        model.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        y, saved, rng = _run_blocks(fn, blocks, x, case["policy"], 11, True)
+        problems = [err("output", y, y_ref), err("x.grad", x.grad, grads_ref[0])]
+        problems += [err(f"gradient of {n}", p.grad, g) if p.grad is not None else f"{n} got no gradient"
+                     for (n, p), g in zip(blocks.named_parameters(), grads_ref[1:])]
+        if not torch.equal(x.detach(), x0):
+            problems.append("the caller's input x was changed")
+        if any(not torch.equal(p, w) for p, w in zip(blocks.parameters(), weights)):
+            problems.append("the blocks' weights were changed")
+        if not torch.equal(rng, rng_ref):
+            problems.append("the random state after forward and backward is not what the plain run leaves "
+                            "(replay dropout's random state for the recomputation, then put the generator back)")
+        want = expected_saved(case["policy"], cfg["n_layers"], RB, cfg["seq_len"], cfg["d_model"], cfg["n_heads"],
+                              4 * cfg["d_model"], case["dropout"] > 0)
+        if saved != want:
+            problems.append(f"forward saved {saved} bytes for backward, the formula for {case['policy']!r} says "
+                            f"{want} (ActivationMeter: what autograd's saved-tensor hooks see)")
+        problem = next((p for p in problems if p), None)
+        if problem:
+            raise AssertionError(f"{label}: {problem}")
+
+
+@passes_quietly
+def check_function(name: str, fn, hidden: bool = False, timeout: float = MEM_CHECK_TIMEOUT) -> None:
+    """Lab 8's graded function ``name``: the steps and the scaler's unscale_ on 4 ranks cut into
+    groups of t (visible t = 2, 4; hidden 1–4) against fp32 references, bytes per rank against
+    2 + 2 + 12/N; the scaler's bookkeeping and recompute_blocks in this process."""
+    if name == "recompute_blocks":
+        with one_thread():
+            _check_recompute(fn, hidden)
+    else:
+        if name == "DynamicLossScaler":
+            _check_scaler_here(fn, hidden)
+        cases = _cases(name, hidden)
+        out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
+        raise_first_group_problem(name, cases, out, WORLD)
+    report_passed(name, COVERED[name][hidden], hidden)
+
+
+# ----------------------------------------------------------------------------- measurements (demo cells)
+def _measure_body(progress, mixed_step, zero1_step, ts):
+    import copy
+
+    from minidist.runtime import device
+    groups = consecutive_groups(ts, WORLD)
+    rows = []
+    for t, kind in [(1, "mixed")] + [(t, "zero1") for t in ts]:
+        group, r, size = groups[t]
+        mark_case(progress, f"{kind}, t={t}")
+        model = TinyGPT(n_layers=2, device=device())
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        psi = sum(p.numel() for p in model.parameters())
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+        if kind == "mixed":
+            master = [p.detach().clone().requires_grad_() for p in model.parameters()]
+        else:
+            s, e = shard_bounds(psi, r, size)
+            master = [flat[s:e].clone().requires_grad_()]
+        opt = torch.optim.Adam(master, lr=1e-3)
+        for step in range(2):
+            ids, targets = (x.chunk(size)[r] for x in gpt_batch(step, 4, 16, model.cfg.vocab, device=device()))
+            gpt_loss(low(ids).float(), targets).backward()
+            before = model_state_bytes(list(low.parameters()) + master, opt)["total"]
+            if kind == "mixed":
+                mixed_step(low, master, opt, None, group)
+            else:
+                zero1_step(low, master[0], opt, None, group)
+        after = model_state_bytes(list(low.parameters()) + master, opt)["total"]
+        stage = 0 if kind == "mixed" else 1
+        full = cost.mixed_precision_bytes_per_param("bf16", stage, size)
+        rows += [dict(step=kind, t=size, rank=r, phase="after backward", per_param=before / psi, formula=full),
+                 dict(step=kind, t=size, rank=r, phase="after step", per_param=after / psi, formula=full - 2)]
+    return rows
+
+
+@passes_quietly
+def measure_bytes(mixed_precision_step, zero1_mixed_precision_step, ts=(1, 2, 4),
+                  timeout: float = MEM_CHECK_TIMEOUT) -> list[dict]:
+    """Model-state bytes per parameter that rank 0 holds before and after the second bf16 Adam step of a
+    TinyGPT (Ψ ≈ 30k) with your steps: section 3's at N = 1, ZeRO-1 at each N in ``ts``; next to
+    :func:`minidist.cost.mixed_precision_bytes_per_param` (2 + 2 + 12/N, and 2 less after the step)."""
+    out = launch_named(_measure_body, WORLD, mixed_precision_step, zero1_mixed_precision_step, tuple(ts),
+                       name="measure_bytes", timeout=timeout)
+    return [row for row in out[0]]
+
+
+@passes_quietly
+def measure_recompute(recompute_blocks, seqs=(32, 128), layers: int = 4, d_model: int = 64, heads: int = 4,
+                      b: int = 4) -> list[dict]:
+    """In this process, per sequence length and policy: bytes your ``recompute_blocks`` keeps for backward
+    (``ActivationMeter``) next to :func:`minidist.cost.activation_bytes`, and the matmul FLOPs its backward
+    spends beyond the plain run's (``torch.utils.flop_counter``) next to :func:`minidist.cost.recompute_flops`."""
+    from torch.utils.flop_counter import FlopCounterMode
+    rows = []
+    with one_thread():
+        for s in seqs:
+            model = TinyGPT(n_layers=layers, d_model=d_model, n_heads=heads, seq_len=s, dropout=0.1, device="cpu")
+            x0 = torch.randn(b, s, d_model, generator=torch.Generator().manual_seed(0), device="cpu")
+            plain_backward = None
+            for policy in ("none", "selective", "full"):
+                x = x0.clone().requires_grad_()
+                meter = ActivationMeter([t for blk in model.blocks for t in model_state(blk)])
+                with meter.recording():
+                    y = recompute_blocks(model.blocks, x, policy)
+                saved = meter.bytes
+                with FlopCounterMode(display=False) as flops:
+                    y.sum().backward()
+                back = flops.get_total_flops()
+                plain_backward = back if policy == "none" else plain_backward
+                rows.append(dict(s=s, policy=policy, saved=saved,
+                                 saved_formula=expected_saved(policy, layers, b, s, d_model, heads, 4 * d_model, True),
+                                 extra_flops=back - plain_backward,
+                                 flops_formula=cost.recompute_flops(policy, b, s, d_model, layers)))
+    return rows
