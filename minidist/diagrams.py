@@ -197,4 +197,67 @@ def draw_f_g_split(t: int = 2, title: str | None = None):
     ax.set_ylim(-1.7, t - 0.2)
     ax.axis("off")
     ax.set_title(title or f"Megatron's MLP on {t} ranks: one f, one g", fontsize=11)
+
+
+# ----------------------------------------------------------------------------- context parallelism (lab 6)
+def draw_ring_attention_passes(p: int = 4, causal: bool = True):
+    """Ring attention's K/V passes (Liu et al. 2023, Alg. 1): row r is rank r, column i step i; the
+    cell is the K/V block rank r holds then, block (r − i) mod P, coloured by its owner. Causal with
+    contiguous shards: its own block is the diagonal (triangle mask, "◣"), earlier blocks are
+    attended in full, later ones only pass through (hatched: skipped). Arrows: each block moves to
+    rank r + 1 between steps, P − 1 passes in all."""
+    fig, ax = plt.subplots(figsize=(1.3 * p + 2, 0.75 * p + 1.2))
+    for r in range(p):
+        y = p - 1 - r
+        ax.text(-0.25, y + 0.4, f"rank {r}", ha="right", va="center", fontsize=10)
+        for i in range(p):
+            src = (r - i) % p
+            skipped = causal and src > r
+            ax.add_patch(plt.Rectangle((i, y), 0.8, 0.8, color=RANK_COLORS[src % len(RANK_COLORS)],
+                                       alpha=0.25 if skipped else 0.9, hatch="//" if skipped else None))
+            mark = "◣" if causal and src == r else ("skip" if skipped else "full")
+            ax.text(i + 0.4, y + 0.4, f"KV{src}\n{mark}", ha="center", va="center", fontsize=8,
+                    color="black" if skipped else "white")
+            if i < p - 1 and r < p - 1:
+                ax.annotate("", xy=(i + 1.02, y - 0.6), xytext=(i + 0.78, y + 0.05),
+                            arrowprops=dict(arrowstyle="->", color="#888888", lw=0.8))
+    for i in range(p):
+        ax.text(i + 0.4, p + 0.05, f"step {i}", ha="center", fontsize=9)
+    ax.set_xlim(-1.3, p)
+    ax.set_ylim(-0.3, p + 0.4)
+    ax.set_title(f"ring attention, P = {p}{', causal' if causal else ''}: the block each rank holds "
+                 "(→ passed to rank r+1)", fontsize=10)
+    ax.axis("off")
+    return fig
+
+
+def draw_zigzag_layout(p: int = 4, chunk: int = 2, shards=None):
+    """Contiguous vs zigzag shards of a causal sequence of 2P chunks (Brandon et al. 2023; chunks r
+    and 2P−1−r go to rank r). Top of each panel: which rank holds each position; below: the causal
+    score matrix, each unmasked score coloured by the rank whose query computes it, with each
+    rank's count. ``shards``: per rank, the global positions it holds (e.g. from your
+    ``zigzag_shard(torch.arange(s)[None])``) instead of the formula's."""
+    s = 2 * p * chunk
+    chunks = np.arange(s).reshape(2 * p, chunk)
+    layouts = {"contiguous": [np.arange(r * s // p, (r + 1) * s // p) for r in range(p)],
+               "zigzag": ([np.asarray(x).reshape(-1) for x in shards] if shards is not None
+                          else [np.concatenate([chunks[r], chunks[2 * p - 1 - r]]) for r in range(p)])}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 5.2))
+    for ax, (name, held) in zip(axes, layouts.items()):
+        owner = np.full(s, -1)
+        for r, pos in enumerate(held):
+            owner[pos] = r
+        img = np.ones((s + 2, s, 3))
+        for q in range(s):
+            img[0, q] = img[1, q] = plt.matplotlib.colors.to_rgb(RANK_COLORS[owner[q] % len(RANK_COLORS)])
+            for k in range(q + 1):
+                img[q + 2, k] = plt.matplotlib.colors.to_rgb(RANK_COLORS[owner[q] % len(RANK_COLORS)])
+        ax.imshow(img, interpolation="nearest", aspect="equal")
+        ax.axhline(1.5, color="black", lw=1)
+        work = [int(sum(q + 1 for q in pos)) for pos in held]
+        ax.set_title(f"{name}: scores per rank " + " / ".join(map(str, work)), fontsize=10)
+        ax.set(xlabel="key position", ylabel="query position (top strip: owner)", xticks=[], yticks=[])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=RANK_COLORS[r % len(RANK_COLORS)]) for r in range(p)]
+    fig.legend(handles, [f"rank {r}" for r in range(p)], loc="lower center", ncol=p, fontsize=9)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig

@@ -83,6 +83,34 @@ def test_strided_tp_groups_fail():
         lab7.check_mesh_groups(mesh_tp_strided)
 
 
+def test_mesh_sizes_must_be_positive_integers(capsys):
+    lab7.check_mesh_groups(mesh_by_reshape)                 # visible: only a product that does not match
+    assert "\u2713 mesh_groups: " in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"dp=-2.*the lab asks for ValueError"):
+        lab7.check_mesh_groups(mesh_by_reshape, hidden=True)
+
+
+def stage_numel_without_gqa(cfg, pp, tp, stage):
+    h, f, v, t, b = cfg.d_model, cfg.d_ff, cfg.vocab, tp, int(cfg.bias)
+    n = cfg.n_layers // pp * (4 * h + (h + b) * (3 * h + f) // t + (h * h + f * h) // t + 2 * b * h)
+    return n + (v // t * h + cfg.seq_len * h if stage == 0 else 0) + (2 * h + v // t * h if stage == pp - 1 else 0)
+
+
+def test_stage_parameters_has_its_own_test():
+    lab7.check_stage_parameters(stage_numel_without_gqa)    # no GQA among the visible configs
+    with pytest.raises(AssertionError, match="n_kv_heads=2"):
+        lab7.check_stage_parameters(stage_numel_without_gqa, hidden=True)
+
+
+def step_always_1f1b(stage, optimizer, ids, targets, mesh, micro_batches, schedule="1f1b"):
+    return step_per_parameter(stage, optimizer, ids, targets, mesh, micro_batches, "1f1b")
+
+
+def test_train_step_runs_the_schedule_it_was_given():
+    with pytest.raises(AssertionError, match=r"gpipe.*F0 F1 B0 B1"):
+        lab7.check_train_step(step_always_1f1b)
+
+
 def test_predict_memory_gpipe_count_fails():
     with pytest.raises(AssertionError, match="activations"):
         lab7.check_predict_memory(lambda c: memory_rounding_up(c, gpipe_everywhere=True))

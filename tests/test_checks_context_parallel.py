@@ -88,15 +88,50 @@ def ring_via_all_gather(q, k, v, causal=False, group=None):
     return (torch.exp(s - lse[..., None]) @ vh).transpose(1, 2).to(q.dtype), lse
 
 
-def test_lab6_catches_bugs_on_the_property_that_shows_them():
+def merge_in_float32(out_a, lse_a, out_b, lse_b):
+    """Right to float32's precision, in the inputs' dtype, but never computed in float64."""
+    a, b, la, lb = (x.float() for x in (out_a, out_b, lse_a, lse_b))
+    out = a - torch.sigmoid(lb - la)[..., None] * (a - b)
+    return out.to(out_a.dtype), (torch.maximum(la, lb) - F.logsigmoid((la - lb).abs())).to(lse_a.dtype)
+
+
+def ring_waits_before_compute(q, k, v, causal=False, group=None):
+    """Right numbers and messages, but each step waits for the next block before computing."""
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    kv = torch.stack([k, v])
+    out = lse = None
+    for step in range(p):
+        src = (rank - step) % p
+        incoming = kv
+        if step < p - 1:
+            incoming = torch.empty_like(kv)
+            ops = [dist.P2POp(dist.isend, kv, _peer(group, (rank + 1) % p), group),
+                   dist.P2POp(dist.irecv, incoming, _peer(group, (rank - 1) % p), group)]
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        if not causal or src <= rank:
+            ob, lb = _block(q, kv[0], kv[1], causal and src == rank)
+            out, lse = (ob, lb) if out is None else merge_partial_attention(out, lse, ob, lb)
+        kv = incoming
+    return out.transpose(1, 2).to(q.dtype), lse
+
+
+def test_lab6_catches_bugs_on_the_property_that_shows_them(capsys):
     with pytest.raises(AssertionError, match="exp overflow"):
         lab6.check_function("merge_partial_attention", merge_without_max, hidden=True)
     lab6.check_function("merge_partial_attention", merge_without_max)        # fine on small scores
+    assert "\u2713 merge_partial_attention: " in capsys.readouterr().out    # the ✓ line a passing cell prints
+    with pytest.raises(AssertionError, match="float64.*differs"):            # fp64 held to fp64's precision
+        lab6.check_function("merge_partial_attention", merge_in_float32, hidden=True)
     with pytest.raises(AssertionError, match="isend/irecv"):
         lab6.check_function("ring_attention_forward", ring_via_all_gather)
-    lab6.check_function("ring_attention_forward", ring_everyone_sends_first)  # gloo's isend does not block
-    with pytest.raises(Exception, match="blocking=True"):                     # but NCCL's may: it hangs there
-        lab6.check_function("ring_attention_forward", ring_everyone_sends_first, hidden=True, timeout=6)
+    with pytest.raises(Exception, match="blocking=True"):     # gloo's isend does not block, NCCL's may: visible
+        lab6.check_function("ring_attention_forward", ring_everyone_sends_first, timeout=6)
+
+
+def test_lab6_measures_the_rings_overlap_with_a_late_peer():
+    with pytest.raises(AssertionError, match="late=True.*pass must travel while you compute"):
+        lab6.check_function("ring_attention_forward", ring_waits_before_compute, hidden=True)
 
 
 # ------------------------------------------------------------------ library answers

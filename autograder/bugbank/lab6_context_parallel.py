@@ -9,8 +9,10 @@ While one function is graded, the checks stand minidist's own in for the lab's o
 (minidist.checks.lab6_context_parallel), so a wrong all-to-all fails its own test only, not
 Ulysses' too, and a wrong merge fails the merge's test, not the ring's. Some bugs give the right
 numbers and the wrong messages (K/V sent the wrong way round the ring): the traced traffic
-catches those. One bug deadlocks only when isend/irecv block until matched (NCCL's strictest
-case): it costs the check's timeout, on the ring's test alone.
+catches those; a ring that waits for the next block before computing the current one gives the
+right numbers too, and a peer that starts late shows it. One bug deadlocks only when isend/irecv
+block until matched (NCCL's strictest case, in the visible test too): it costs the check's
+timeout, on the ring's test alone.
 """
 
 A2A = "test_all_to_all"
@@ -99,6 +101,13 @@ BUGS = [
         catches=[ULYSSES],
         why="grouped-query attention not handled: fewer kv heads than query heads break the local attention",
     ),
+    dict(
+        name="ulysses_checks_query_heads_only",
+        cell="ulysses_attention",
+        replace=[("if q.size(2) % p or k.size(2) % p:", "if q.size(2) % p:")],
+        catches=[ULYSSES],
+        why="only the query heads are checked: 8 query and 2 kv heads on 4 ranks send q's all-to-all, then fail on k",
+    ),
 
     # ------------------------------------------------------------------ merge_partial_attention
     dict(
@@ -135,6 +144,28 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
                   "lse = torch.maximum(lse_a, lse_b)")],
         catches=[MERGE],
         why="the lse keeps only the larger side: the log(1 + e^-|diff|) term is dropped",
+    ),
+    dict(
+        name="merge_in_float32",
+        cell="merge_partial_attention",
+        code='''
+def merge_partial_attention(out_a, lse_a, out_b, lse_b):
+    """(out, lse) of attention over the keys of A and B, from each one's (out, lse)."""
+    a, b, la, lb = (x.float() for x in (out_a, out_b, lse_a, lse_b))      # "float32 is enough"
+    out = a - torch.sigmoid(lb - la)[..., None] * (a - b)
+    lse = torch.maximum(la, lb) - F.logsigmoid((la - lb).abs())
+    return out.to(out_a.dtype), lse.to(lse_a.dtype)
+''',
+        catches=[MERGE],
+        why="computed in float32 whatever the inputs: float64 inputs come back in float64 but only float32-exact",
+    ),
+    dict(
+        name="merge_in_place_into_out_a",
+        cell="merge_partial_attention",
+        replace=[("out = out_a - torch.sigmoid(lse_b - lse_a)[..., None] * (out_a - out_b)",
+                  "out = out_a.sub_(torch.sigmoid(lse_b - lse_a)[..., None] * (out_a - out_b))")],
+        catches=[MERGE],
+        why="the merge written into out_a in place: the caller's partial result is overwritten",
     ),
 
     # ------------------------------------------------------------------ ring_attention_forward
@@ -198,6 +229,34 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
         catches=[RING],
         why="the block held at step i is taken to be rank r+i's: causal masks and skips land on the wrong blocks",
     ),
+    dict(
+        name="ring_output_in_the_helpers_dtype",
+        cell="ring_attention_forward",
+        replace=[("return out.transpose(1, 2).to(q.dtype), lse", "return out.transpose(1, 2), lse")],
+        catches=[RING],
+        why="out returned in the helper's float32: right for float32 and float64 inputs, wrong dtype for bfloat16",
+    ),
+    dict(
+        name="ring_waits_before_compute",
+        cell="ring_attention_forward",
+        replace=[("        if not causal or src <= rank:                      # later blocks are invisible when causal\n"
+                  "            out_b, lse_b = attention_with_lse(q, kv[0], kv[1], causal=causal and src == rank)\n"
+                  "            out, lse = (out_b, lse_b) if out is None else merge_partial_attention(out, lse, out_b, lse_b)\n"
+                  "        if step < p - 1:\n"
+                  "            for w in works:\n"
+                  "                w.wait()\n"
+                  "            kv = incoming\n",
+                  "            for w in works:                                # wait first: no overlap\n"
+                  "                w.wait()\n"
+                  "        if not causal or src <= rank:                      # kv is still the block of src\n"
+                  "            out_b, lse_b = attention_with_lse(q, kv[0], kv[1], causal=causal and src == rank)\n"
+                  "            out, lse = (out_b, lse_b) if out is None else merge_partial_attention(out, lse, out_b, lse_b)\n"
+                  "        if step < p - 1:\n"
+                  "            kv = incoming\n")],
+        catches=[RING],
+        why="right numbers, but the next block is waited for before the current one is computed: nothing overlaps "
+            "(a late peer delays the first block's compute)",
+    ),
 
     # ------------------------------------------------------------------ zigzag_shard
     dict(
@@ -243,9 +302,10 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
 # Correct implementations other than the solution's: each must get full marks (the checks must
 # not over-constrain). Among them the forms the notebook calls accepted (dist.all_to_all on
 # lists, q, k and v packed into fewer all-to-alls, a merge that subtracts the max, a ring on
-# batch_isend_irecv or on blocking send/recv, k and v as two messages) and the "Going further"
-# ring whose waits come before the block's compute. (Zigzag ring attention, the other "Going
-# further" ring, takes zigzag shards: it implements another function than the graded one.)
+# batch_isend_irecv or on blocking send/recv after each block's compute, k and v as two
+# messages). The "Going further" ring whose waits come before the block's compute is a bug now:
+# the lab asks for the overlap and a late peer measures it. (Zigzag ring attention, the other
+# "Going further" ring, takes zigzag shards: it implements another function than the graded one.)
 ALTERNATIVES = [
     # ------------------------------------------------------------------ all_to_all
     dict(
@@ -461,26 +521,8 @@ def ring_attention_forward(q, k, v, causal=False, group=None):
             kv = incoming
     return out.transpose(1, 2).to(q.dtype), lse
 ''',
-        why="blocking dist.send/dist.recv after each block's compute, even ranks sending first (no overlap)",
-    ),
-    dict(
-        name="ring_waits_before_compute",
-        cell="ring_attention_forward",
-        replace=[("        if not causal or src <= rank:                      # later blocks are invisible when causal\n"
-                  "            out_b, lse_b = attention_with_lse(q, kv[0], kv[1], causal=causal and src == rank)\n"
-                  "            out, lse = (out_b, lse_b) if out is None else merge_partial_attention(out, lse, out_b, lse_b)\n"
-                  "        if step < p - 1:\n"
-                  "            for w in works:\n"
-                  "                w.wait()\n"
-                  "            kv = incoming\n",
-                  "            for w in works:                                # Going further: wait first, no overlap\n"
-                  "                w.wait()\n"
-                  "        if not causal or src <= rank:                      # kv is still the block of src\n"
-                  "            out_b, lse_b = attention_with_lse(q, kv[0], kv[1], causal=causal and src == rank)\n"
-                  "            out, lse = (out_b, lse_b) if out is None else merge_partial_attention(out, lse, out_b, lse_b)\n"
-                  "        if step < p - 1:\n"
-                  "            kv = incoming\n")],
-        why="Going further ('measure what overlap buys'): the pass is waited for before the block's compute",
+        why="blocking dist.send/dist.recv after each block's compute, even ranks sending first: each block is "
+            "computed before its pass, so no compute waits for a late peer",
     ),
     dict(
         name="ring_two_messages_parity_order",
@@ -516,8 +558,8 @@ def ring_attention_forward(q, k, v, causal=False, group=None):
         cell="zigzag_shard",
         replace=[("    chunks = x.chunk(2 * p, dim=1)\n    return torch.cat([chunks[rank], chunks[2 * p - 1 - rank]], dim=1)",
                   "    c = x.size(1) // (2 * p)\n"
-                  "    positions = torch.cat([torch.arange(rank * c, (rank + 1) * c),\n"
-                  "                           torch.arange((2 * p - 1 - rank) * c, (2 * p - rank) * c)])\n"
+                  "    positions = torch.cat([torch.arange(rank * c, (rank + 1) * c, device=x.device),\n"
+                  "                           torch.arange((2 * p - 1 - rank) * c, (2 * p - rank) * c, device=x.device)])\n"
                   "    return x.index_select(1, positions)")],
         why="the shard's global positions computed, then index_select along the sequence",
     ),

@@ -10,6 +10,7 @@ is a markdown cell graded by hand: it has no bugs.
 MESH = "test_mesh_groups"
 STEP = "test_train_step_3d"
 MEMORY = "test_predict_memory"
+STAGE = "test_stage_parameters"
 
 BUGS = [
     # ------------------------------------------------------------------ mesh_groups
@@ -41,6 +42,14 @@ BUGS = [
         replace=[(" or dp * pp * tp != world_size", "")],
         catches=[MESH],
         why="a mesh that does not multiply to the world size is accepted",
+    ),
+    dict(
+        name="mesh_sizes_not_checked_positive_integers",
+        cell="mesh_groups",
+        replace=[("if any(not isinstance(v, int) or v < 1 for v in sizes) or dp * pp * tp != world_size:",
+                  "if dp * pp * tp != world_size:")],
+        catches=[MESH],
+        why="only the product is checked: (8, -2, -2, 2) returns empty groups, (6, 1, 1.5, 4) a TypeError from range",
     ),
     # ------------------------------------------------------------------ train_step_3d
     dict(
@@ -87,6 +96,13 @@ BUGS = [
         catches=[STEP],
         why="the reported loss is the sum of the d replicas' means, not the global mean",
     ),
+    dict(
+        name="step_always_1f1b",
+        cell="train_step_3d",
+        replace=[("run_schedule(make(schedule, pp, micro_batches)", 'run_schedule(make("1f1b", pp, micro_batches)')],
+        catches=[STEP],
+        why="builds 1F1B whatever schedule it is given: same losses, weights and messages, another order and peak",
+    ),
     # ------------------------------------------------------------------ predict_memory
     dict(
         name="1f1b_counted_as_gpipe",
@@ -112,18 +128,32 @@ BUGS = [
     ),
     dict(
         name="forgot_embedding_and_head",
-        cell="predict_memory",
+        cell="stage_parameters",
         replace=[("    if stage == 0:\n        n += v // t * h + cfg.seq_len * h", "    if False:\n        pass"),
                  ("    if stage == pp - 1:\n        n += 2 * h + v // t * h", "    if False:\n        pass")],
-        catches=[MEMORY],
+        catches=[STAGE, MEMORY],
         why="every stage counted as L/p layers: the first stage's embeddings and the last's head are missing",
     ),
     dict(
         name="layernorms_split_by_tp",
-        cell="predict_memory",
+        cell="stage_parameters",
         replace=[("per_layer = 2 * 2 * h + column + row", "per_layer = 2 * 2 * h // t + column + row")],
-        catches=[MEMORY],
+        catches=[STAGE, MEMORY],
         why="LayerNorms divided by t: they are replicated on every TP rank",
+    ),
+    dict(
+        name="row_parallel_bias_split_by_tp",
+        cell="stage_parameters",
+        replace=[("row = (h * h + f * h) // t + 2 * b * h", "row = (h * h + f * h + 2 * b * h) // t")],
+        catches=[STAGE],
+        why="the row-parallel layers' biases divided by t: they are added once, after the all-reduce, and whole",
+    ),
+    dict(
+        name="gqa_kv_counted_as_full_heads",
+        cell="stage_parameters",
+        replace=[("kv, b = cfg.n_kv_heads * cfg.head_dim, int(cfg.bias)", "kv, b = h, int(cfg.bias)")],
+        catches=[STAGE],
+        why="k and v counted with every query head: grouped-query attention's smaller projections ignored",
     ),
     dict(
         name="micro_batch_of_the_global_batch",
@@ -210,7 +240,7 @@ def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule=
         dist.all_reduce(p.grad, group=dp_group)
         p.grad /= dp
     optimizer.step()
-    loss = torch.tensor(stats.loss if stage.last else 0.0)
+    loss = torch.tensor(stats.loss if stage.last else 0.0, device=ids.device)
     dist.broadcast(loss, src=dist.get_global_rank(pp_group, pp - 1), group=pp_group)
     dist.all_reduce(loss, group=dp_group)
     return loss.item() / dp
@@ -253,7 +283,7 @@ def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule=
         work.wait()
         grad.div_(dp)
     optimizer.step()
-    loss = torch.zeros(1)
+    loss = torch.zeros(1, device=ids.device)
     if i_pp == pp - 1:
         loss += stats.loss / dp             # this replica's share of the global mean
     dist.all_reduce(loss, group=pp_group)
@@ -276,7 +306,7 @@ def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule=
     numel = sum(p.numel() for p in params)
     size = -(-numel // dp)
     if not hasattr(stage, "zero1"):          # this rank's shard of the flat parameters, and its optimizer
-        flat = torch.zeros(size * dp)
+        flat = torch.zeros(size * dp, device=params[0].device)
         flat[:numel] = torch.cat([p.detach().flatten() for p in params])
         shard = flat[i_dp * size:(i_dp + 1) * size].clone().requires_grad_()
         stage.zero1 = (shard, type(optimizer)([shard], **optimizer.defaults))
@@ -287,19 +317,19 @@ def train_step_3d(stage, optimizer, ids, targets, mesh, micro_batches, schedule=
                          targets if stage.last else None, stage.loss,
                          act_shape=stage.activation_shape(ids.shape[0] // micro_batches, ids.shape[1]),
                          group=pp_group)
-    flat_grad = torch.zeros(size * dp)
+    flat_grad = torch.zeros(size * dp, device=params[0].device)
     flat_grad[:numel] = torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params])
-    mine = torch.empty(size)
+    mine = torch.empty(size, device=params[0].device)
     dist.reduce_scatter_tensor(mine, flat_grad, group=dp_group)
     shard.grad = mine / dp
     shard_optimizer.step()
-    full = torch.empty(size * dp)
+    full = torch.empty(size * dp, device=params[0].device)
     dist.all_gather_into_tensor(full, shard.detach(), group=dp_group)
     with torch.no_grad():
         for p, new in zip(params, full[:numel].split([p.numel() for p in params])):
             p.copy_(new.view_as(p))
             p.grad = None
-    loss = torch.tensor([stats.loss if stats.loss is not None else 0.0], dtype=torch.float64)
+    loss = torch.tensor([stats.loss if stats.loss is not None else 0.0], dtype=torch.float64, device=shard.device)
     dist.all_reduce(loss, group=pp_group)
     dist.all_reduce(loss, group=dp_group)
     return loss.item() / dp
@@ -336,7 +366,7 @@ def predict_memory(c):
     ),
     dict(
         name="memory_per_tensor_shape_table",
-        cell="predict_memory",
+        cell="stage_parameters",
         replace=[("    h, f, v, t = cfg.d_model, cfg.d_ff, cfg.vocab, tp\n"
                   "    kv, b = cfg.n_kv_heads * cfg.head_dim, int(cfg.bias)\n"
                   "    column = (h + b) * (h + 2 * kv + f) // t          # q, k, v, fc: weight rows and bias split\n"
@@ -368,6 +398,28 @@ def predict_memory(c):
                   "    return sum(numel // t if split else numel for numel, split in tensors)\n")],
         why="counts the stage's parameters tensor by tensor from a table of (elements, split by t?) instead "
             "of the closed form",
+    ),
+    dict(
+        name="stage_parameters_split_and_whole",
+        cell="stage_parameters",
+        code='''
+def stage_parameters(cfg, pp, tp, stage):
+    \"\"\"Parameters one TP rank of pipeline stage `stage` holds.\"\"\"
+    h, f, t = cfg.d_model, cfg.d_ff, tp
+    kv, bias = cfg.n_kv_heads * cfg.head_dim, 1 if cfg.bias else 0
+    # one layer: what the t ranks share out, and what each keeps whole
+    split = h * (h + 2 * kv) + h * h + 2 * h * f + bias * (h + 2 * kv + f)     # q k v o fc proj, column biases
+    whole = 2 * 2 * h + 2 * bias * h                                          # two LayerNorms, row biases
+    layers = cfg.n_layers // pp
+    n = layers * split // t + layers * whole
+    vocab_rows = cfg.vocab // t * h                                           # a vocab-parallel table
+    if stage == 0:
+        n += vocab_rows + cfg.seq_len * h
+    if stage == pp - 1:
+        n += vocab_rows + 2 * h
+    return n
+''',
+        why="sums what the TP ranks share out and what each keeps whole, per layer, then divides once",
     ),
     dict(
         name="memory_in_flight_from_the_schedule",

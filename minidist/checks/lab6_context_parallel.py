@@ -10,12 +10,15 @@ shards). A lab test cell is a one-liner::
 
 One launch of 4 ranks per call runs every case: the ranks are cut into context-parallel groups
 of t consecutive ranks (t = 3 leaves rank 3 alone, a group of one; t = 4 is ``group=None``). A
-case compares this rank's output (and, where the function is differentiable, its input
-gradients) with fp64 attention of the whole sequence within ``TOL``, and for t > 1 the traced
+case builds its inputs on the CPU, hands them to the student's code on ``minidist.device()``, and
+compares this rank's output (its dtype exactly; and, where the function is differentiable, its
+input gradients) on the CPU with fp64 attention of the whole sequence within ``tol(dtype)``;
+the caller's tensors must come back unchanged; for t > 1 the traced
 communication with :mod:`minidist.cost.context_parallel`: Ulysses' all-to-alls (kind and bytes;
 q, k, v packed into fewer calls accepted), the ring's K/V passes (to the next rank only, from the
-previous only, P−1 blocks; any deadlock-free order, checked once with every isend/irecv made
-blocking). ``merge_partial_attention`` has no communication and is checked in this process, on
+previous only, P−1 blocks; any deadlock-free order, checked with every isend/irecv made
+blocking; and, with one peer starting late, the first block computed before that peer's
+message can land: the pass overlaps the compute). ``merge_partial_attention`` has no communication and is checked in this process, on
 inputs whose exp overflows without the max. The lab's other functions are stood in for by
 minidist's own inside the ranks (``STAND_INS``); minidist's implementation of the graded one is
 refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.checks.lab6_cases`.
@@ -23,16 +26,19 @@ refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.check
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from minidist import cost
 from minidist.checks.common import (Refusal, check_timeout, graded_call, is_student_code, launch_named, mark_case,
-                                    one_thread)
+                                    one_thread, report_passed)
 from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
-from minidist.checks.lab6_cases import (B, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases, merge_inputs,
-                                        part, randn)
+from minidist.checks.lab6_cases import (B, BF16, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases,
+                                        merge_inputs, on_rank, part, randn, unchanged)
 from minidist.checks.quiet import passes_quietly
 from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.merge import merge_partial_attention
+from minidist.runtime.device import device as rank_device
+from minidist.runtime.strict_async import blocking_p2p  # noqa: F401  (the lab's demo: every isend/irecv blocking)
 from minidist.trace import trace
 
 CP_CHECK_TIMEOUT = check_timeout(20.0)
@@ -75,7 +81,11 @@ def _body(progress, fn, name, cases):
             mark_case(progress, f"t={case['t']}: {describe_case(case)}")
             errs = CASE_RUNNERS[name](fn, case, r, t, group)
             out.append((r, t, next((e for e in errs if e), None)))
-    return out
+            failed = torch.tensor([int(out[-1][2] is not None)], device=rank_device())
+            dist.all_reduce(failed)             # every rank stops after the first case that failed anywhere
+            if failed.item():
+                break
+    return out + [(None, c["t"], None) for c in cases[len(out):]]
 
 
 def _cases(name: str, hidden: bool) -> list[dict]:
@@ -85,32 +95,65 @@ def _cases(name: str, hidden: bool) -> list[dict]:
                     dict(local=(B, H, 3, D), scatter=1, gather=2, dtype=F32)]      # and back
         if hidden:
             variants += [dict(local=(H, 5, 2), scatter=0, gather=-1, dtype=F64),
-                         dict(local=(2, 3, 5), scatter=-1, gather=1, dtype=F32)]
+                         dict(local=(2, 3, 5), scatter=-1, gather=1, dtype=F32),
+                         dict(local=(B, 2, H, D), scatter=2, gather=1, dtype=BF16)]
         cases = [dict(t=t, **v) for t in ts for v in variants if v["local"][v["scatter"]] % t == 0]
         return cases + ([dict(t=4, local=(B, 3, 6, D), scatter=2, gather=1, dtype=F32, raises=True)] if hidden else [])
     if name in ("ulysses_attention", "ring_attention_forward"):
         cases = [dict(t=t, causal=c, dtype=F32) for t in ts for c in (False, True)]
-        if hidden:
+        if name == "ring_attention_forward":    # visible too: every isend/irecv blocks until matched (NCCL's worst)
+            cases += [dict(t=4, causal=True, dtype=F32, blocking=True)]
+        if hidden:      # the cheap-to-reach kinds first: a bug stops the launch's cases at its first failure
+            if name == "ulysses_attention":     # query heads, then only the kv heads, not divisible by P
+                cases += [dict(t=4, causal=False, dtype=F32, h=6, raises=True),
+                          dict(t=4, causal=False, dtype=F32, h=8, h_kv=2, raises=True),
+                          dict(t=3, causal=True, dtype=F32, h_kv=4, raises=True)]
+            else:
+                cases += [dict(t=t, causal=True, dtype=BF16) for t in (2, 4)]              # out in q's dtype
+                cases += [dict(t=2, causal=True, dtype=F32, late=True)]     # a late peer: compute overlaps the pass
             kv = {1: 4, 2: 4, 3: 6, 4: 4} if name == "ulysses_attention" else {1: 1, 2: 4, 3: 3, 4: 1}
             cases += [dict(t=t, causal=True, dtype=F32, h_kv=kv[t]) for t in ts]            # GQA / MQA
             cases += [dict(t=t, causal=c, dtype=F64) for t in (3, 4) for c in (False, True)]
             cases += [dict(t=t, causal=True, dtype=F32, q_scale=100.0) for t in (2, 4)]     # scores in the thousands
-            if name == "ulysses_attention":
-                cases += [dict(t=4, causal=False, dtype=F32, h=6, raises=True)]
-            else:       # every isend/irecv made blocking: the order must be deadlock-free on its own
-                cases += [dict(t=t, causal=True, dtype=F32, blocking=True) for t in (2, 3, 4)]
+            if name == "ring_attention_forward":    # every isend/irecv blocking: deadlock-free on its own
+                cases += [dict(t=t, causal=True, dtype=F32, blocking=True) for t in (2, 3)]
         return cases
     if name == "zigzag_shard":
-        shapes = [((B, S, H, D), F32)] + ([((1, S), torch.int64), ((3, 12, 2), F64), ((2, 20), F32)] if hidden else [])
+        shapes = [((B, S, H, D), F32)] + ([((1, S), torch.int64), ((3, 12, 2), F64), ((2, 20), F32),
+                                           ((2, S, 3), BF16)] if hidden else [])
         return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
     raise ValueError(f"lab 6 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+#: what a passing test compared, in a few words (the ✓ line)
+COMPARED = {
+    "all_to_all": "output, x.grad and one all-to-all each way",
+    "ulysses_attention": "output, q/k/v grads and the all-to-alls vs the cost model",
+    "merge_partial_attention": "out and lse vs a float64 logaddexp merge",
+    "ring_attention_forward": "out and lse, K/V passes to the next rank only, a blocking order",
+    "zigzag_shard": "chunks r and 2P-1-r, no communication",
+}
+
+
+def _covered(name: str, cases: list[dict], hidden: bool) -> str:
+    ts = sorted({c["t"] for c in cases if "t" in c})
+    dtypes = sorted({str(c["dtype"]).replace("torch.", "") for c in cases})
+    extra = []
+    if any(c.get("raises") for c in cases) or (hidden and name == "zigzag_shard"):
+        extra.append("ValueError before any message")
+    if any(c.get("late") for c in cases):
+        extra.append("overlap with a late peer")
+    where = f"t={', '.join(map(str, ts))}; " if ts else ""
+    return f"{where}{'/'.join(dtypes)}; {COMPARED[name]}" + "".join(f"; {e}" for e in extra) + \
+        "; inputs unchanged"
 
 
 def _check_merge(fn, hidden: bool) -> None:
     name = "merge_partial_attention"
     for case in merge_cases(hidden):
         args, (want_out, want_lse) = merge_inputs(case)
-        result = graded_call(_refusal(name), name, fn, *(a.clone() for a in args))
+        given = [a.clone() for a in args]
+        result = graded_call(_refusal(name), name, fn, *given)
         label = f"{name} ({describe_case(case)})"
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise AssertionError(f"{label}: must return (out, lse), got {type(result).__name__}")
@@ -118,7 +161,8 @@ def _check_merge(fn, hidden: bool) -> None:
         # (e.g. through logaddexp) first moves each weight by up to ulp(lse), relative
         top = max(a.abs().max().item() for a in (args[1], args[3]))
         rounding = 2 * torch.finfo(case["dtype"]).eps * top * max(a.abs().max().item() for a in (args[0], args[2]))
-        problem = err("out", result[0], want_out, slack=rounding) or err("lse", result[1], want_lse)
+        problem = (err("out", result[0], want_out, slack=rounding, dtype=case["dtype"])
+                   or err("lse", result[1], want_lse, dtype=case["dtype"]) or unchanged(given, args))
         if problem:
             finite = all(torch.isfinite(r).all() for r in result if isinstance(r, torch.Tensor))
             big = f" (lse's reach {top:.0f} here: does an exp overflow?)" if top > 80 and not finite else ""
@@ -128,15 +172,20 @@ def _check_merge(fn, hidden: bool) -> None:
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHECK_TIMEOUT) -> None:
     """Lab 6's graded function ``name``: on 4 ranks cut into groups of t (visible t = 2, 4; hidden
-    1, 2, 3, 4), output and gradients equal fp64 attention of the whole sequence, communication
-    equals the cost model; the merge in this process. Hidden cases: other dims and dtypes, GQA and
-    MQA, fp64, scores far past exp's range, heads that do not split, blocking isend/irecv, sequences
-    that do not cut into 2P chunks."""
+    1, 2, 3, 4), inputs on ``minidist.device()``, output (its dtype exactly) and gradients equal
+    fp64 attention of the whole sequence on the CPU, the caller's tensors unchanged, communication
+    equals the cost model; the merge in this process. The ring's visible cases include one with
+    every isend/irecv blocking. Hidden cases: other dims, fp64 and bf16, GQA and MQA, scores far
+    past exp's range, query or only kv heads that do not split, more blocking runs, a late peer
+    (the ring's first block computed before the late message can land), sequences that do not cut
+    into 2P chunks. Prints the ✓ line when it passes."""
     if name == "merge_partial_attention":
-        return _check_merge(fn, hidden)
+        _check_merge(fn, hidden)
+        return report_passed(name, _covered(name, merge_cases(hidden), hidden), hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
     raise_first_group_problem(name, cases, out, WORLD)
+    report_passed(name, _covered(name, cases, hidden), hidden)
 
 
 # ----------------------------------------------------------------------------- measurements (demo cells)
@@ -147,14 +196,14 @@ def _measure_body(progress, ulysses_attention, ring_attention_forward, zigzag_sh
         group, r, size = groups[t]
         mark_case(progress, f"t={t}")
         full = [randn((B, seq, H, D), 50 + i, F32) for i in range(3)]
-        q, k, v = (part(x, 1, r, size) for x in full)
+        q, k, v = (on_rank(part(x, 1, r, size)) for x in full)
         with one_thread():
             with trace() as tu:
                 ulysses_attention(q, k, v, True, group)
             with trace() as tr:
                 ring_attention_forward(q, k, v, True, group)
-            positions = {"contiguous": part(torch.arange(seq), 0, r, size),
-                         "zigzag": zigzag_shard(torch.arange(seq)[None], group)[0]}
+            positions = {"contiguous": part(torch.arange(seq, device="cpu"), 0, r, size),
+                         "zigzag": zigzag_shard(on_rank(torch.arange(seq, device="cpu"))[None], group)[0]}
         rows.append(dict(t=size, rank=r, ulysses_bytes=sum(e.nbytes for e in tu.comm()),
                          ring_bytes=sum(e.nbytes for e in tr.comm() if e.is_send),
                          ring_work=sum(e.meta.get("unmasked", 0) for e in tr.events if e.op == "span:attention block"),

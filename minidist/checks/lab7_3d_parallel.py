@@ -7,13 +7,15 @@ A lab test cell is a one-liner::
 
     checks.check_mesh_groups(mesh_groups)                  # pure: against torch's mesh order
     checks.check_train_step(train_step_3d)                 # 8 ranks, 2×2×2 1F1B and 1×2×4 GPipe
+    checks.check_stage_parameters(stage_parameters)        # pure: against cost.parallel3d.stage_numel
     checks.check_predict_memory(predict_memory)            # pure: against cost.parallel3d
 
 ``check_train_step`` runs every layout of the call in one 8-rank launch
 (:mod:`minidist.checks.lab7_cases`): losses on every rank and the stage's weights after 2
 SGD steps equal one process's within ``TOL``, and the traced step by axis equals
 :func:`minidist.cost.parallel3d.step_collectives` (TP and PP exactly; DP's gradient bytes in
-any number of all-reduces; the loss report free). ``check_predict_memory`` compares with
+any number of all-reduces; the loss report free), the executor's F/B order on each stage equals
+the given schedule's, and the caller's ids and targets come back unchanged. ``check_predict_memory`` compares with
 :func:`minidist.cost.parallel3d.memory_per_rank`, which ``tests/test_mesh.py`` holds equal to
 what a run measures (model states exactly, activations with saved-tensor hooks);
 ``measure`` gives the notebook those measurements next to the student's prediction.
@@ -27,10 +29,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread
+from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread, report_passed
 from minidist.checks.lab7_cases import BATCH, CFG, LR, OPTIMIZER, STEPS, WORLD, Layout, step_body, step_failure
 from minidist.checks.quiet import passes_quietly
-from minidist.cost.parallel3d import memory_per_rank
+from minidist.cost.parallel3d import memory_per_rank, stage_numel
 from minidist.harness.parallel3d import reference_run
 from minidist.mesh import mesh_groups as _mesh_groups
 from minidist.models import GPTConfig
@@ -38,22 +40,23 @@ from minidist.models import GPTConfig
 # One 8-rank launch trains several layouts: on 2 busy cores it legitimately takes seconds, more than the
 # quick selftest's 4 s deadlock timeout. No lab-7 bug deadlocks, so the floor costs the selftest nothing.
 STEP_CHECK_TIMEOUT = max(check_timeout(30.0), 15.0)
-GRADED = ("mesh_groups", "train_step_3d", "predict_memory")
+GRADED = ("mesh_groups", "train_step_3d", "stage_parameters", "predict_memory")
 
 _MESH = Refusal("the 3D mesh and training step", ("minidist.mesh",), allow=("minidist.mesh.stage.GPTStage",),
                 checks=__name__)
 _MEMORY = Refusal("the 3D memory model", ("minidist.mesh", "minidist.cost.parallel3d", "minidist.cost.planner",
                                          "minidist.cost.pipeline", "minidist.cost.data_parallel"),
                   allow=("minidist.cost.parallel3d.stage_activation_bytes",), checks=__name__)
-REFUSED = {"mesh_groups": _MESH, "train_step_3d": _MESH, "predict_memory": _MEMORY}
+REFUSED = {"mesh_groups": _MESH, "train_step_3d": _MESH, "stage_parameters": _MEMORY, "predict_memory": _MEMORY}
 
 
 # ----------------------------------------------------------------------------- mesh_groups
 MESH_CASES = [(8, 2, 2, 2), (8, 1, 2, 4), (8, 4, 1, 2)]
 MESH_HIDDEN = [(16, 2, 2, 4), (24, 2, 3, 4), (12, 3, 2, 2), (6, 1, 3, 2), (4, 4, 1, 1), (4, 1, 1, 4),
                (1, 1, 1, 1), (64, 2, 4, 8), (30, 5, 3, 2)]
-MESH_BAD = [(8, 2, 2, 4), (8, 2, 3, 2), (16, 2, 2, 2)]
-
+MESH_BAD = [(8, 2, 2, 4), (8, 2, 3, 2), (16, 2, 2, 2),
+            (8, -2, -2, 2), (8, 2, -1, -4), (-8, -2, 2, 2), (0, 0, 1, 1),      # products fine, sizes not positive
+            (6, 1, 1.5, 4), (5, 2.5, 2, 1), (8, 2, 2, 2.0 + 0.5)]               # ... or not integers
 
 def _as_lists(groups) -> dict | None:
     try:
@@ -66,7 +69,8 @@ def _as_lists(groups) -> dict | None:
 def check_mesh_groups(fn, hidden: bool = False) -> None:
     """``fn(world_size, dp, pp, tp)`` -> {"dp": [...], "pp": [...], "tp": [...]}: every group's
     ranks, groups and ranks in torch's ``init_device_mesh`` order (row-major (dp, pp, tp), TP
-    innermost); ``ValueError`` when dp·pp·tp is not the world size."""
+    innermost); ``ValueError`` when dp·pp·tp is not the world size or a size is not a positive
+    integer (hidden: negative, zero and non-integer sizes whose product may still match)."""
     for case in MESH_CASES + (MESH_HIDDEN if hidden else []):
         want = _mesh_groups(*case)
         got = graded_call(_MESH, "mesh_groups", fn, *case)
@@ -82,13 +86,19 @@ def check_mesh_groups(fn, hidden: bool = False) -> None:
                     f"(i_dp·pp + i_pp)·tp + i_tp; one group per setting of the other two coordinates, in "
                     "row-major order of those)")
     for case in MESH_BAD[:1] + (MESH_BAD[1:] if hidden else []):
+        call = f"mesh_groups(world_size={case[0]}, dp={case[1]}, pp={case[2]}, tp={case[3]})"
+        why = (f"{case[1]}·{case[2]}·{case[3]} = {case[1] * case[2] * case[3]} ranks is not the world's {case[0]}"
+               if case[1] * case[2] * case[3] != case[0] else "a size is not a positive integer")
         try:
             graded_call(_MESH, "mesh_groups", fn, *case)
         except ValueError:
             continue
-        raise AssertionError(f"mesh_groups(world_size={case[0]}, dp={case[1]}, pp={case[2]}, tp={case[3]}) "
-                             f"returned instead of raising ValueError: {case[1]}·{case[2]}·{case[3]} = "
-                             f"{case[1] * case[2] * case[3]} ranks is not the world's {case[0]}")
+        except Exception as e:      # noqa: BLE001  (a TypeError from range(1.5) is not the contract's error)
+            raise AssertionError(f"{call} raised {type(e).__name__} ({e}); the lab asks for ValueError: {why}") from None
+        raise AssertionError(f"{call} returned instead of raising ValueError: {why}")
+    report_passed("mesh_groups", f"{len(MESH_CASES) + (len(MESH_HIDDEN) if hidden else 0)} meshes vs torch's order"
+                  f"; ValueError for {1 + (len(MESH_BAD) - 1 if hidden else 0)} bad sizes"
+                  + (" (products, negative, zero, non-integer)" if hidden else ""), hidden)
 
 
 # ----------------------------------------------------------------------------- train_step_3d
@@ -116,6 +126,8 @@ def check_train_step(fn, hidden: bool = False, timeout: float = STEP_CHECK_TIMEO
             problem = step_failure("train_step_3d", layout, rank, out[rank][i], ref_losses, TOL)
             if problem:
                 raise AssertionError(problem)
+    report_passed("train_step_3d", ", ".join(x.name for x in layouts) + ": losses, weights, traffic by axis, "
+                  "the schedule's F/B order, inputs unchanged", hidden)
 
 
 # ----------------------------------------------------------------------------- predict_memory
@@ -175,6 +187,35 @@ def check_predict_memory(fn, hidden: bool = False, rel: float = 1e-3) -> None:
                                      f"{want[k]:.6g}")
         if not abs(float(got["total"]) - sum(float(got[k]) for k in PARTS)) <= rel * max(want["total"], 1):
             raise AssertionError(f"predict_memory({c}): total {got['total']} is not the sum of the parts")
+    report_passed("predict_memory", f"{len(MEMORY_CASES) + (len(MEMORY_HIDDEN) if hidden else 0)} ranks' params, "
+                  "grads, optimizer, activations vs cost.parallel3d"
+                  + (" (1F1B/GPipe, SGD, ZeRO 1-3, no bias, GQA, 7B)" if hidden else ""), hidden)
+
+
+# ----------------------------------------------------------------------------- stage_parameters
+#: (cfg, pp, tp): every stage of each
+STAGE_CASES = [(CFG, 2, 2), (CFG, 1, 4)]
+STAGE_HIDDEN = [(CFG, 4, 1), (_NO_BIAS, 2, 2), (_GQA, 3, 2), (_GQA, 1, 1), (_BIG, 4, 4), (_BIG, 8, 8)]
+
+
+@passes_quietly
+def check_stage_parameters(fn, hidden: bool = False) -> None:
+    """``fn(cfg, pp, tp, stage)`` -> the number of parameters one TP rank of pipeline stage ``stage``
+    holds, exactly :func:`minidist.cost.parallel3d.stage_numel` (which ``tests/test_mesh.py`` holds
+    equal to a built ``GPTStage``'s), for every stage. Visible: the tiny GPT at 2 stages × TP 2 and
+    1 stage × TP 4 (both ends on one stage); hidden: 4 stages, no biases, GQA, a 7B model."""
+    cases = STAGE_CASES + (STAGE_HIDDEN if hidden else [])
+    for cfg, pp, tp in cases:
+        for stage in range(pp):
+            want = stage_numel(cfg, pp, tp, stage)
+            got = graded_call(_MEMORY, "stage_parameters", fn, cfg, pp, tp, stage)
+            if not isinstance(got, (int, float)) or got != want:
+                raise AssertionError(
+                    f"stage_parameters(cfg with d_model={cfg.d_model}, n_layers={cfg.n_layers}, vocab={cfg.vocab}, "
+                    f"n_kv_heads={cfg.n_kv_heads}, bias={cfg.bias}; pp={pp}, tp={tp}, stage={stage}) = {got!r}, "
+                    f"expected {want} (stage 0 adds the embeddings, the last stage the final LayerNorm and the head)")
+    report_passed("stage_parameters", f"{len(cases)} layouts, every stage, exact counts"
+                  + (" (no bias, GQA, 7B)" if hidden else ""), hidden)
 
 
 # ----------------------------------------------------------------------------- measurements (demo cells)

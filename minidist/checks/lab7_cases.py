@@ -6,7 +6,10 @@ Narayanan et al. 2021 (Megatron-LM, PTD-P), Sec. 3. Every layout of a check shar
 every rank builds torch's ``init_device_mesh`` (dims "dp", "pp", "tp"), its
 :class:`minidist.mesh.GPTStage` (handed out), SGD with momentum (Adam's update hardly
 depends on a gradient's scale, so a gradient not divided by d would slip through), and
-calls the student's step ``STEPS`` times with library answers refused, the last step traced.
+calls the student's step ``STEPS`` times with library answers refused, the last step traced:
+the schedule it ran (the executor's F/B spans, in order) must be the one it was given, and the
+caller's ids and targets must come back unchanged. Tensors live on ``minidist.device()`` and the
+mesh on its device type; the weights are compared with one process's cut the same way.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from minidist.harness.parallel3d import TINY, Layout, axis_of
 from minidist.memory import model_state_bytes
 from minidist.mesh import AXES, GPTStage, coordinate
 from minidist.models import TinyGPT, gpt_batch, make_optimizer
+from minidist.pipeline import make
+from minidist.runtime.device import device as rank_device
 from minidist.trace import trace
 
 WORLD = 8
@@ -84,11 +89,23 @@ def traffic_problem(got: dict, layout: Layout, stage: int) -> str | None:
     return None
 
 
+def schedule_problem(events, layout: Layout, stage: int) -> str | None:
+    """The step must run the schedule it was asked for: the order of the executor's forward and
+    backward spans on this stage equals ``make(schedule, pp, m).compute(stage)``'s."""
+    got = [(e.op[len("span:"):], e.meta.get("mb")) for e in events if e.op in ("span:F", "span:B")]
+    want = [(a.kind, a.mb) for a in make(layout.schedule, layout.pp, layout.micro_batches).compute(stage)]
+    if got == want:
+        return None
+    show = lambda xs: " ".join(f"{k}{mb}" for k, mb in xs) or "nothing"     # noqa: E731
+    return (f"the step ran {show(got)} on stage {stage}; the {layout.schedule} schedule it was given runs "
+            f"{show(want)} (build it with make(schedule, pp, micro_batches) and run it with run_schedule)")
+
+
 def _weight_err(stage, ref_state, layout: Layout, i_pp: int, tp_group) -> float:
     ref = TinyGPT(CFG)
     ref.load_state_dict(ref_state)
     expected = GPTStage(ref, i_pp, layout.pp, tp_group)
-    return max((p - q).abs().max().item() for (_, p), (_, q)
+    return max((p.detach().cpu() - q.detach().cpu()).abs().max().item() for (_, p), (_, q)
                in zip(stage.named_parameters(), expected.named_parameters(), strict=True))
 
 
@@ -99,7 +116,8 @@ def step_body(progress, fn, name, layouts, ref_state, refusal: Refusal | None, m
     for layout in layouts:
         mark_case(progress, f"layout dp={layout.dp} x pp={layout.pp} x tp={layout.tp}, {layout.schedule}, "
                             f"m={layout.micro_batches}")
-        mesh = init_device_mesh("cpu", (layout.dp, layout.pp, layout.tp), mesh_dim_names=AXES)
+        # torch's mesh on this rank's device type ("cuda" on a GPU rank under NCCL, "cpu" under gloo)
+        mesh = init_device_mesh(rank_device().type, (layout.dp, layout.pp, layout.tp), mesh_dim_names=AXES)
         i_pp = coordinate(rank, layout.dp, layout.pp, layout.tp)[1]
         tp_group = mesh.get_group("tp")
         stage = GPTStage(TinyGPT(CFG), i_pp, layout.pp, tp_group)
@@ -107,13 +125,17 @@ def step_body(progress, fn, name, layouts, ref_state, refusal: Refusal | None, m
         losses, peaks = [], []
         with one_thread():
             for step in range(STEPS):
-                ids, targets = gpt_batch(step, BATCH, CFG.seq_len, CFG.vocab)
+                ids, targets = gpt_batch(step, BATCH, CFG.seq_len, CFG.vocab, device=rank_device())
+                given = (ids.cpu().clone(), targets.cpu().clone())
                 with trace() as t, refusing(refusal, name), _activation_peak(fn, peaks if measure else None):
                     loss = fn(stage, optimizer, ids, targets, mesh, layout.micro_batches, layout.schedule)
                 losses.append(float(loss) if loss is not None else float("nan"))
+                changed = not (torch.equal(ids.cpu(), given[0]) and torch.equal(targets.cpu(), given[1]))
         traffic = _traffic(t.comm(), rank, layout)
+        problem = ("the step modified the caller's ids or targets in place (slice or copy them instead)"
+                   if changed else schedule_problem(t.events, layout, i_pp) or traffic_problem(traffic, layout, i_pp))
         row = {"losses": losses, "weight_err": _weight_err(stage, ref_state, layout, i_pp, tp_group),
-               "problem": traffic_problem(traffic, layout, i_pp), "stage": i_pp}
+               "problem": problem, "stage": i_pp}
         if measure:
             row |= {"traffic": traffic, "activations": peaks[-1] if peaks else None,
                     "model_states": model_state_bytes([p for p in stage.parameters()], optimizer)}

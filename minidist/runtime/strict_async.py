@@ -170,7 +170,10 @@ def blocking_p2p():
             saved["isend"]: saved["isend"], saved["irecv"]: saved["irecv"]}
 
     def batch(ops):
-        works = [real.get(o.op, o.op)(o.tensor, o.peer, o.group, o.tag) for o in ops]
+        # Under a torch-function mode (set_default_device's), torch's isend re-dispatches to the module's
+        # isend, which is the blocking one here: one group would block op by op. Modes off for the real ops.
+        with torch._C.DisableTorchFunction():
+            works = [real.get(o.op, o.op)(o.tensor, o.peer, o.group, o.tag) for o in ops]
         return [w for w in works if w is not None]
 
     patched["batch_isend_irecv"] = batch
