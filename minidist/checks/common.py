@@ -4,9 +4,12 @@ A check launches the student's code on N ranks once per world size and runs many
 that launch (launching costs more than a tiny model). When the launch fails, the student
 must learn *which* case was running: every rank writes the case it starts into a progress
 folder (:func:`mark_case`), and :func:`launch_named` puts those names in front of the
-launcher's diagnosis (which rank was blocked in which operation, on which line). A call to
-a forbidden operation (the tracer's guard) becomes an ``AssertionError`` that says so, and so does
-a library answer (:mod:`minidist.checks.refusal`, whose names this module re-exports).
+launcher's diagnosis (which rank was blocked in which operation, on which line; when ranks
+ran different cases, each rank's on a line of its own). A call to a forbidden operation (the
+tracer's guard) becomes an ``AssertionError`` that says so, and so do a library answer
+(:mod:`minidist.checks.refusal`, whose names this module re-exports) and a receive without a
+source, which gloo runs and NCCL cannot (:func:`nccl_point_to_point`). A passing check prints
+one line, :func:`report_passed`.
 """
 from __future__ import annotations
 
