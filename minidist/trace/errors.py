@@ -12,6 +12,7 @@ the line is in, else the cell's first definition, else its first comment or line
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 import re
 
@@ -56,6 +57,7 @@ def explain(err: BaseException, description: str) -> RuntimeError | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)       # a cell's file name changes with its source (ipykernel hashes it)
 def cell_title(filename: str, line: int | None = None) -> str:
     """'notebook cell "ring_all_reduce"' for the cell compiled as ``filename`` (the kernel keeps its
     source in ``linecache``, which a forked rank inherits); plain 'notebook cell' without a source."""
