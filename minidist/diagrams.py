@@ -261,3 +261,34 @@ def draw_zigzag_layout(p: int = 4, chunk: int = 2, shards=None):
     fig.legend(handles, [f"rank {r}" for r in range(p)], loc="lower center", ncol=p, fontsize=9)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+# ----------------------------------------------------------------------------- ring all-reduce, step by step
+def ring_all_reduce_snapshots(n: int = 4):
+    """Every rank's encoded buffer (one element per chunk) before the ring all-reduce and after each of
+    its 2(N−1) steps, computed by the schedule itself (no launch): at step s of the reduce-scatter rank r
+    sends chunk (r−s−1) mod N to its right and adds the chunk (r−s−2) mod N it receives from its left;
+    at step s of the all-gather it sends chunk (r−s) mod N and overwrites chunk (r−s−1) mod N.
+    Returns (snapshots[r][k], titles[k])."""
+    bufs = [encoded_input(r, n, n) for r in range(n)]
+    snaps = [[b.clone()] for b in bufs]
+    titles = ["start\nrank r holds its input"]
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(n - 1):
+            sent = [((r - s - 1) if phase == "reduce-scatter" else (r - s)) % n for r in range(n)]
+            incoming = [bufs[(r - 1) % n][sent[(r - 1) % n]].clone() for r in range(n)]   # from the left
+            for r in range(n):
+                c = sent[(r - 1) % n]
+                bufs[r][c] = bufs[r][c] + incoming[r] if phase == "reduce-scatter" else incoming[r]
+                snaps[r].append(bufs[r].clone())
+            k = s + 1 if phase == "reduce-scatter" else s
+            titles.append(f"{phase} {s + 1}/{n - 1}\nrank r sends chunk {'r' if k == 0 else f'(r−{k}) mod {n}'}")
+    return snaps, titles
+
+
+def draw_ring_all_reduce(n: int = 4):
+    """The ring all-reduce's buffers step by step (lab 1, lecture 1): chunks A, B, ... of every rank,
+    coloured by the ranks whose inputs they hold (Σ: all of them). Row 1: the reduce-scatter, after which
+    rank r holds the sum of one chunk; row 2: the all-gather, which copies the sums around the ring."""
+    snaps, titles = ring_all_reduce_snapshots(n)
+    return draw_ring_buffers(snaps, n, titles, ncols=n)

@@ -266,3 +266,78 @@ def test_lab1_halving_must_raise_value_error_on_non_power_of_two_world_sizes():
     with pytest.raises(AssertionError, match=r"world_size=3\): ranks \[0, 1, 2\] returned instead of raising"):
         lab1.check_rejects_world_size("recursive_halving_all_reduce", lambda t: t.clone())
     lab1.check_function("recursive_halving_all_reduce", strict, hidden=True)      # N = 1 among the hidden sizes
+
+
+# ----------------------------------------------------------------------------- diagnoses (issue 28 item 5)
+def naive_from_any_source(tensor):
+    """Right under gloo, rejected by NCCL: rank 0 receives without naming the sender."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    total = tensor.clone()
+    if rank == 0:
+        for _ in range(n - 1):
+            incoming = torch.empty_like(tensor)
+            dist.recv(incoming)
+            total += incoming
+        for peer in range(1, n):
+            dist.send(total, dst=peer)
+    else:
+        dist.send(tensor, dst=0)
+        dist.recv(total, src=0)
+    return total
+
+
+def test_a_receive_without_a_source_fails_because_nccl_has_none():
+    _fails(naive_from_any_source, ["naive_from_any_source (world_size=2", "recv() without src",
+                                   "NCCL has no receive from any source"], world_sizes=(2,))
+
+
+def _two_cases_one_rank_skips(progress):
+    from minidist.checks.common import mark_case
+    rank = dist.get_rank()
+    mark_case(progress, f"case {'A' if rank % 2 == 0 else 'B'}")
+    x = torch.ones(4)
+    if rank != 1:
+        dist.all_reduce(x)
+    return x
+
+
+def test_a_failure_names_each_ranks_case_and_the_rank_that_skipped_a_collective():
+    from minidist.checks.common import launch_named
+    with pytest.raises(minidist.LaunchError) as info:
+        launch_named(_two_cases_one_rank_skips, 3, name="skipper", timeout=10)
+    message = str(info.value)
+    assert "\n  rank 0 was running: case A\n  rank 1 was running: case B\n  rank 2 was running: case A" in message
+    assert "rank 1 returned without calling all_reduce that its peers called at line" in message, message
+    assert "test_checks_collectives.py" in message
+
+
+def test_wrong_group_hint_names_a_sum_over_the_world():
+    from minidist.checks.groups import wrong_group_hint
+    xs = [torch.full((3,), float(r + 1)) for r in range(4)]
+    group, world = xs[0] + xs[1], sum(xs)
+    assert "sum over all 4 ranks (the world), not over the 2 ranks" in wrong_group_hint(world, group, world, 2, 4)
+    assert wrong_group_hint(group, group, world, 2, 4) == ""          # right: nothing to say
+    assert wrong_group_hint(world + 1, group, world, 2, 4) == ""      # wrong some other way: no guess
+    assert wrong_group_hint(world, world, world, 4, 4) == ""          # the group is the world
+
+
+def test_notebook_frames_are_named_by_cell_title_and_minidists_frames_are_hidden():
+    import linecache
+    from minidist.runtime.rank_process import format_frame, student_frames
+    from minidist.trace.errors import cell_title
+    cell = "/tmp/ipykernel_123/456.py"
+    source = "import torch\n\ndef ring_all_reduce(t):\n    x = t.clone()\n    return x\n"
+    linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
+    test_cell = "/tmp/ipykernel_123/789.py"
+    linecache.cache[test_cell] = (20, None, ["checks.check_function('ring', ring)\n"], test_cell)
+    try:
+        assert cell_title(cell, 4) == 'notebook cell "ring_all_reduce"'
+        assert format_frame(cell, 4, "ring_all_reduce").startswith('notebook cell "ring_all_reduce", line 4, in')
+        assert cell_title(test_cell, 1) == 'notebook cell "checks.check_function(\'ring\', ring)"'
+    finally:
+        del linecache.cache[cell], linecache.cache[test_cell]
+    import minidist.tensor_parallel
+    stand_in = minidist.tensor_parallel.__file__
+    frames = [(stand_in, 10, "tp_mlp"), (cell, 4, "ring_all_reduce"), (torch.__file__, 1, "f")]
+    assert student_frames(frames, filename=lambda f: f[0]) == [(cell, 4, "ring_all_reduce")]
+    assert student_frames(frames[:1], filename=lambda f: f[0]) == frames[:1]     # minidist's own failure: kept

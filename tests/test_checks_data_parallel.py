@@ -41,6 +41,22 @@ def test_bucket_check_accepts_the_library_and_rejects_forward_order():
         lab2.check_make_buckets(lambda ps, cap: [list(b)[::-1] for b in make_buckets(ps, cap)][::-1])
 
 
+def test_split_and_bucket_checks_fail_a_function_that_changes_the_callers_tensors():
+    def split_then_clear(x, y, r, n):        # right slices, then the caller's batch is overwritten
+        xs, ys = good_split(x.clone(), y.clone(), r, n)
+        x.zero_()
+        return xs, ys
+
+    def buckets_then_clear(params, cap):
+        with torch.no_grad():
+            params[0].zero_()
+        return make_buckets(params, cap)
+    with pytest.raises(AssertionError, match="changed the caller's x or y"):
+        lab2.check_split_batch(split_then_clear)
+    with pytest.raises(AssertionError, match="changed the values of the parameters"):
+        lab2.check_make_buckets(buckets_then_clear)
+
+
 def library_average(model):
     NaiveDDP(model, broadcast_from=None).sync_gradients()
 

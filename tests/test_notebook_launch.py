@@ -35,5 +35,5 @@ def test_cells_define_and_launch_functions(kernel_name):
     deadlock = text(nb.cells[3])
     assert "rank 0" in deadlock and "recv(src=1, 16 B)" in deadlock
     assert "rank 1" in deadlock and "recv(src=0, 16 B)" in deadlock
-    assert 'File "notebook cell", line 3, in ring' in deadlock
+    assert 'notebook cell "ring", line 3, in ring' in deadlock       # the cell named by its title
     assert "dist.recv(buf, src=" in deadlock       # the cell's own source line is shown

@@ -208,6 +208,30 @@ def naive_all_reduce(tensor):
         catches=["test_naive_all_reduce_correct", "test_naive_all_reduce_pattern"],
         why="shortcut: torch.distributed's reduce for the first phase",
     ),
+    dict(
+        name="naive_recv_from_any_source",
+        cell="naive_all_reduce",
+        code='''
+def naive_all_reduce(tensor):
+    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        received = {}
+        for _ in range(1, world):
+            incoming = torch.empty_like(tensor)
+            received[dist.recv(incoming)] = incoming       # from whichever rank is ready first
+        total = tensor.clone()
+        for peer in sorted(received):                      # a fixed order: the same sum every run
+            total += received[peer]
+    else:
+        dist.send(tensor, dst=0)
+        total = torch.empty_like(tensor)
+    return broadcast(total, 0)
+''',
+        catches=["test_naive_all_reduce_correct"],
+        why="rank 0 receives from any source (recv without src): right under gloo, but NCCL has no receive "
+            "from any source, so it cannot run on GPUs; the tests fail it and say so",
+    ),
 
     # ------------------------------------------------------------------ ring reduce-scatter
     dict(
@@ -656,28 +680,6 @@ def naive_all_reduce(tensor):
     return total
 ''',
         why="writes both phases out with blocking send/recv (out-of-place sum) instead of calling broadcast",
-    ),
-    dict(
-        name="naive_recv_from_any_source",
-        cell="naive_all_reduce",
-        code='''
-def naive_all_reduce(tensor):
-    """Return the sum over all ranks of `tensor`: reduce to rank 0, then broadcast from it."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if rank == 0:
-        received = {}
-        for _ in range(1, world):
-            incoming = torch.empty_like(tensor)
-            received[dist.recv(incoming)] = incoming       # from whichever rank is ready first
-        total = tensor.clone()
-        for peer in sorted(received):                      # a fixed order: the same sum every run
-            total += received[peer]
-    else:
-        dist.send(tensor, dst=0)
-        total = torch.empty_like(tensor)
-    return broadcast(total, 0)
-''',
-        why="rank 0 receives from any source (recv without src returns the sender), then sums in rank order",
     ),
 
     # ------------------------------------------------------------------ ring reduce-scatter

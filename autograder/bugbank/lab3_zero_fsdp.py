@@ -189,7 +189,7 @@ def sharded_step(units, optimizer):
     optimizer.step()
     world = dist.get_world_size()
     mine = torch.cat([u.shard.detach() for u in units])          # one message instead of one per unit
-    everything = torch.empty(world * mine.numel(), dtype=mine.dtype)
+    everything = torch.empty(world * mine.numel(), dtype=mine.dtype, device=mine.device)
     dist.all_gather_into_tensor(everything, mine)
     per_rank = everything.view(world, -1)
     start = 0
@@ -214,7 +214,7 @@ def sharded_step(units, optimizer):
     dict(
         name="zero3_free_replaces_the_tensor",
         cell="gather_free",
-        replace=[("    unit.flat.untyped_storage().resize_(0)", "    unit.flat = torch.empty(0)")],
+        replace=[("    unit.flat.untyped_storage().resize_(0)", "    unit.flat = torch.empty(0, device=unit.flat.device)")],
         catches=["test_zero3_equal", "test_zero3_traffic_memory"],
         why="rebinds unit.flat instead of freeing its storage: the parameters still view the old memory, "
             "and the next gather writes into a tensor of the wrong size",
@@ -306,7 +306,7 @@ def reduce_scatter_gradients(unit):
         code='''
 def reduce_scatter_gradients(unit):
     """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
-    flat_grad = torch.zeros(unit.layout.padded_numel, dtype=unit.shard.dtype)
+    flat_grad = torch.zeros(unit.layout.padded_numel, dtype=unit.shard.dtype, device=unit.shard.device)
     for p, view in zip(unit.params, unit.layout.views(flat_grad)):
         if p.grad is not None:               # a missing gradient stays zeros at its own place
             view.copy_(p.grad)
@@ -411,7 +411,7 @@ def free_parameters(unit):
         name="zero3_gather_into_temporary_then_copy",
         cell="gather_free",
         replace=[("    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())",
-                  "    full = torch.empty(unit.flat.shape, dtype=unit.flat.dtype)\n"
+                  "    full = torch.empty(unit.flat.shape, dtype=unit.flat.dtype, device=unit.flat.device)\n"
                   "    dist.all_gather_into_tensor(full, unit.shard.detach())\n"
                   "    with torch.no_grad():\n"
                   "        unit.flat.copy_(full)             # the temporary dies on return")],

@@ -9,7 +9,10 @@ What one check does, for each world size: launch the ranks once (``minidist.laun
 run every case (length x dtype [x root]) on deterministic random inputs inside
 ``trace()`` and ``guard()`` (only send/recv/isend/irecv allowed, so calling
 ``dist.all_reduce`` or minidist's own implementation is caught), compare every rank's
-result with torch on the same inputs, then check the traced communication pattern.
+result with torch on the same inputs, then check the traced communication pattern. Inputs
+are made on the CPU (reproducible on every machine) and moved to the rank's device
+(``minidist.device()``: its GPU under NCCL); results come back to the CPU, where they are
+compared with torch's sum of the same CPU inputs.
 
 Failures raise ``AssertionError`` naming the function, the input (world size, length,
 dtype), the rank, what was expected and what was seen. A function that deadlocks fails
@@ -24,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
+from minidist.runtime import device
 from minidist.trace import Trace, guard, merge, trace
 
 P2P_ONLY = frozenset({"send", "recv", "isend", "irecv"})
@@ -45,9 +49,10 @@ class Case:
 
 
 def make_input(case: Case, rank: int, seed: int = 0) -> torch.Tensor:
-    """The tensor rank ``rank`` gets for ``case``: random, different on every rank, reproducible."""
-    g = torch.Generator().manual_seed(hash((seed, case.world_size, case.length, rank)) % (2 ** 62))
-    return torch.randn(case.length, generator=g, dtype=torch.float64).to(case.dtype)
+    """The tensor rank ``rank`` gets for ``case``, on the CPU: random, different on every rank,
+    reproducible. A rank moves it to its device (``minidist.device()``); the reference uses it as is."""
+    g = torch.Generator(device="cpu").manual_seed(hash((seed, case.world_size, case.length, rank)) % (2 ** 62))
+    return torch.randn(case.length, generator=g, dtype=torch.float64, device="cpu").to(case.dtype)
 
 
 # ----------------------------------------------------------------------------- references
@@ -73,9 +78,10 @@ def _rank_body(progress, fn, kind, cases, seed, allow):
     rank = dist.get_rank()
     call = KINDS[kind][0]
     out = []
+    dev = device()
     for case in cases:
         mark_case(progress, str(case))
-        x = make_input(case, rank, seed)
+        x = make_input(case, rank, seed).to(dev)       # the rank's device; compared on the CPU after
         before = x.clone()
         with trace() as t, guard(allow, _WHY):
             y = call(fn, x, case)

@@ -4,9 +4,12 @@ A check launches the student's code on N ranks once per world size and runs many
 that launch (launching costs more than a tiny model). When the launch fails, the student
 must learn *which* case was running: every rank writes the case it starts into a progress
 folder (:func:`mark_case`), and :func:`launch_named` puts those names in front of the
-launcher's diagnosis (which rank was blocked in which operation, on which line). A call to
-a forbidden operation (the tracer's guard) becomes an ``AssertionError`` that says so, and so does
-a library answer (:mod:`minidist.checks.refusal`, whose names this module re-exports).
+launcher's diagnosis (which rank was blocked in which operation, on which line; when ranks
+ran different cases, each rank's on a line of its own). A call to a forbidden operation (the
+tracer's guard) becomes an ``AssertionError`` that says so, and so do a library answer
+(:mod:`minidist.checks.refusal`, whose names this module re-exports) and a receive without a
+source, which gloo runs and NCCL cannot (:func:`nccl_point_to_point`). A passing check prints
+one line, :func:`report_passed`.
 """
 from __future__ import annotations
 
@@ -89,16 +92,8 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)
     except LaunchError as err:
-        running = set()
-        for p in os.listdir(progress):
-            with open(os.path.join(progress, p)) as f:
-                running.add(f.read())
-        running = sorted(running - {""})
-        if running and all(r.startswith("world_size=") for r in running):     # the case names it already
-            where = f"{name} ({' / '.join(running)})"
-        else:
-            where = f"{name} (world_size={world_size}{', ' if running else ''}{' / '.join(running)})"
-        for verdict in (LibraryAnswer, strict_async.UnwaitedHandle):      # the student's mistake, said in one line
+        where = _running_cases(name, world_size, progress)
+        for verdict in (LibraryAnswer, strict_async.UnwaitedHandle, NcclWouldReject):   # said in one line
             texts = [text for text in err.failures.values() if f"{verdict.__name__}: " in text]
             if texts:
                 line = texts[0].split(f"{verdict.__name__}: ", 1)[-1].splitlines()[0]
@@ -118,7 +113,55 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         shutil.rmtree(progress, ignore_errors=True)
 
 
+def _running_cases(name: str, world_size: int, progress: str) -> str:
+    """``name (case)`` when every rank was running the same case, else the case of each rank on a
+    line of its own (a failure that mixes two cases must say which rank ran which)."""
+    per_rank = {}
+    for p in os.listdir(progress):
+        with open(os.path.join(progress, p)) as f:
+            text = f.read()
+        if text and p.startswith("rank") and p[4:].isdigit():
+            per_rank[int(p[4:])] = text
+    cases = sorted(set(per_rank.values()))
+    if len(cases) <= 1:
+        running = cases[0] if cases else ""
+        if running.startswith("world_size="):           # the case names it already
+            return f"{name} ({running})"
+        return f"{name} (world_size={world_size}{', ' + running if running else ''})"
+    lines = "".join(f"\n  rank {r} was running: {per_rank[r]}" for r in sorted(per_rank))
+    return f"{name} (world_size={world_size}; the ranks were in different cases:{lines}\n)"
+
+
+class NcclWouldReject(RuntimeError):
+    """Point-to-point code that gloo runs and NCCL does not: a receive without a source."""
+
+
+@contextlib.contextmanager
+def nccl_point_to_point():
+    """Inside a rank: ``recv``/``irecv`` without ``src`` raise :class:`NcclWouldReject` (gloo can
+    receive from any source, NCCL cannot, so such code would fail on the GPUs the labs run on;
+    a send to oneself the tracer refuses already). Chained in front of the tracer's rewriter of
+    asynchronous calls, the one hook that sees every call's arguments."""
+    from minidist import trace as _trace
+    rewriters = _trace._async_rewriters
+    below = rewriters[-1] if rewriters else None
+
+    def check(name, fn, args, kwargs, where):
+        if name in ("recv", "irecv") and kwargs.get("src", args[1] if len(args) > 1 else None) is None \
+                and kwargs.get("group_src") is None:
+            raise NcclWouldReject(f"{name}() without src ({where}): NCCL has no receive from any source, so "
+                                  f"this code cannot run on GPUs; name the rank you receive from (src=...)")
+        return below(name, fn, args, kwargs, where) if below is not None else None
+
+    rewriters.append(check)
+    try:
+        yield
+    finally:
+        rewriters.remove(check)
+
+
 def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
     before = {} if reference is None else {"reference": reference(progress, *args)}
-    with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name):
+    with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name), \
+            nccl_point_to_point():
         return body(progress, *args, **before)

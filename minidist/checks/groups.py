@@ -1,6 +1,11 @@
 """Checks that run a case on groups of t ranks inside one launch (labs 5 and 6): the groups,
 and how a failure names its case and rank. Cutting 4 ranks into groups of t = 1..4 lets one
-launch cover every group size a lab promises."""
+launch cover every group size a lab promises.
+
+The likeliest cause of a wrong sum in a sub-group is a collective without ``group=`` (it runs
+over the world): :func:`wrong_group_hint` says so when the observed value matches the same
+sum over the world and not over the group."""
+import torch
 import torch.distributed as dist
 
 
@@ -39,3 +44,20 @@ def raise_first_group_problem(name: str, cases: list[dict], results: list, world
             if problem:
                 raise AssertionError(f"{name} (t={t}, {describe_case(case)}), rank {rank} (rank {r} of its group): "
                                      f"{problem}")
+
+
+def wrong_group_hint(got, group_value, world_value, t: int, world_size: int, rtol: float = 1e-4) -> str:
+    """The diagnosis of a wrong result in a group of ``t`` ranks: " It equals the sum over all 4 ranks
+    (the world), not over the 2 of its group: ..." when ``got`` matches ``world_value`` (the same
+    computation over every rank) and not ``group_value``; "" otherwise (or when the group is the world)."""
+    if t == world_size or not all(isinstance(v, torch.Tensor) for v in (got, group_value, world_value)):
+        return ""
+    if got.shape != world_value.shape or got.shape != group_value.shape:
+        return ""
+    got, group_value, world_value = (v.detach().double().cpu() for v in (got, group_value, world_value))
+    atol = rtol * max(1.0, world_value.abs().max().item())
+    if torch.allclose(got, world_value, rtol=rtol, atol=atol) and not torch.allclose(got, group_value, rtol=rtol,
+                                                                                       atol=atol):
+        return (f" It equals the sum over all {world_size} ranks (the world), not over the {t} ranks of its "
+                f"group: a collective ran without group= (the default group is the world).")
+    return ""

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.collectives import P2P_ONLY, check_collective
-from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case
+from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case, report_passed
 from minidist.checks.quiet import passes_quietly
+from minidist.runtime import device
 from minidist.trace import guard
 
 #: minidist's own collectives (wrappers, ``__wrapped__``, inner helpers) are refused in graded code.
@@ -39,6 +40,13 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECT
     else:
         sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
     check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout, refuse=REFUSED)
+    report_passed(name, f"N={_sizes(sizes)}, lengths {'1, N-1, 2N+1, 4N, 37' if hidden else '8, 10'}, "
+                        f"{'/'.join(str(d).replace('torch.', '') for d in dtypes)}: every rank's result vs torch, "
+                        f"input unchanged", hidden)
+
+
+def _sizes(sizes) -> str:
+    return ", ".join(map(str, sizes))
 
 
 @passes_quietly
@@ -50,13 +58,20 @@ def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> N
     sizes = (2, 4) if pow2 else (2, 3, 4)
     check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name,
                      timeout=timeout, refuse=REFUSED)
+    report_passed(name, f"N={_sizes(sizes)}: traced messages ({_PATTERN_WORDS[pattern]})")
+
+
+_PATTERN_WORDS = {"naive": "through rank 0, 2(N-1)·S bytes in all",
+                  "ring_reduce_scatter": "ring neighbours only, (N-1)/N·S bytes each way",
+                  "ring": "ring neighbours only, 2(N-1)/N·S bytes each way",
+                  "halving": "partners rank XOR 1, 2, 4, ... and back, sizes S/2, S/4, ..."}
 
 
 def _rejects_body(progress, fn):
     mark_case(progress, f"world_size={dist.get_world_size()}, length 8, float32")
     try:
         with guard(P2P_ONLY, "graded collectives must be built from dist.send/recv/isend/irecv only"):
-            fn(torch.ones(8))
+            fn(torch.ones(8, device=device()))
     except ValueError as err:
         return ("ValueError", str(err))
     return ("returned", None)
@@ -73,3 +88,4 @@ def check_rejects_world_size(name: str, fn, world_sizes=(3, 6), timeout: float =
         if silent:
             raise AssertionError(f"{name} (world_size={n}): ranks {silent} returned instead of raising ValueError; "
                                  f"the lab asks for a ValueError that says N must be a power of two")
+    report_passed(f"{name} rejects N={_sizes(world_sizes)}", "ValueError on every rank before any message", True)

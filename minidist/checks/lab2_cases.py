@@ -31,6 +31,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from minidist.checks.common import mark_case
 from minidist.models import TinyMLP, mlp_batch
+from minidist.runtime import device
 
 #: bytes of ``out``: with this cap every parameter of the hidden layers gets a bucket of its own
 #: (8·8·4 = 256 and 8·4 = 32 bytes), so a bucket launched out of order is one of its own size.
@@ -47,14 +48,16 @@ class RankDependentNet(nn.Module):
     used on even ranks only: on odd ranks its gradient is missing.
     """
 
-    def __init__(self, d_in: int = 6, width: int = 8, d_out: int = 5):
+    def __init__(self, d_in: int = 6, width: int = 8, d_out: int = 5, device=None):
         super().__init__()
         g = torch.random.get_rng_state()
         torch.manual_seed(7)
-        self.inp, self.a = nn.Linear(d_in, width), nn.Linear(width, width)
-        self.mid, self.b = nn.Linear(width, width), nn.Linear(width, width)
-        self.out = nn.Linear(width, d_out)
+        with torch.device("cpu"):           # the CPU generator draws the weights, then they move to the rank's device
+            self.inp, self.a = nn.Linear(d_in, width), nn.Linear(width, width)
+            self.mid, self.b = nn.Linear(width, width), nn.Linear(width, width)
+            self.out = nn.Linear(width, d_out)
         torch.random.set_rng_state(g)
+        self.to(device if device is not None else "cpu")
 
     def forward(self, x):
         rank = dist.get_rank()
@@ -77,12 +80,12 @@ def rank_dependent_grads(progress, kind: str, impl, cap: int = PROBE_CAP) -> lis
     rank, n = dist.get_rank(), dist.get_world_size()
     mark_case(progress, f"RankDependentNet (a layer used on even ranks only, branch order by rank)"
                         + (f", bucket_cap_bytes={cap}" if kind == "bucketed_ddp" else ""))
-    model = RankDependentNet()
+    model = RankDependentNet(device=device())
     local = copy.deepcopy(model)
     ddp = impl(model, bucket_cap_bytes=cap) if kind == "bucketed_ddp" else None
     out = []
     for step in range(PROBE_STEPS):
-        x, y = mlp_batch(100 + step, 4 * n)
+        x, y = mlp_batch(100 + step, 4 * n, device=device())
         x, y = x[4 * rank:4 * (rank + 1)], y[4 * rank:4 * (rank + 1)]
         F.mse_loss(local(x), y).backward()
         F.mse_loss((ddp or model)(x), y).backward()
@@ -134,7 +137,7 @@ def overlap_probe(progress, BucketedDDP, cap: int, hold: float = 4.0) -> dict:
     rank = dist.get_rank()
     mark_case(progress, f"overlap, bucket_cap_bytes={cap}")
     store = c10d._get_default_store()
-    model = TinyMLP(hidden=48, n_hidden=4)
+    model = TinyMLP(hidden=48, n_hidden=4, device=device())
     ddp = BucketedDDP(model, bucket_cap_bytes=cap)
     marks = {}
 
@@ -144,7 +147,7 @@ def overlap_probe(progress, BucketedDDP, cap: int, hold: float = 4.0) -> dict:
             store.set("minidist-overlap-last-gradient", "1")
 
     model.inp.weight.register_post_accumulate_grad_hook(last_gradient)
-    x, y = mlp_batch(0, 16, 6, 5)
+    x, y = mlp_batch(0, 16, 6, 5, device=device())
     waited_out = False
     if rank == 1:
         deadline = time.monotonic() + hold

@@ -16,9 +16,11 @@ was running.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named
+from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
 from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
 from minidist.checks.training import _train_body, check_equal, describe_case, train_student
 from minidist.checks.quiet import passes_quietly
@@ -54,7 +56,11 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
         x, y = torch.arange(batch * 3.0).view(batch, 3), torch.arange(batch * 2.0).view(batch, 2) + 1000
         xs, ys = [], []
         for r in range(n):
+            x_before, y_before = x.clone(), y.clone()
             got = graded_call(REFUSED, "split_batch", split_batch, x, y, r, n)
+            if not (torch.equal(x, x_before) and torch.equal(y, y_before)):
+                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) changed the caller's x or "
+                                     f"y; return slices (views) of them and leave the batch as it was")
             if not (isinstance(got, tuple) and len(got) == 2):
                 raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) must return a "
                                      f"tuple (x_local, y_local), got {type(got).__name__}")
@@ -84,6 +90,8 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
             continue
         raise AssertionError(f"split_batch(x of shape {tuple(x.shape)}, world_size={n}) must raise ValueError: {batch} rows do not "
                              f"split evenly into {n} ranks (silently dropping rows changes the loss)")
+    report_passed("split_batch", f"{len(sizes)} (batch, world size) pairs: each rank's contiguous rows, "
+                                 f"inputs unchanged; ValueError when rows do not split", hidden)
 
 
 # ----------------------------------------------------------------------------- lab 2: naive DDP
@@ -95,6 +103,8 @@ def check_average_gradients(average_gradients, hidden: bool = False, timeout: fl
     models = list(MODELS) if hidden else ["plain", "frozen"]
     for n in sizes:
         _train_checked("average_gradients", "average_gradients", average_gradients, n, _cases(models), timeout)
+    report_passed("average_gradients", f"N={', '.join(map(str, sizes))}, models {', '.join(models)}: parameters vs "
+                                       f"one process on the whole batch, a rank-dependent model", hidden)
 
 
 @passes_quietly
@@ -119,6 +129,7 @@ def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING
                 if len(res["events"]) != n_params:
                     raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step; expected one per "
                                          f"trainable parameter ({n_params})")
+    report_passed("average_gradients traffic", "N=2, 3: one all-reduce per trainable parameter, Ψ·4 bytes")
 
 
 # ----------------------------------------------------------------------------- lab 2: buckets
@@ -149,10 +160,14 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
                     ([(3,)], fp32[:1], 12), ([(100,), (1,), (1,)], fp32[:3], 8),
                     (_SHAPES, fp64, 700), (_SHAPES, fp64, 2704), (_SHAPES, bf16, 400), (_SHAPES, bf16, 338)]
     for shp, dtypes, cap in configs:
-        params = [torch.nn.Parameter(torch.zeros(s, dtype=dt)) for s, dt in zip(shp, dtypes)]
+        params = [torch.nn.Parameter(torch.arange(math.prod(s), dtype=dt).view(s)) for s, dt in zip(shp, dtypes)]
         sizes = [p.numel() * p.element_size() for p in params]
         idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
+        before = [p.detach().clone() for p in params]
         got = graded_call(REFUSED, "make_buckets", make_buckets, params, cap)
+        if not all(torch.equal(p.detach(), b) for p, b in zip(sorted(params, key=lambda p: idx[id(p)]), before)):
+            raise AssertionError(f"make_buckets(cap_bytes={cap}) changed the values of the parameters it was given; "
+                                 f"it only groups them")
         try:
             got_idx = [[idx[id(p)] for p in b] for b in got]
         except (KeyError, TypeError):
@@ -168,6 +183,8 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
                 f"greedily in REVERSE order (the order backward produces gradients), a bucket holds at most "
                 f"cap_bytes unless one tensor alone is bigger (a parameter's bytes: numel() * element_size()), "
                 f"and every parameter appears exactly once.")
+    report_passed("make_buckets", f"{len(configs)} caps" + (" in fp32/fp64/bf16" if hidden else " in fp32")
+                  + ": the greedy buckets in reverse order", hidden)
 
 
 @passes_quietly
@@ -183,6 +200,8 @@ def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAIN
                       dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
                       dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
         _train_checked("BucketedDDP", "bucketed_ddp", BucketedDDP, n, cases, timeout)
+    report_passed("BucketedDDP", f"N={', '.join(map(str, sizes))}, {len(cases)} models and caps: parameters vs one "
+                                 f"process, a rank-dependent model", hidden)
 
 
 @passes_quietly
@@ -207,6 +226,7 @@ def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIME
                     raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step for "
                                          f"{res['buckets']} buckets; expected one all-reduce per bucket "
                                          f"(that is the point of bucketing: fewer, bigger messages)")
+    report_passed("BucketedDDP traffic", "N=2, 3: one all-reduce per bucket, Ψ·4 bytes per step")
 
 
 @passes_quietly
@@ -232,3 +252,5 @@ def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
                 f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: no all-reduce started "
                 f"before backward produced its last gradient. Launch a bucket's all-reduce with async_op=True "
                 f"from the gradient hook as soon as the bucket is full, not after backward.")
+    report_passed("BucketedDDP overlap", "N=2: the first bucket's all-reduce starts before backward ends, backward "
+                                         "never waits for it")

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, launch_named, mark_case
+from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, launch_named, mark_case, report_passed
 from minidist.checks.lab3_reference import REFERENCES
 from minidist.checks.training import check_equal, student_trainer, train_student
 from minidist.checks.quiet import passes_quietly
@@ -30,6 +30,7 @@ from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
 from minidist.harness.data_parallel import train
 from minidist.memory import CreatedBytes
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
+from minidist.runtime import device
 from minidist.trace import trace
 
 # The lab's wrapper class ``Zero(model, stage, optimizer="adam", lr=1e-2)`` (given in the
@@ -94,6 +95,8 @@ def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING
                  for m in models for o in ("adam", "sgd")]
         out = train_student("zero", _WithStandIns(Zero, stage), n, cases, _graded(stage), timeout, _refusal(stage))
         check_equal(_graded(stage), n, cases, out, diagnose=False)
+    report_passed(f"Zero(stage={stage})", f"N={', '.join(map(str, sizes))}, {len(cases)} models × Adam/SGD: parameters "
+                                         f"vs one process on the whole batch", hidden)
 
 
 @contextlib.contextmanager
@@ -175,7 +178,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     backward and after the step (stage 3). An implementation that keeps the unsharded copy
     is off by a factor of up to N.
 
-    Then, for N = 2, every byte of CPU tensors the rank holds throughout a training step,
+    Then, for N = 2, every byte of tensors on its device the rank holds throughout a training step,
     whoever holds it (:class:`minidist.memory.LiveBytes`), next to the lab's reference in the
     same process: at most half the parameters' bytes more, so nothing model-sized is kept from
     one step to the next (such as a gradient buffer per unit, which no state tensor shows).
@@ -226,9 +229,12 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                     f"{_graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: throughout a training step "
                     f"(forward, backward, optimizer step) the rank holds {extra} bytes more than the lab's reference "
                     f"({extra / psi_bytes:.2f}× the parameters' {psi_bytes} bytes; at most {LIVE_SLACK}× is allowed), "
-                    f"counting every live CPU tensor. Something model-sized is kept from one step to the next: a "
+                    f"counting every live tensor on the rank's device. Something model-sized is kept from one step to the next: a "
                     f"buffer of full size per unit (of gradients or parameters, kept for reuse) is the unsharded "
                     f"copy ZeRO removes.")
+    report_passed(f"Zero(stage={stage}) memory", "N=2, 4: model states vs the ZeRO formula"
+                  + (", the step's temporaries" if "sharded_step" in GRADED[stage] else "")
+                  + ", bytes held through a step vs the lab's reference")
 
 
 @passes_quietly
@@ -269,30 +275,34 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
             factor = 3 if stage == 3 else 2
             if abs(wire / psi - factor * (n - 1) / n) > 0.05:
                 raise AssertionError(f"{what}: {wire:.0f} wire bytes; expected {factor}(N−1)/N·Ψ·4")
+    report_passed(f"Zero(stage={stage}) traffic", f"N=2, 3: reduce-scatter + all-gather{' ×2' if stage == 3 else ''}, "
+                                                 f"{3 if stage == 3 else 2}(N−1)/N·Ψ·4 wire bytes")
 
 
 def _local_grad(shape, rank, k, micro, dtype=torch.float32):
-    """Rank ``rank``'s gradient of parameter ``k`` in micro-batch ``micro``: distinct everywhere."""
-    return torch.randn(shape, generator=torch.Generator().manual_seed(1000 * micro + 100 * rank + k), dtype=dtype)
+    """Rank ``rank``'s gradient of parameter ``k`` in micro-batch ``micro``, on the CPU: distinct everywhere."""
+    g = torch.Generator(device="cpu").manual_seed(1000 * micro + 100 * rank + k)
+    return torch.randn(shape, generator=g, dtype=dtype, device="cpu")
 
 
 def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
     """Give one module non-zero parameters and known, per-rank and per-micro-batch gradients
     (one of them missing), reduce-scatter twice, return the shard grad and what else changed."""
     rank, n = dist.get_rank(), dist.get_world_size()
+    dev = device()          # the rank's device; the check compares on the CPU
     out = []
     for shapes, missing, dtype in cases:
         mark_case(progress, f"a unit of parameters {shapes} in {dtype}, parameter {missing} without a gradient")
         module = nn.Module()
         for k, s in enumerate(shapes):
-            module.register_parameter(f"p{k}", nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(k),
-                                                                        dtype=dtype)))
+            g = torch.Generator(device="cpu").manual_seed(k)
+            module.register_parameter(f"p{k}", nn.Parameter(torch.randn(s, generator=g, dtype=dtype, device="cpu").to(dev)))
         unit = ShardedUnit(module, n, rank)
         before = [p.detach().clone() for p in unit.params]
         with trace() as t:
             for micro in range(2):              # two micro-batches: the second call must add
                 for k, p in enumerate(unit.params):
-                    p.grad = None if k == missing else _local_grad(p.shape, rank, k, micro, dtype)
+                    p.grad = None if k == missing else _local_grad(p.shape, rank, k, micro, dtype).to(dev)
                 reduce_scatter_gradients(unit)
         grads_left = [p.grad is not None for p in unit.params]
         shard_grad = None if unit.shard.grad is None else unit.shard.grad.clone()
@@ -372,3 +382,6 @@ def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden
                 if any(b != nbytes for _, b in res["events"]):
                     raise AssertionError(f"{what}: rank {r}: each reduce-scatter should take the whole padded flat "
                                          f"gradient ({nbytes} bytes), saw {[b for _, b in res['events']]}")
+    report_passed("reduce_scatter_gradients", f"N={', '.join(map(str, sizes))}, {len(cases)} units"
+                  + (" in fp32/fp64" if hidden else "") + ": the accumulated shard gradient, parameters unchanged, "
+                  "one reduce-scatter per call", hidden)

@@ -6,6 +6,10 @@ evidence: ``error`` (a formatted exception written by the rank), ``stack`` (faul
 dump when the launcher stopped a stuck rank), ``out`` (everything the rank printed). On CUDA
 ranks NCCL's flight recorder may also have dumped the rank's last collectives, outside the run
 directory (which the launch removes): the report says where.
+
+:func:`missing_call` reads the reports together: when some ranks returned while their peers
+were left inside one operation (blocked in it, or told that the peer was gone), the cause is
+the ranks that returned, and it names them, the operation and the peers' line.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import re
 import signal
 
 from minidist.runtime import rank_process
-from minidist.runtime.rank_process import format_frame, indent, is_library_frame
+from minidist.runtime.rank_process import format_frame, indent, student_frames
 
 # C++ log lines of c10d/gloo and the profiler's (kineto's) chatter: not the user's output.
 NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|STAGE):")
@@ -25,6 +29,38 @@ def failure_report(r, timeout: float, user_clock_started: bool) -> str:
     report = _report(r, user_clock_started)
     dump = flight_recorder_dump(r)
     return report + (f"\n  NCCL flight recorder dump (its last collectives): {dump}" if dump else "")
+
+
+# "rank 0 raised: PeerGone: all_reduce(16 B) failed: ..." / "rank 2: blocked in recv(src=1, 16 B)"
+_LEFT_IN = re.compile(r"^rank \d+(?: raised: PeerGone: |: blocked in (?:wait\(\) on )?)(\w+)\(", re.MULTILINE)
+_FRAME = re.compile(r'File "(.+?)", line (\d+)')
+
+
+def missing_call(failures: dict[int, str], world_size: int) -> str:
+    """"rank 1 returned without calling all_reduce that its peers called at line 7 (f.py)", or "".
+
+    Said only when every failed rank was left inside an operation (blocked in it, or its peer
+    gone) and the others returned: then the ranks that returned skipped the call."""
+    returned = sorted(set(range(world_size)) - set(failures))
+    if not returned or not failures:
+        return ""
+    ops, lines = set(), set()
+    for text in failures.values():
+        m = _LEFT_IN.search(text)
+        if m is None:
+            return ""           # a rank failed for a reason of its own: that is the cause, not this
+        ops.add(m.group(1))
+        frames = _FRAME.findall(text)
+        if frames:
+            path, line = frames[-1]          # innermost user frame: where the peers called it
+            lines.add(f"line {line} ({path.rsplit('/', 1)[-1]})" if not path.startswith("notebook cell")
+                      else f"line {line} of {path}")
+    if len(ops) != 1:
+        return ""
+    who = f"rank {returned[0]}" if len(returned) == 1 else f"ranks {', '.join(map(str, returned))}"
+    at = f" at {' / '.join(sorted(lines))}" if lines else ""
+    return (f"{who} returned without calling {ops.pop()} that {'its' if len(returned) == 1 else 'their'} peers "
+            f"called{at}: every rank of the group must make the same collective calls, in the same order")
 
 
 def flight_recorder_dump(r) -> str | None:
@@ -78,9 +114,9 @@ def stack_frames(path, main_thread):
         filename, line, func = m.group(1), int(m.group(2)), m.group(3)
         if filename == rank_process.__file__:
             break           # rank_main: what lies beyond is the parent's stack, inherited by fork
-        if not is_library_frame(filename):
-            frames.append(format_frame(filename, line, func))
-    return list(reversed(frames))[-6:]
+        frames.append((filename, line, func))
+    shown = student_frames(frames, filename=lambda f: f[0])
+    return [format_frame(*f) for f in reversed(shown)][-6:]
 
 
 def output_tail(path, n=8):

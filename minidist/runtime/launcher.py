@@ -53,7 +53,7 @@ import time
 import torch
 
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
-from minidist.runtime.failure_report import failure_report
+from minidist.runtime.failure_report import failure_report, missing_call
 from minidist.runtime.rank_handle import RankHandle
 from minidist.runtime.rank_process import STARTUP_TIMEOUT, rank_main
 from minidist.runtime.torchrun import launch_under_torchrun
@@ -232,6 +232,7 @@ def _supervise(ranks: list[RankHandle], timeout: float, grace: float = WATCHDOG_
         n_failed = sum(1 for r in ranks if r not in stuck and r.exit != ("code", 0))
         head = f"{n_failed} of {len(ranks)} ranks failed" + (f"; {len(stuck)} still running were stopped" if stuck else "")
     body = "\n".join(failures[k] for k in order)
+    head += "".join(f"\n{cause}" for cause in [missing_call(failures, len(ranks))] if cause)
     raise LaunchError(f"{head}\n{body}", {k: failures[k] for k in order})
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from minidist.trace import state
-from minidist.trace.errors import ForbiddenOperation, explain
+from minidist.trace.errors import ForbiddenOperation, explain, where_in_notebook
 from minidist.trace.events import PEER_ARG, Event
 
 _SKIPPED = (os.path.dirname(os.path.abspath(__file__)) + os.sep,      # this package
@@ -32,10 +32,10 @@ def caller() -> str:
 
 
 def short(where: str) -> str:
-    """'notebook cell, line 4' for code typed in Jupyter, 'file.py:4' otherwise."""
+    """'notebook cell "ring", line 4' for code typed in Jupyter (the cell by its title), 'file.py:4' otherwise."""
     path, _, line = where.rpartition(":")
     if re.search(r"ipykernel_\d+|<ipython-input", path):
-        return f"notebook cell, line {line}"
+        return where_in_notebook(path, int(line)) if line.isdigit() else f"notebook cell, line {line}"
     return where.rsplit("/", 1)[-1]
 
 
