@@ -73,3 +73,21 @@ def test_dtypes_are_exact_and_a_pass_prints_its_line(capsys):
     assert "\u2713 sp_gather: t = 2, 4, fp32" in capsys.readouterr().out
     with pytest.raises(Exception, match=r"sp_reduce_scatter.*t=2: dtype=float64"):
         L5.check_function("sp_reduce_scatter", default_dtype_sp_reduce_scatter, hidden=True)
+
+
+class _WorldG(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        y = x.clone()
+        dist.all_reduce(y)                       # no group=: the sum over all 4 ranks
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def test_g_over_the_world_in_a_group_of_two_is_diagnosed_as_a_missing_group():
+    with pytest.raises(AssertionError, match=r"reduce_from_tp \(t=2, .*\), rank 0 .*the output differs.*\. It equals "
+                                             r"the sum over all 4 ranks \(the world\), not over the 2 ranks of its group"):
+        L5.check_function("reduce_from_tp", lambda x, group=None: _WorldG.apply(x, group))

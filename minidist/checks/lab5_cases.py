@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from minidist import cost
 from minidist.checks.common import TOL
-from minidist.checks.groups import consecutive_groups
+from minidist.checks.groups import consecutive_groups, wrong_group_hint
 from minidist.models import GPTConfig, TinyGPT
 from minidist.runtime.device import device as rank_device
 from minidist.tensor_parallel.comm import shard_range
@@ -149,6 +149,12 @@ def _run(fn, args, upstream, names):
     return out, {"forward": tf, "backward": tb}, changed or _changed(held, "the backward")
 
 
+def _hinted(problem, got, want, world, t):
+    """``problem`` with the wrong-group diagnosis added when ``got`` is the sum over the world's ranks."""
+    hint = problem and wrong_group_hint(got, want, world, t, WORLD)
+    return f"{problem}.{hint}" if hint else problem
+
+
 def _case_f_g(fn, name, case, r, t, group):
     shape, dtype = case["shape"], case["dtype"]
     seeds = range(dist.get_rank() - r, dist.get_rank() - r + t)          # the global ranks of my group
@@ -157,7 +163,9 @@ def _case_f_g(fn, name, case, r, t, group):
         leaf = _dev(x, grad=True)
         ups = [_randn(shape, 100 + s, dtype) for s in seeds]            # each rank's own upstream gradient
         out, tr, changed = _run(fn, (leaf * 1, group), _dev(ups[r]), ("x",))
-        errs = [changed, _err("the output", out, x), _err("x.grad", leaf.grad, sum(ups))]
+        world = sum(_randn(shape, 100 + s, dtype) for s in range(WORLD))  # what an all-reduce without group= sums
+        errs = [changed, _err("the output", out, x),
+                _hinted(_err("x.grad", leaf.grad, sum(ups)), leaf.grad, sum(ups), world, t)]
         want = {"backward": _expected([cost.TPCollective("backward", "all_reduce", x.numel() * x.element_size())],
                                       "backward")}
     else:
@@ -165,7 +173,9 @@ def _case_f_g(fn, name, case, r, t, group):
         up = _randn(shape, 7, dtype)                                     # replicated upstream gradient
         leaf = _dev(xs[r], grad=True)
         out, tr, changed = _run(fn, (leaf * 1, group), _dev(up), ("x",))
-        errs = [changed, _err("the output", out, sum(xs)), _err("x.grad", leaf.grad, up)]
+        world = sum(_randn(shape, 200 + s, dtype) for s in range(WORLD))
+        errs = [changed, _hinted(_err("the output", out, sum(xs)), out, sum(xs), world, t),
+                _err("x.grad", leaf.grad, up)]
         want = {"forward": _expected([cost.TPCollective("forward", "all_reduce", up.numel() * up.element_size())],
                                      "forward")}
     return errs, [tr], want, None
