@@ -192,6 +192,29 @@ def test_cuda_ranks_fork_and_leave_the_parents_cuda_uninitialised():
     assert out == {"first": [["cuda:0", 2.0]], "second": [["cuda:0", 2.0]], "parent_cuda": False}
 
 
+DRIVER_PROBE = """
+import json, torch, minidist
+from minidist.runtime.device import parent_initialised_cuda
+before = parent_initialised_cuda()
+available = torch.cuda.is_available()     # what a student's first cell often does: cuInit, behind torch's back
+def f():
+    return str(minidist.device()), torch.ones(2, device=minidist.device()).sum().item()
+print(json.dumps({"before": before, "after": parent_initialised_cuda(), "available": available,
+                  "torch_says": torch.cuda.is_initialized(), "out": minidist.launch(f, 1, device="cuda")}))
+"""
+
+
+@needs_gpus(1)
+def test_a_parent_that_initialised_the_driver_behind_torchs_back_spawns_its_ranks():
+    """torch.cuda.is_available() initialises the CUDA driver while torch.cuda.is_initialized()
+    stays False: a forked rank would fail with "initialization error"; the launcher sees it and spawns."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER_PROBE], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["before"] is False and out["available"] is True and out["after"] is True, out
+    assert out["out"] == [["cuda:0", 2.0]], out
+
+
 # ------------------------------------------------------------------------------ four GPUs
 @needs_gpus(4)
 def test_the_tour_passes_on_cuda_ranks():

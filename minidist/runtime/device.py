@@ -22,6 +22,7 @@ driver here; :func:`parent_initialised_cuda` then says so and the launcher spawn
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import time
 import warnings
@@ -79,7 +80,29 @@ def visible_gpus() -> int:
 
 def parent_initialised_cuda() -> bool:
     """Whether CUDA is initialised in this process, so that forked children could not use it."""
-    return torch.cuda.is_initialized() or _counted_with_cuda_runtime
+    return torch.cuda.is_initialized() or _counted_with_cuda_runtime or _driver_initialised()
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def _driver_initialised() -> bool:
+    """Whether anything in this process initialised the CUDA driver (cuInit) without torch
+    knowing: ``torch.cuda.is_available()`` does (it asks the CUDA runtime unless
+    PYTORCH_NVML_BASED_CUDA_CHECK is set), and so does ``torch.cuda.device_count()`` where NVML
+    cannot count; ``torch.cuda.is_initialized()`` stays False, yet a forked rank's first CUDA
+    call fails with "initialization error" (measured on an H100, torch 2.11). The driver library
+    answers: before cuInit, cuDeviceGetCount returns CUDA_ERROR_NOT_INITIALIZED. A process that
+    never loaded it cannot have initialised it, and asking never loads it."""
+    try:
+        with open("/proc/self/maps") as maps:
+            if "libcuda.so" not in maps.read():
+                return False
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:             # no /proc (not Linux) or no driver: nothing was initialised
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
 
 
 def resolve_device(requested: str | None, world_size: int, gpus: int | None = None) -> str:
