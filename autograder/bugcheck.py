@@ -2,11 +2,12 @@
 
 A full selftest grades each bug as its own nbgrader submission (a fresh kernel and the whole
 notebook, ~30 s each), which is the authoritative check and takes many minutes per lab.
-Here a kernel runs the solution notebook (with its hidden tests) once; then, for each bug,
-it re-runs the broken solution cell and the test cells the bug must fail, scores them with
-nbgrader's own ``determine_grade``, and restores the correct cell. A correct alternative goes
-the same way, except that its tests must pass. The bank is shared between
-two such kernels (see ``KERNELS``).
+Here a kernel runs the solution notebook's code cells once, without its tests (the selftest
+grades the solution through nbgrader meanwhile, confirmation included: running its tests here
+too would run them a third time); then, for each bug, it re-runs the broken solution cell and
+the test cells the bug must fail, scores them with nbgrader's own ``determine_grade``, and
+restores the correct cell. A correct alternative goes the same way, except that its tests must
+pass. The bank is shared between two such kernels (see ``KERNELS``).
 
 That is faithful as long as test cells call the graded functions (the labs' convention:
 each test cell is a one-liner handing the function to a ``minidist.checks`` module), because a
@@ -35,9 +36,8 @@ from autograder.course import KERNEL_NAME, cell_timeout, grade_id, kernel_argv, 
 # timed out here still has to fail in the full selftest, with the real timeouts.
 QUICK_CHECK_TIMEOUT = "4"
 BUG_TIMEOUT_SCALE = 0.5
-# A bank spends most of its time idle, waiting out those timeouts: two kernels take turns on
-# the CPU. The second starts on its bugs only after the first has run the solution's tests, so
-# the baseline (which must pass) never competes for the CPU with a bug.
+# A bank spends much of its time idle, waiting out those timeouts: two kernels take turns on
+# the CPU.
 KERNELS = 2
 
 
@@ -161,11 +161,12 @@ class _Kernel:
 
 
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
-               meta_env: dict | None = None) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
-    """Run ``nb`` once, then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline
-    problems, {name: (tests that did not fail / pass as they should, seconds)}).
-    ``baseline_done`` is set once the solution's tests have run (the CPU-bound part is over).
-    ``meta_env``: variables a correct alternative runs with (the selftest's device discipline; bugs never)."""
+               meta_env: dict | None = None, with_tests: bool = False) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
+    """Run ``nb``'s code cells once (``with_tests``: its tests too, and report those that fail),
+    then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline problems, {name: (tests
+    that did not fail / pass as they should, seconds)}). ``baseline_done`` is set once the first
+    kernel has loaded the notebook. ``meta_env``: variables a correct alternative runs with (the
+    selftest's device discipline; bugs never)."""
     kernel_argv()   # installs the pinned kernel if it is missing
     nb = skip_demos(copy.deepcopy(nb))
     index = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
@@ -181,11 +182,11 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
         with state.client.setup_kernel(env=env):
             if k == 0:
                 try:
-                    baseline.extend(state.load(with_tests=True))
+                    baseline.extend(state.load(with_tests=with_tests))
                 finally:
                     baseline_done.set()
             else:
-                state.load(with_tests=False)     # definitions only: kernel 0 runs the tests
+                state.load(with_tests=False)     # definitions only: kernel 0 runs any tests
                 baseline_done.wait()
             if baseline:
                 return

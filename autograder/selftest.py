@@ -182,8 +182,9 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
             with ThreadPoolExecutor(1) as pool:
                 bug_rows = None
                 if quick and not problems:
-                    # The bank's kernels mostly wait out deadlock timeouts: grade the solution and
-                    # the release meanwhile, once the bank's baseline (the CPU-bound part) has run.
+                    # The bank's kernels often wait out deadlock timeouts: grade the solution
+                    # meanwhile (its tests run there, and in its confirmation, not in the bank's
+                    # kernels), once the first kernel has loaded the notebook.
                     baseline_done = threading.Event()
                     bug_rows = pool.submit(_quick_bug_rows, lab, bank, source, solution,
                                            course / "source" / lab, baseline_done, release, marked)
