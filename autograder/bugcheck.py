@@ -180,6 +180,12 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
             return
         state = _Kernel(nb, workdir, meta_env)
         with state.client.setup_kernel(env=env):
+            # No heartbeat thread: nbclient tells a dead kernel by its process, and jupyter_client's
+            # heartbeat, once it has missed a beat on a loaded machine, reopens its socket and can
+            # block for ever in a ping to the kernel being shut down, hanging the cleanup (seen
+            # once: a quick selftest idle for 9 minutes in HBChannel.stop). Stopped while the
+            # kernel still answers, it ends at once.
+            state.client.kc.hb_channel.stop()
             if k == 0:
                 try:
                     baseline.extend(state.load(with_tests=with_tests))
