@@ -5,6 +5,9 @@ typeset and no request leaving the machine (skipped, with the reason, without Ch
 import glob
 import os
 import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
@@ -44,9 +47,27 @@ def test_deck_is_written_for_a_lecture(deck):
     assert re.search(r"[Ll]ab \d|labs?/", title), "the title slide names the lab the deck leads into"
 
 
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Every deck executed and rendered, two at a time (``slides/build.py``, one process per deck):
+    a deck's kernel keeps about one of the two cores busy, so the second core builds the next
+    deck meanwhile. {deck: (html path or None, what the build printed)}."""
+    out = tmp_path_factory.mktemp("decks")
+
+    def one(deck):
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "slides", "build.py"), deck, "--out", str(out)],
+                              capture_output=True, text=True, timeout=600)
+        path = out / os.path.basename(deck).replace(".ipynb", ".slides.html")
+        return (str(path) if proc.returncode == 0 and path.is_file() else None), proc.stdout + proc.stderr[-5000:]
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(DECKS, pool.map(one, DECKS)))
+
+
 @pytest.mark.parametrize("deck", DECKS, ids=os.path.basename)
-def test_deck_builds_with_live_figures(deck, tmp_path):
-    path, _ = load_slides_builder().build(deck, str(tmp_path))
+def test_deck_builds_with_live_figures(deck, built):
+    path, log = built[deck]
+    assert path, f"{os.path.basename(deck)} did not build:\n{log}"
     html = open(path, encoding="utf-8").read()
     assert "Reveal.initialize" in html
     assert "data:image/png" in html, "a deck's figures must come from running it"
