@@ -62,6 +62,18 @@ _STDLIB = tuple({os.path.realpath(sysconfig.get_paths()[k]) + "/" for k in ("std
                 {sysconfig.get_paths()[k] + "/" for k in ("stdlib", "platstdlib")})
 
 
+# torch's own frames are never skipped on the way up: torch doing its bookkeeping (a dataclass's
+# __doc__ set while a solution cell imports torch.distributed._functional_collectives) is not the
+# student's doing. Installed helpers (pytest's monkeypatch, say) are skipped like the standard
+# library: a virtual environment's platstdlib (.venv/lib/python3.X) is a prefix of its site-packages.
+_TORCH = tuple(sorted({os.path.realpath(sysconfig.get_paths()[k]) + "/torch/" for k in ("purelib", "platlib")} |
+                      {sysconfig.get_paths()[k] + "/torch/" for k in ("purelib", "platlib")}))
+
+
+def _skipped(filename: str, skip: tuple) -> bool:
+    return filename.startswith("<frozen") or (filename.startswith(skip) and not filename.startswith(_TORCH))
+
+
 _INSPECT = tuple(p + name for p in _STDLIB for name in ("inspect.py", "traceback.py", "logging/", "bdb.py", "pdb.py",
                                                          "cgitb.py", "trace.py", "asyncio/"))
 _CTYPES = tuple(p + "ctypes/" for p in _STDLIB)
@@ -77,8 +89,7 @@ def _student_caller(event):
     code count as the student's."""
     skip = _INSPECT if event.startswith(_NARROW) else _CTYPES if event.startswith("ctypes.") else _STDLIB
     f = sys._getframe(2)          # 0: here, 1: _audit, 2: the Python frame the event came from
-    while f is not None and not _is_student(f.f_code) and (
-            f.f_code.co_filename.startswith(skip) or f.f_code.co_filename.startswith("<frozen")):
+    while f is not None and not _is_student(f.f_code) and _skipped(f.f_code.co_filename, skip):
         f = f.f_back
     return f if f is not None and _is_student(f.f_code) else None
 

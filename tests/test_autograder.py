@@ -506,3 +506,35 @@ def test_bugbank_injection_rules(course):
         inject(dict(name="y", cell="add", replace=[("nope", "x")], catches=[]), sol)
     with pytest.raises(BankError):
         inject(dict(name="z", cell="test_add", code="pass", catches=[]), sol)
+
+
+AUDIT_PROBE = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch, minidist.checks.common
+import confirm_audit as audit
+sys.addaudithook(audit.audit)
+out = {}
+for label, code in [("import", "import torch.distributed._functional_collectives as funcol\nfuncol.all_reduce"),
+                    ("code", "import minidist.checks.common as c\n"
+                             "c.report_passed.__code__ = (lambda *a, **k: None).__code__"),
+                    ("frame", "import sys\nsys._getframe()")]:
+    try:
+        exec(compile(code, f"<solution {label}>", "exec"), {})
+        out[label] = "ok"
+    except RuntimeError as e:
+        out[label] = str(e)
+print(json.dumps(out))
+"""
+
+
+def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_tampering():
+    """A solution cell importing a torch module for the first time runs torch's own bookkeeping
+    (a dataclass setting its __doc__): not the student's doing. Found grading lab 5's correct
+    g through functional collectives, which lost 8 points as "not confirmed"."""
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autograder")
+    proc = subprocess.run([sys.executable, "-c", AUDIT_PROBE, here], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["import"] == "ok", out
+    assert "refused in graded code" in out["code"] and "refused in graded code" in out["frame"], out
