@@ -161,9 +161,9 @@ class _Kernel:
 
 
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
-               meta_env: dict | None = None, with_tests: bool = False) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
-    """Run ``nb``'s code cells once (``with_tests``: its tests too, and report those that fail),
-    then each bug or alternative (:meth:`_Kernel.check`). Returns (baseline problems, {name: (tests
+               meta_env: dict | None = None) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
+    """Run ``nb``'s code cells once (not its tests: the selftest grades the solution), then each
+    bug or alternative (:meth:`_Kernel.check`). Returns (baseline problems, {name: (tests
     that did not fail / pass as they should, seconds)}). ``baseline_done`` is set once the first
     kernel has loaded the notebook. ``meta_env``: variables a correct alternative runs with (the
     selftest's device discipline; bugs never)."""
@@ -188,11 +188,11 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
             state.client.kc.hb_channel.stop()
             if k == 0:
                 try:
-                    baseline.extend(state.load(with_tests=with_tests))
+                    baseline.extend(state.load(with_tests=False))
                 finally:
                     baseline_done.set()
             else:
-                state.load(with_tests=False)     # definitions only: kernel 0 runs any tests
+                state.load(with_tests=False)
                 baseline_done.wait()
             if baseline:
                 return
