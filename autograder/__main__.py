@@ -193,7 +193,28 @@ def main(argv=None) -> int:
                       ("bugbank", "MINIDIST_BUGBANK")):
         if getattr(a, flag):
             os.environ[var] = str(Path(getattr(a, flag)).resolve())
+    try:
+        for flag in ("lab", "labs"):
+            value = getattr(a, flag, None)
+            if value:
+                setattr(a, flag, resolve_lab(value) if isinstance(value, str) else [resolve_lab(v) for v in value])
+    except ValueError as e:
+        p.error(str(e))
     return a.fn(a)
+
+
+def resolve_lab(name: str, labs: list[str] | None = None) -> str:
+    """A lab by its full name, or for short by its number or prefix: ``1`` and ``lab1`` are
+    ``lab1_collectives``. Anything else names the labs there are."""
+    from autograder.course import all_labs
+    labs = all_labs() if labs is None else labs
+    if name in labs:
+        return name
+    short = f"lab{name}" if name.isdigit() else name
+    found = [lab for lab in labs if lab.split("_")[0] == short]
+    if len(found) == 1:
+        return found[0]
+    raise ValueError(f"no lab {name!r}; the labs are: {', '.join(labs) or '(none under solutions/)'}")
 
 
 if __name__ == "__main__":

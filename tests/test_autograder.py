@@ -538,3 +538,15 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["import"] == "ok", out
     assert "refused in graded code" in out["code"] and "refused in graded code" in out["frame"], out
+
+
+def test_a_lab_is_named_by_its_number_or_prefix_and_an_unknown_one_lists_the_labs():
+    from autograder.__main__ import main, resolve_lab
+    from autograder.course import all_labs
+    labs = all_labs(REPO / "solutions")
+    assert [resolve_lab(n, labs) for n in ("1", "lab1", "lab1_collectives")] == ["lab1_collectives"] * 3
+    assert resolve_lab("9", labs) == "lab9_expert_parallel"
+    assert resolve_lab(LAB) == LAB          # the fixture course's own lab, by its full name
+    with pytest.raises(SystemExit) as e:
+        main(["selftest", "--lab", "42"])
+    assert e.value.code == 2
