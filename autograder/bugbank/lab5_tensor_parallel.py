@@ -795,6 +795,10 @@ def sp_gather(x, group=None):
         code='''
 import torch.distributed._functional_collectives as funcol
 
+# torch 2.13 renamed all_gather_tensor / reduce_scatter_tensor to *_single (the old names warn there)
+gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+scatter = getattr(funcol, "reduce_scatter_single", None) or funcol.reduce_scatter_tensor
+
 
 class SPGather(torch.autograd.Function):
     """All-gather along the sequence (dim 1) forward; reduce-scatter backward, with functional collectives."""
@@ -803,19 +807,19 @@ class SPGather(torch.autograd.Function):
     def forward(ctx, x, group):
         ctx.group = group if group is not None else dist.group.WORLD
         parts = x.movedim(1, 0).contiguous()                       # the sequence in front
-        return funcol.all_gather_single(parts, 0, ctx.group).movedim(0, 1).contiguous()
+        return gather(parts, 0, ctx.group).movedim(0, 1).contiguous()
 
     @staticmethod
     def backward(ctx, grad):
         full = grad.movedim(1, 0).contiguous()
-        return funcol.reduce_scatter_single(full, "sum", 0, ctx.group).movedim(0, 1).contiguous(), None
+        return scatter(full, "sum", 0, ctx.group).movedim(0, 1).contiguous(), None
 
 
 def sp_gather(x, group=None):
     """(b, s/t, h) this rank's tokens -> (b, s, h) every rank's, in rank order."""
     return SPGather.apply(x, group)
 ''',
-        why="torch.distributed._functional_collectives (all_gather_single / reduce_scatter_single): traced like dist.*",
+        why="torch.distributed._functional_collectives (all_gather_single / reduce_scatter_single, before torch 2.13 all_gather_tensor / reduce_scatter_tensor): traced like dist.*",
     ),
 
     # ------------------------------------------------------------------ sp_reduce_scatter
