@@ -81,16 +81,18 @@ class _Kernel:
         self.client.execute_cell(cell, i)
         return cell
 
-    def load(self, with_tests: bool) -> list[str]:
-        """Run the notebook's code cells; with_tests: the test cells too, returning those that fail."""
-        failing = []
+    def load(self) -> list[str]:
+        """Run the notebook's code cells except its tests; returns the cells that raised (a
+        solution that does not load makes every bug and alternative meaningless)."""
+        raised = []
         for i, cell in enumerate(self.nb.cells):
-            if cell.cell_type != "code" or (_is_test(cell) and not with_tests):
+            if cell.cell_type != "code" or _is_test(cell):
                 continue
-            done = self.run(cell, i)
-            if _is_test(cell) and not _passes(done) and not self._passes_with_more_time(cell, i):
-                failing.append(f"{grade_id(cell)} fails on the solution")
-        return failing
+            errors = [o for o in self.run(cell, i).outputs if o.get("output_type") == "error"]
+            if errors:
+                raised.append(f"the solution's cell {grade_id(cell) or i} raised while loading in the bank's "
+                              f"kernel: {errors[0].get('ename')}: {errors[0].get('evalue')}")
+        return raised
 
     def _passes_with_more_time(self, cell, i) -> bool:
         """Honest code that failed a test, once more with the grader's retry timeouts (×3, as
@@ -163,7 +165,8 @@ class _Kernel:
 def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_done: threading.Event | None = None,
                meta_env: dict | None = None) -> tuple[list[str], dict[str, tuple[list[str], float]]]:
     """Run ``nb``'s code cells once (not its tests: the selftest grades the solution), then each
-    bug or alternative (:meth:`_Kernel.check`). Returns (baseline problems, {name: (tests
+    bug or alternative (:meth:`_Kernel.check`). Returns (the cells that raised while loading:
+    then nothing else ran, {name: (tests
     that did not fail / pass as they should, seconds)}). ``baseline_done`` is set once the first
     kernel has loaded the notebook. ``meta_env``: variables a correct alternative runs with (the
     selftest's device discipline; bugs never)."""
@@ -188,11 +191,11 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
             state.client.kc.hb_channel.stop()
             if k == 0:
                 try:
-                    baseline.extend(state.load(with_tests=False))
+                    baseline.extend(state.load())
                 finally:
                     baseline_done.set()
             else:
-                state.load(with_tests=False)
+                state.load()
                 baseline_done.wait()
             if baseline:
                 return

@@ -494,6 +494,14 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert lines["alt-commuted"][0] == "ok", rows
     assert lines["alt-not_really"][0] == "FAIL" and "lost points on test_add" in lines["alt-not_really"][1], rows
 
+    # a solution that does not load in the bank's kernel: said once, with the cell and the error,
+    # and no bug or alternative row (each would be meaningless)
+    broken = set_code(course["solution"], "add", "raise RuntimeError('the solution cannot load')")
+    rows = _quick_bug_rows(LAB, bank, {LAB: course["source"]}, {LAB: broken},
+                           course["root"] / "source" / LAB, threading.Event())
+    assert [(who, status) for _, who, status, _ in rows] == [("bugs (kernels)", "FAIL")], rows
+    assert "cell add raised while loading" in rows[0][3] and "cannot load" in rows[0][3], rows
+
 
 def test_bugbank_injection_rules(course):
     from autograder.selftest import BankError, inject
