@@ -188,7 +188,6 @@ def main():
     ns["get_ipython"] = lambda: _Shell(ns)
     snapshot = None
     protected = {"__builtins__": ns["__builtins__"], "get_ipython": ns["get_ipython"]}
-    t_start = time.time()
     while True:
         msg = recv(cmd)
         if not isinstance(msg, dict):

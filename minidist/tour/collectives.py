@@ -30,10 +30,6 @@ def _run_native(world_size=4, numel=1 << 16):
             "note": "payload bytes handed to gloo; its algorithm is not traced"}
 
 
-def tour_entries() -> list[TourEntry]:
-    return [TourEntry("all_reduce (torch native)", 4, _run_native)]
-
-
 _THEORY = {"parameter_server": "rank 0: (N-1)·S", "naive": "rank 0: (N-1)·S", "parallel": "(N-1)·S",
            "tree": "root: ⌈lg N⌉·S", "ring": "2(N-1)/N·S", "fast_ring": "2(N-1)/N·S",
            "recursive_halving": "2(N-1)/N·S"}
@@ -48,7 +44,7 @@ def _tour_rank(name, numel):
     return x, y, t.bytes_sent(), elapsed.seconds
 
 
-def tour_entries():
+def tour_entries() -> list[TourEntry]:
     """The baseline, then one row per all-reduce variant: 4 ranks, 64 Ki float32 elements (256 KiB)."""
 
     def entry(name, n=4, numel=1 << 16):
