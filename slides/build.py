@@ -66,6 +66,11 @@ def render(nb, path: str) -> str:
     return path
 
 
+def html_path(deck: str, out_dir: str) -> str:
+    """Where ``build`` writes ``deck``'s HTML: ``out_dir/<name>.slides.html``."""
+    return os.path.join(out_dir, os.path.basename(deck).replace(".ipynb", ".slides.html"))
+
+
 def build(deck: str, out_dir: str, timeout: int = 300) -> tuple[str, float]:
     """Execute ``deck`` live and render it into ``out_dir``; returns (html path, seconds executing)."""
     nb = nbformat.read(deck, as_version=4)
@@ -73,8 +78,7 @@ def build(deck: str, out_dir: str, timeout: int = 300) -> tuple[str, float]:
     NotebookClient(nb, kernel_name=ensure_kernel(), timeout=timeout,
                    resources={"metadata": {"path": HERE}}).execute()
     elapsed = time.perf_counter() - start
-    path = os.path.join(out_dir, os.path.basename(deck).replace(".ipynb", ".slides.html"))
-    return render(nb, path), elapsed
+    return render(nb, html_path(deck, out_dir)), elapsed
 
 
 def main(argv=None) -> int:

@@ -57,8 +57,8 @@ def built(tmp_path_factory):
     def one(deck):
         proc = subprocess.run([sys.executable, os.path.join(ROOT, "slides", "build.py"), deck, "--out", str(out)],
                               capture_output=True, text=True, timeout=600)
-        path = out / os.path.basename(deck).replace(".ipynb", ".slides.html")
-        return (str(path) if proc.returncode == 0 and path.is_file() else None), proc.stdout + proc.stderr[-5000:]
+        path = load_slides_builder().html_path(deck, str(out))
+        return (path if proc.returncode == 0 and os.path.isfile(path) else None), proc.stdout + proc.stderr[-5000:]
 
     with ThreadPoolExecutor(2) as pool:
         return dict(zip(DECKS, pool.map(one, DECKS)))
