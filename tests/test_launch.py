@@ -38,6 +38,34 @@ def test_world_size_one_runs_in_a_group_of_one():
     assert minidist.launch(lambda: (dist.get_rank(), dist.get_world_size()), 1) == [(0, 1)]
 
 
+def thread_cores():
+    """After the group is made (gloo's threads exist): the cores each of this rank's threads may use."""
+    return [sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_ranks_outnumbering_the_cores_keep_each_to_one_core_shared_evenly():
+    from minidist.runtime.cpu_affinity import core_for_rank
+    assert [core_for_rank(r, 3, 0, [0, 1]) for r in range(3)] == [0, 1, 0]
+    assert [core_for_rank(r, 3, 1, [4, 6]) for r in range(3)] == [6, 4, 6]
+    assert core_for_rank(0, 2, 0, [0, 1]) is None and core_for_rank(0, 1, 0, [0]) is None
+    before = os.sched_getaffinity(0)
+    cores = sorted(before)[:2]          # a machine of many cores lends this test two
+    os.sched_setaffinity(0, cores)
+    try:
+        over = minidist.launch(thread_cores, len(cores) + 1)
+        fits = minidist.launch(thread_cores, len(cores))
+    finally:
+        os.sched_setaffinity(0, before)
+    pinned = []
+    for rank, threads in enumerate(over):
+        assert len(threads) > 1, "gloo's threads are running"
+        assert all(t == threads[0] and len(t) == 1 for t in threads), f"rank {rank}: {threads}"
+        pinned.append(threads[0][0])
+    assert set(pinned) == set(cores) and max(map(pinned.count, cores)) - min(map(pinned.count, cores)) <= 1
+    assert all(t == cores for threads in fits for t in threads), "as many cores as ranks: nothing pinned"
+
+
 def test_returned_views_are_copied_small():
     out = minidist.launch(lambda: torch.arange(1_000_000.0)[:4], 2)
     assert out[0].untyped_storage().nbytes() == 16

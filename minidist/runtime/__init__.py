@@ -1,6 +1,7 @@
 """How ranks start, fail and report: the bottom layer every technique runs on.
 
 ``device`` (where a rank's tensors live, which group it joins, timing that waits for them),
+``cpu_affinity`` (one core per rank when ranks outnumber the cores),
 ``launcher`` (the parent: resolve the device, start N ranks, supervise), ``failure_report``
 (what a failed rank's report says), ``rank_process`` (the child: bind its device, join the
 group, run, report, tear the group down), ``torchrun`` (the same call under torchrun).

@@ -23,12 +23,14 @@ import sys
 import threading
 import time
 import traceback
+import zlib
 
 import torch
 import torch.distributed as dist
 
 from minidist import trace as _trace
 from minidist.trace.errors import cell_title
+from minidist.runtime.cpu_affinity import pin_when_oversubscribed
 from minidist.runtime.device import backend_for, prepare_nccl_environment, rank_device, set_rank_device
 
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
@@ -73,6 +75,8 @@ def rank_main(rank, world_size, kind, run_dir, timeout, fn, args, kwargs, forked
     """Body of every rank (``kind``: "cpu" or "cuda"). Returns the process exit code; never raises."""
     try:
         _become_rank_process(rank, run_dir, forked)
+        # More ranks than cores: each rank's threads stay on one core (gloo's are made below).
+        pin_when_oversubscribed(rank, world_size, offset=zlib.crc32(os.path.basename(run_dir).encode()))
         status = _StatusPage(os.path.join(run_dir, f"rank{rank}.status"))
         _trace.set_op_listener(status.set_op)
         # A forked child inherits the parent's OpenMP pool in a state libgomp cannot reuse:
