@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "build", "vendor")
@@ -27,7 +28,11 @@ class VendorError(RuntimeError):
 
 
 def package_dir(name: str, cache: str = CACHE) -> str:
-    """The unpacked npm package ``name`` at its pinned version, fetched on first use."""
+    """The unpacked npm package ``name`` at its pinned version, fetched on first use.
+
+    Several builds may start at once on an empty cache (``make slides``, the deck tests):
+    each fetches into a folder of its own and renames the result into place, which is
+    atomic; whoever comes second finds the package there and drops its copy."""
     version = PACKAGES[name]
     target = os.path.join(cache, f"{name}-{version}")
     if os.path.isfile(os.path.join(target, "package.json")):
@@ -37,20 +42,23 @@ def package_dir(name: str, cache: str = CACHE) -> str:
         raise VendorError(f"building decks needs {name}@{version} once, from npm; npm is not installed "
                           f"(or unpack the package into {target})")
     os.makedirs(cache, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{name}-{version}.", dir=cache)
     try:
-        out = subprocess.run([npm, "pack", f"{name}@{version}", "--silent", "--pack-destination", cache],
-                             capture_output=True, text=True, timeout=300, check=True)
-    except (subprocess.SubprocessError, OSError) as err:
-        detail = getattr(err, "stderr", "") or str(err)
-        raise VendorError(f"npm pack {name}@{version} failed: {detail.strip()[-500:]}") from err
-    tgz = os.path.join(cache, out.stdout.strip().splitlines()[-1])
-    tmp = target + ".part"
-    shutil.rmtree(tmp, ignore_errors=True)
-    with tarfile.open(tgz) as tar:
-        tar.extractall(tmp, filter="data")
-    os.replace(os.path.join(tmp, "package"), target)     # npm tarballs hold one folder, package/
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.remove(tgz)
+        try:
+            out = subprocess.run([npm, "pack", f"{name}@{version}", "--silent", "--pack-destination", work],
+                                 capture_output=True, text=True, timeout=300, check=True)
+        except (subprocess.SubprocessError, OSError) as err:
+            detail = getattr(err, "stderr", "") or str(err)
+            raise VendorError(f"npm pack {name}@{version} failed: {detail.strip()[-500:]}") from err
+        with tarfile.open(os.path.join(work, out.stdout.strip().splitlines()[-1])) as tar:
+            tar.extractall(os.path.join(work, "unpacked"), filter="data")
+        try:   # npm tarballs hold one folder, package/
+            os.replace(os.path.join(work, "unpacked", "package"), target)
+        except OSError:
+            if not os.path.isfile(os.path.join(target, "package.json")):
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

@@ -121,3 +121,40 @@ def test_a_deck_presents_offline_in_chromium(tmp_path):
     assert report.requests == 1, "the deck is one file: nothing else is loaded"
     html = open(path, encoding="utf-8").read()
     assert "ring_step" in html and "plt.subplots" not in html, "tagged code shows, untagged code is hidden"
+
+
+FAKE_NPM = '''#!{python}
+"""npm pack NAME@VERSION --silent --pack-destination DIR, offline: a tarball holding package/."""
+import io, json, os, sys, tarfile, time
+spec, dest = sys.argv[2], sys.argv[sys.argv.index("--pack-destination") + 1]
+name, version = spec.rsplit("@", 1)
+time.sleep(0.3)     # as slow as a registry, so that concurrent fetches overlap
+tgz = f"{{name}}-{{version}}.tgz"
+with tarfile.open(os.path.join(dest, tgz), "w:gz") as tar:
+    for path, text in (("package/package.json", json.dumps({{"name": name, "version": version}})),
+                       ("package/es5/tex-svg.js", "// " + "x" * 100000)):
+        data = text.encode()
+        info = tarfile.TarInfo(path)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+print(tgz)
+'''
+
+
+def test_concurrent_builds_fetch_the_vendored_assets_once_each_whole(tmp_path, monkeypatch):
+    """Decks are built several at a time on an empty cache (CI, ``make slides -j``): every
+    build gets a whole package, and no temporary folder is left behind."""
+    load_slides_builder()
+    import offline       # slides/offline.py, on sys.path once slides/build.py is loaded
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    npm = bin_dir / "npm"
+    npm.write_text(FAKE_NPM.format(python=sys.executable))
+    npm.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    cache = str(tmp_path / "vendor")
+    with ThreadPoolExecutor(4) as pool:
+        dirs = list(pool.map(lambda _: offline.package_dir("mathjax", cache), range(4)))
+    assert len(set(dirs)) == 1
+    assert os.path.getsize(os.path.join(dirs[0], "es5", "tex-svg.js")) > 100000
+    assert os.listdir(cache) == [os.path.basename(dirs[0])]
