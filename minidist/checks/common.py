@@ -65,6 +65,19 @@ def mark_case(progress: str, text: str) -> None:
         f.write(text)
 
 
+def stand_in_lab_functions(fn, stand_ins: dict) -> None:
+    """Inside a rank: the notebook's other lab functions that ``fn`` calls by name become
+    ``stand_ins`` ({name: minidist's or the lab's reference}), so a test grades one function
+    and not the ones it builds on. Only a student's function is touched (its module globals
+    are the notebook's); never call this in the process that grades, only in its ranks."""
+    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
+    if names is None or not is_student_code(fn.__code__.co_filename):
+        return
+    for other, ref in stand_ins.items():
+        if other in names:
+            names[other] = ref
+
+
 def launch_named(body, world_size: int, *args, name: str, timeout: float,
                  forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True,
                  reference=None) -> list:

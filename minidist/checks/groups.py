@@ -1,12 +1,15 @@
-"""Checks that run a case on groups of t ranks inside one launch (labs 5 and 6): the groups,
-and how a failure names its case and rank. Cutting 4 ranks into groups of t = 1..4 lets one
-launch cover every group size a lab promises.
+"""Checks that run a case on groups of t ranks inside one launch (labs 5, 6, 8 and 9): the
+groups, the loop over a test's cases, and how a failure names its case and rank. Cutting 4
+ranks into groups of t = 1..4 lets one launch cover every group size a lab promises.
 
 The likeliest cause of a wrong sum in a sub-group is a collective without ``group=`` (it runs
 over the world): :func:`wrong_group_hint` says so when the observed value matches the same
 sum over the world and not over the group."""
 import torch
 import torch.distributed as dist
+
+from minidist.checks.common import mark_case, one_thread
+from minidist.runtime.device import device as rank_device
 
 
 def consecutive_groups(sizes, world_size: int) -> dict:
@@ -34,6 +37,29 @@ def describe_case(case: dict) -> str:
     """A case's settings as a failure names them ("h=8, dtype=float64"), its group size t left out."""
     return ", ".join(f"{k}={getattr(v, '__name__', str(v).replace('torch.', ''))}" for k, v in case.items()
                      if k != "t") or "default sizes"
+
+
+def run_cases_in_groups(progress, runner, fn, cases: list[dict], world_size: int, *,
+                         stop_at_first_failure: bool = False) -> list:
+    """Inside a rank: ``runner(fn, case, my rank in the group, t, group)`` for every case, on its
+    group of ``case["t"]`` ranks, in order; [(my rank in the group, t, first problem or None)] per
+    case. With ``stop_at_first_failure`` every rank stops after the first case that failed on any
+    rank (a bug that deadlocks would otherwise cost each later case a timeout); the cases not
+    run are reported as ``(None, t, None)``."""
+    groups = consecutive_groups((c["t"] for c in cases), world_size)
+    out = []
+    with one_thread():
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
+            errs = runner(fn, case, r, t, group)
+            out.append((r, t, next((e for e in errs if e), None)))
+            if stop_at_first_failure:
+                failed = torch.tensor([int(out[-1][2] is not None)], device=rank_device())
+                dist.all_reduce(failed)
+                if failed.item():
+                    break
+    return out + [(None, c["t"], None) for c in cases[len(out):]]
 
 
 def raise_first_group_problem(name: str, cases: list[dict], results: list, world_size: int) -> None:

@@ -28,9 +28,9 @@ import sys
 import torch
 
 from minidist import cost
-from minidist.checks.common import (Refusal, check_timeout, is_student_code, launch_named, mark_case, one_thread,
-                                    report_passed)
-from minidist.checks.groups import describe_case, raise_first_group_problem
+from minidist.checks.common import (Refusal, check_timeout, launch_named, mark_case, one_thread, report_passed,
+                                    stand_in_lab_functions)
+from minidist.checks.groups import raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab5_cases import (B, CASE_RUNNERS, CFG, S, SEQ, WORLD, _compare_traffic, _dev, _groups, _part,
                                         _randn, _traffic)
 from minidist.checks.quiet import passes_quietly
@@ -78,36 +78,29 @@ def _refusal(name: str) -> Refusal:
     return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + tuple(dict.fromkeys(allow)), REFUSED.checks)
 
 
-def _stand_in(fn, name: str) -> None:
-    """Inside a rank: the notebook's other lab functions become minidist's (never in this process)."""
-    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
-    if names is None or not is_student_code(fn.__code__.co_filename):
-        return
-    for other, (ref, _, _) in STAND_INS.items():
-        if other != name and other in names:
-            names[other] = ref
+def _traffic_problem(name, traces, want, extra, t) -> str | None:
+    """What the traced forward and backward traffic got wrong, call by call, or None."""
+    problem = _compare_traffic(extra, want) if name == "vocab_parallel_cross_entropy" else None
+    for call, tr in enumerate(traces):
+        if problem:
+            break
+        problem = _compare_traffic({p: _traffic(tr[p], t) for p in ("forward", "backward")}, want, extra)
+        if problem and call:
+            problem += " (second call on the same module)"
+    return problem
 
 
 def _body(progress, fn, name, cases):
-    _stand_in(fn, name)
-    groups = _groups(c["t"] for c in cases)
-    out = []
-    with one_thread():
-        for case in cases:
-            group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            errs, traces, want, extra = CASE_RUNNERS[name](fn, name, case, r, t, group)
-            problem = next((e for e in errs if e), None)
-            if problem is None and t > 1 and want is not None:
-                if name == "vocab_parallel_cross_entropy":
-                    problem = _compare_traffic(extra, want)
-                for call, tr in enumerate(traces):
-                    got = {p: _traffic(tr[p], t) for p in ("forward", "backward")}
-                    problem = problem or _compare_traffic(got, want, extra)
-                    if problem and call:
-                        problem += " (second call on the same module)"
-            out.append((r, t, problem))
-    return out
+    stand_in_lab_functions(fn, {other: ref for other, (ref, _, _) in STAND_INS.items() if other != name})
+
+    def run_case(fn, case, r, t, group):
+        errs, traces, want, extra = CASE_RUNNERS[name](fn, name, case, r, t, group)
+        problem = next((e for e in errs if e), None)
+        if problem is None and t > 1 and want is not None:
+            problem = _traffic_problem(name, traces, want, extra, t)
+        return [problem]
+
+    return run_cases_in_groups(progress, run_case, fn, cases, WORLD)
 
 
 # ----------------------------------------------------------------------------- cases

@@ -26,18 +26,16 @@ refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.check
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from minidist import cost
-from minidist.checks.common import (Refusal, check_timeout, graded_call, is_student_code, launch_named, mark_case,
-                                    one_thread, report_passed)
-from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
+from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
+                                    report_passed, stand_in_lab_functions)
+from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab6_cases import (B, BF16, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases,
                                         merge_inputs, on_rank, part, randn, unchanged)
 from minidist.checks.quiet import passes_quietly
 from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.merge import merge_partial_attention
-from minidist.runtime.device import device as rank_device
 from minidist.runtime.strict_async import blocking_p2p  # noqa: F401  (the lab's demo: every isend/irecv blocking)
 from minidist.trace import trace
 
@@ -61,31 +59,9 @@ def _refusal(name: str) -> Refusal:
     return Refusal(REFUSED.technique, REFUSED.modules, allow, REFUSED.checks)
 
 
-def _stand_in(fn, name: str) -> None:
-    """Inside a rank: the notebook's other lab functions become minidist's (never in this process)."""
-    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
-    if names is None or not is_student_code(fn.__code__.co_filename):
-        return
-    for other, (ref, _) in STAND_INS.items():
-        if other != name and other in names:
-            names[other] = ref
-
-
 def _body(progress, fn, name, cases):
-    _stand_in(fn, name)
-    groups = consecutive_groups((c["t"] for c in cases), WORLD)
-    out = []
-    with one_thread():
-        for case in cases:
-            group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            errs = CASE_RUNNERS[name](fn, case, r, t, group)
-            out.append((r, t, next((e for e in errs if e), None)))
-            failed = torch.tensor([int(out[-1][2] is not None)], device=rank_device())
-            dist.all_reduce(failed)             # every rank stops after the first case that failed anywhere
-            if failed.item():
-                break
-    return out + [(None, c["t"], None) for c in cases[len(out):]]
+    stand_in_lab_functions(fn, {other: ref for other, (ref, _) in STAND_INS.items() if other != name})
+    return run_cases_in_groups(progress, CASE_RUNNERS[name], fn, cases, WORLD, stop_at_first_failure=True)
 
 
 def _cases(name: str, hidden: bool) -> list[dict]:

@@ -31,7 +31,7 @@ import torch
 
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed)
-from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
+from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, err, expected_saved,
                                         scale_history, shard_bounds)
 from minidist.checks.quiet import passes_quietly
@@ -54,15 +54,7 @@ __all__ = ["GRADED", "REFUSED", "TOL", "VS_FP32", "ReferenceScaler", "check_func
 
 
 def _body(progress, fn, name, cases):
-    groups = consecutive_groups((c["t"] for c in cases), WORLD)
-    out = []
-    with one_thread():
-        for case in cases:
-            group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            errs = CASE_RUNNERS[name](fn, case, r, t, group)
-            out.append((r, t, next((e for e in errs if e), None)))
-    return out
+    return run_cases_in_groups(progress, CASE_RUNNERS[name], fn, cases, WORLD)
 
 
 def _cases(name: str, hidden: bool) -> list[dict]:

@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 import minidist
 from minidist.checks import lab9_reference as ref
-from minidist.checks.common import (Refusal, check_timeout, graded_call, is_student_code, launch_named, mark_case,
-                                    one_thread, report_passed)
-from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem
+from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
+                                    report_passed, stand_in_lab_functions)
+from minidist.checks.groups import describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab9_cases import CASE_RUNNERS, F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
 from minidist.checks.quiet import passes_quietly
 from minidist.cost import expert_parallel as cost
@@ -50,27 +50,10 @@ OWN_CELL = {"ep_dispatch": ("ep_dispatch", "all_to_all_rows", "AllToAllRows")}
 REFUSED = Refusal("expert parallelism", ("minidist.expert_parallel",), checks=__name__)
 
 
-def _stand_in(fn, name: str) -> None:
-    """Inside a rank: the notebook's other lab functions become the reference (never in this process)."""
-    names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
-    if names is None or not is_student_code(fn.__code__.co_filename):
-        return
-    for other, stand_in in STAND_INS.items():
-        if other not in OWN_CELL.get(name, (name,)) and other in names:
-            names[other] = stand_in
-
-
 def _body(progress, fn, name, cases):
-    _stand_in(fn, name)
-    groups = consecutive_groups((c["t"] for c in cases), WORLD)
-    out = []
-    with one_thread():
-        for case in cases:
-            group, r, t = groups[case["t"]]
-            mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            errs = CASE_RUNNERS[name](fn, case, r, t, group)
-            out.append((r, t, next((e for e in errs if e), None)))
-    return out
+    own = OWN_CELL.get(name, (name,))
+    stand_in_lab_functions(fn, {other: ref for other, ref in STAND_INS.items() if other not in own})
+    return run_cases_in_groups(progress, CASE_RUNNERS[name], fn, cases, WORLD)
 
 
 def _cases(name: str, hidden: bool) -> list[dict]:
