@@ -52,7 +52,7 @@ REFUSED = Refusal("expert parallelism", ("minidist.expert_parallel",), checks=__
 
 def _body(progress, fn, name, cases):
     own = OWN_CELL.get(name, (name,))
-    stand_in_lab_functions(fn, {other: ref for other, ref in STAND_INS.items() if other not in own})
+    stand_in_lab_functions(fn, {other: stand_in for other, stand_in in STAND_INS.items() if other not in own})
     return run_cases_in_groups(progress, CASE_RUNNERS[name], fn, cases, WORLD)
 
 
