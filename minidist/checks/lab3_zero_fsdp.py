@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import contextlib
 
-from minidist.checks import lab3_grading as grading
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
-from minidist.checks.lab3_grading import GRADED, REFUSED  # noqa: F401  (the lab's, named here)
+from minidist.checks.lab3_grading import (GRADED, REFUSED, WithStandIns, bound, graded,  # noqa: F401
+                                          notebook_globals, refusal)
 from minidist.checks.lab3_reduce_scatter import check_reduce_scatter_gradients  # noqa: F401  (the lab's test cells)
 from minidist.checks.lab3_reference import REFERENCES
 from minidist.checks.training import check_equal, student_trainer, train_student
@@ -41,8 +41,8 @@ def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING
     for n in sizes:
         cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
                  for m in models for o in ("adam", "sgd")]
-        out = train_student("zero", grading.WithStandIns(Zero, stage), n, cases, grading.graded(stage), timeout, grading.refusal(stage))
-        check_equal(grading.graded(stage), n, cases, out, diagnose=False)
+        out = train_student("zero", WithStandIns(Zero, stage), n, cases, graded(stage), timeout, refusal(stage))
+        check_equal(graded(stage), n, cases, out, diagnose=False)
     report_passed(f"Zero(stage={stage})", f"N={', '.join(map(str, sizes))}, {len(cases)} models × Adam/SGD: parameters "
                                          f"vs one process on the whole batch", hidden)
 
@@ -55,7 +55,7 @@ def _reference_live(progress, Zero, stage):
     (What it allocates once and keeps, the student's run then finds allocated: it can only count
     against the reference.)"""
     mark_case(progress, f"the lab's reference, stage {stage}")
-    with grading.bound(Zero, REFERENCES):
+    with bound(Zero, REFERENCES):
         return train(student_trainer("zero", Zero, stage=stage, optimizer="adam"), live=True,
                      **_MEMORY_RUN)["live_bytes"]
 
@@ -81,11 +81,11 @@ def _measuring_temporaries(sharded_step, peaks: list):
 
 def _memory_body(progress, Zero, stage, reference=None):
     mark_case(progress, f"stage {stage}, {describe_mlp(MEMORY_MODEL)}, memory")
-    make = student_trainer("zero", grading.WithStandIns(Zero, stage), stage=stage, optimizer="adam")
+    make = student_trainer("zero", WithStandIns(Zero, stage), stage=stage, optimizer="adam")
     peaks: list = []
-    names = grading.notebook_globals(Zero)
-    graded_step = "sharded_step" in grading.GRADED[stage] and "sharded_step" in names
-    with grading.bound(Zero, {"sharded_step": _measuring_temporaries(names["sharded_step"], peaks)}) if graded_step \
+    names = notebook_globals(Zero)
+    graded_step = "sharded_step" in GRADED[stage] and "sharded_step" in names
+    with bound(Zero, {"sharded_step": _measuring_temporaries(names["sharded_step"], peaks)}) if graded_step \
             else contextlib.nullcontext():
         res = train(make, measure=True, live=reference is not None, **_MEMORY_RUN)
     res["step_temporaries"] = peaks[-1] if peaks else None       # the last step's, the one measured
@@ -126,8 +126,8 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     all-gathers rebuild the parameters unit by unit, never through a second copy of the model."""
     for n in (2, 4):
         live = n == 2
-        out = launch_named(_memory_body, n, Zero, stage, name=grading.graded(stage) + ", memory",
-                           timeout=2 * timeout if live else timeout, refuse=grading.refusal(stage), outputs_at_wait=False,
+        out = launch_named(_memory_body, n, Zero, stage, name=graded(stage) + ", memory",
+                           timeout=2 * timeout if live else timeout, refuse=refusal(stage), outputs_at_wait=False,
                            reference=_reference_live if live else None)
         for r in range(n):
             ref, res = out[r]
@@ -143,7 +143,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
                 if got > (1 + slack) * want:
                     full = {"optimizer": 8, "grads": 4, "params": 4}[key] * res["numel"]
                     raise AssertionError(
-                        f"{grading.graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
+                        f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
                         f"the formula says {want:.0f} (1/{n} of {full}), measured from live storages. "
                         + {"optimizer": "Is the optimizer built over the shards only?",
                            "grads": "Full gradients must be dropped (p.grad = None) once reduce-scattered.",
@@ -153,7 +153,7 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
             temporaries = res["step_temporaries"]
             if temporaries is not None and temporaries > psi_bytes / n + STEP_SLACK * psi_bytes:
                 raise AssertionError(
-                    f"{grading.graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: sharded_step created "
+                    f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: sharded_step created "
                     f"{temporaries} bytes of tensors that were alive at once ({temporaries / psi_bytes:.2f}× the "
                     f"parameters' {psi_bytes} bytes), outside optimizer.step(); at most a copy of this rank's "
                     f"shards (1/{n}) + {STEP_SLACK}× is allowed. All-gather unit by unit straight into unit.flat: "
@@ -162,14 +162,14 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
             extra = res["live_bytes"] - ref if live else 0
             if extra > LIVE_SLACK * psi_bytes:
                 raise AssertionError(
-                    f"{grading.graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: throughout a training step "
+                    f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: throughout a training step "
                     f"(forward, backward, optimizer step) the rank holds {extra} bytes more than the lab's reference "
                     f"({extra / psi_bytes:.2f}× the parameters' {psi_bytes} bytes; at most {LIVE_SLACK}× is allowed), "
                     f"counting every live tensor on the rank's device. Something model-sized is kept from one step to the next: a "
                     f"buffer of full size per unit (of gradients or parameters, kept for reuse) is the unsharded "
                     f"copy ZeRO removes.")
     report_passed(f"Zero(stage={stage}) memory", "N=2, 4: model states vs the ZeRO formula"
-                  + (", the step's temporaries" if "sharded_step" in grading.GRADED[stage] else "")
+                  + (", the step's temporaries" if "sharded_step" in GRADED[stage] else "")
                   + ", bytes held through a step vs the lab's reference")
 
 
@@ -180,8 +180,8 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
     3(N−1)/N·Ψ, 1.5x DDP."""
     for n in (2, 3):
         case = dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam")
-        out = train_student("zero", grading.WithStandIns(Zero, stage), n, [case], grading.graded(stage) + ", traffic", timeout,
-                            grading.refusal(stage))
+        out = train_student("zero", WithStandIns(Zero, stage), n, [case], graded(stage) + ", traffic", timeout,
+                            refusal(stage))
         for r in range(n):
             res = out[r][0]
             psi = 4 * res["numel"]
@@ -191,7 +191,7 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
                 # views (the tracer counts the input shard of both)
                 op = "all_gather_into_tensor" if op == "all_gather" else op
                 traced[op] = traced.get(op, 0) + b
-            what = f"{grading.graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
+            what = f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
             if set(traced) != {"reduce_scatter_tensor", "all_gather_into_tensor"}:
                 raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all-gathers "
                                      f"(all_gather_into_tensor or all_gather), saw "
