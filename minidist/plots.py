@@ -34,17 +34,20 @@ def plot_pipeline_gantt(slots, ax=None, title: str = "", p: int | None = None, u
 
 
 def plot_bubble_vs_m(rows, ax=None, title: str = "pipeline bubble vs micro-batches"):
-    """Bubble fraction against m, one line per (schedule, source): ``rows`` are dicts with
+    """Bubble fraction against m, one colour per schedule and a style per source: ``rows`` are dicts with
     keys schedule, m, and any of theory / simulated / measured (as from
     ``minidist bench pipeline --json``)."""
     ax = _axes(ax, (6, 4))
-    styles = {"theory": "-", "simulated": "o", "measured": "x"}
-    for sched in sorted({r["schedule"] for r in rows}):
+    # schedules after the first are dashed, hollow and larger: equal bubbles (GPipe's and 1F1B's) must not hide
+    first = {"theory": ("-", {}), "simulated": ("o", {}), "measured": ("x", {})}
+    later = {"theory": ("--", {}), "simulated": ("o", {"markerfacecolor": "none", "markersize": 10}),
+             "measured": ("+", {"markersize": 11})}
+    for i, sched in enumerate(sorted({r["schedule"] for r in rows})):
         mine = sorted((r for r in rows if r["schedule"] == sched), key=lambda r: r["m"])
-        for key, style in styles.items():
+        for key, (style, extra) in (later if i else first).items():
             pts = [(r["m"], r[key]) for r in mine if r.get(key) is not None]
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{sched} {key}")
+                ax.plot(*zip(*pts), style, color=f"C{i}", label=f"{sched} {key}", **extra)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble fraction")
