@@ -30,7 +30,8 @@ class VendorError(RuntimeError):
 def package_dir(name: str, cache: str = CACHE) -> str:
     """The unpacked npm package ``name`` at its pinned version, fetched on first use.
 
-    Several builds may start at once on an empty cache (``make slides``, the deck tests):
+    Several builds may start at once on an empty cache (the deck tests build three at a time;
+    a lecturer may run ``slides/build.py`` on several decks in parallel):
     each fetches into a folder of its own and renames the result into place, which is
     atomic; whoever comes second finds the package there and drops its copy."""
     version = PACKAGES[name]

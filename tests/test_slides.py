@@ -142,7 +142,7 @@ print(tgz)
 
 
 def test_concurrent_builds_fetch_the_vendored_assets_once_each_whole(tmp_path, monkeypatch):
-    """Decks are built several at a time on an empty cache (CI, ``make slides -j``): every
+    """Decks are built several at a time on an empty cache (the deck tests above, on CI): every
     build gets a whole package, and no temporary folder is left behind."""
     load_slides_builder()
     import offline       # slides/offline.py, on sys.path once slides/build.py is loaded
