@@ -217,6 +217,7 @@ def plot_overlap_timeline(trace, ax=None, title: str = "compute and communicatio
     ax.set_xlabel("time (ms)")
     handles = [mpatches.Patch(color="#55a868", label="compute span")]
     handles += [mpatches.Patch(color=colors[o], label=o) for o in ops if any(e.op == o for e in events)]
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # outside: the lanes fill the axes
+    # outside the axes: the lanes fill them
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     return ax
