@@ -5,15 +5,19 @@ executes student code. It refuses, when called from student code, ``ctypes``, th
 collector's object graph, frame and code introspection (``sys._getframe`` through ``inspect``,
 ``traceback`` or ``logging`` too: each hands the caller a frame, and a frame leads to every
 local of the runner), ``sys.settrace``/``setprofile``, new audit hooks, assigning ``__code__`` or
-attributes of minidist's, torch's and the runner's classes; file access outside the working
-folder, subprocesses, sockets and the like are reported. Threads and processes stay allowed (a
-correct answer may use them): what they could do with the runner's pipes, the student's code in
-the runner can do itself (see :mod:`autograder.confirm_parent` for what that is worth).
+attributes of minidist's, torch's and the runner's classes, touching the files of a rank's launch
+(a rank that wrote its own result file could claim what a check compares inside the rank), and
+starting a program (it would run outside this hook); file access outside the working folder,
+sockets and the like are reported. Threads and forked processes stay allowed (a correct answer
+may use them; a fork keeps this hook): what they could do with the runner's pipes, the student's
+code in the runner can do itself (see :mod:`autograder.confirm_parent` for what that is worth).
 
 Student code is recognised by where its code comes from, not by the file name it claims: the
 solution cells (compiled by the runner under ``<solution ID>``), files handed in (the working
-folder), and every code object that student code itself passes to ``exec``/``eval`` or that a
-handed-in module defines, whatever file name it was compiled under.
+folder), every code object exec'd on behalf of student code (by it, by what it calls, such as
+``torch.load`` running a pickle's ``exec``, or on a thread other than the main one) or that a
+handed-in module defines, whatever file name it was compiled under, and every code student code
+assigns to a function's ``__code__``.
 """
 import os
 import sys
@@ -30,10 +34,21 @@ _BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "
           "sys.setprofile", "sys.addaudithook", "sys._current_frames", "function.__new__", "code.__new__",
           "object.__getattr__"}
 _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "socket.connect", "os.remove",
-         "os.rename", "shutil.rmtree", "os.chmod", "exec"}
+         "os.rename", "shutil.rmtree", "os.chmod", "exec", "os.link", "os.symlink", "os.truncate", "os.mkdir",
+         "os.rmdir", "os.chown", "os.utime", "os.listxattr", "shutil.copyfile", "shutil.copytree", "shutil.move",
+         "os.spawn", "os.fork_exec"}
 
 _NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
-_FILE_EVENTS = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod"}
+# Where a rank's launch keeps its result, status and progress files (``tempfile.mkdtemp(prefix=
+# "minidist-")`` in $TMPDIR): code the check launched can reach them, so student code may not; a
+# rank that wrote its own result could claim whatever the check compares inside the rank.
+_LAUNCH_FILES = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod", "os.link", "os.symlink",
+                 "os.truncate", "os.mkdir", "os.rmdir", "os.chown", "os.utime", "os.listxattr", "shutil.copyfile",
+                 "shutil.copytree", "shutil.move"}
+# a program run from student code would be outside this hook (it could write the files above)
+_PROGRAMS = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork_exec"}
+LAUNCH_DIRS: list = []          # realpath($TMPDIR)/minidist- (set by the runner)
+_FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages
 _OWNED = ("minidist", "torch", "confirm_bindings", "confirm_audit", "confirm_runner")
 
 
@@ -94,6 +109,28 @@ def _student_caller(event):
     return f if f is not None and _is_student(f.f_code) else None
 
 
+_IMPORTLIB = "<frozen importlib._bootstrap"
+
+
+def _on_behalf_of_student(caller) -> bool:
+    """Whether code about to be exec'd runs for student code: exec'd by it, or by anything it
+    called (``torch.load`` unpickling what a solution cell wrote names ``exec`` from torch's frame),
+    or on a thread other than the main one (a thread student code started with ``eval`` as its
+    target has no student frame). The import system executing a module is not, whoever imports."""
+    if _is_student(caller.f_code):
+        return True
+    if caller.f_code.co_filename.startswith(_IMPORTLIB):
+        return False
+    if threading.current_thread() is not threading.main_thread():
+        return True
+    f = caller
+    while f is not None:
+        if _is_student(f.f_code):
+            return True
+        f = f.f_back
+    return False
+
+
 def _owned(obj) -> bool:
     mod = getattr(obj, "__module__", None) or ""
     if isinstance(obj, types.ModuleType):
@@ -108,8 +145,8 @@ def audit(event, args):
         return
     _local.busy = True
     try:
-        if event == "exec":              # exec/eval called by student code (not an import): the student's code,
-            if _is_student(sys._getframe(1).f_code):      # under whatever file name it was compiled
+        if event == "exec":              # exec/eval on behalf of student code: the student's code, under
+            if _on_behalf_of_student(sys._getframe(1)):   # whatever file name it was compiled
                 _mark_student(args[0])
             return
         caller = _student_caller(event)
@@ -128,6 +165,8 @@ def audit(event, args):
             obj, name = args[0], args[1]
             if isinstance(obj, types.FunctionType) and name == "__code__":
                 events.append(("__code__ assignment", where))
+                if len(args) > 2:
+                    _mark_student(args[2])
                 if _owned(obj):
                     raise RuntimeError(f"refused in graded code: assigning {obj.__qualname__}.__code__")
             elif isinstance(obj, (type, types.ModuleType)) and _owned(obj):
@@ -137,6 +176,12 @@ def audit(event, args):
         if event == "object.__getattr__":
             events.append(("frame or code introspection", f"{args[1]} at {where}"))
             raise RuntimeError(f"refused in graded code: reading .{args[1]}")
+        if event in _PROGRAMS:
+            events.append(("a program started from graded code (refused)", f"{args[0] if args else ''} at {where}"[:200]))
+            raise RuntimeError(f"refused in graded code: {event} (no program may run during grading)")
+        if event in _LAUNCH_FILES and LAUNCH_DIRS and any(_in_launch_dir(a) for a in args[:2]):
+            events.append(("a launch's own files touched (refused)", f"{event} at {where}"))
+            raise RuntimeError(f"refused in graded code: {event} on the files of a rank's launch")
         if event in _BLOCK or event.startswith("ctypes."):
             what = {"gc": "gc", "ctypes": "ctypes", "sys": "sys"}.get(event.split(".")[0], event)
             events.append((f"{what}: {event}", where))
@@ -150,6 +195,16 @@ def audit(event, args):
 
 
 ALLOWED_ROOTS: list = []
+
+
+def _in_launch_dir(arg) -> bool:
+    if not isinstance(arg, (str, bytes, os.PathLike)):
+        return False
+    try:
+        p = os.path.realpath(os.fsdecode(arg))
+    except Exception:
+        return True
+    return p.startswith(tuple(LAUNCH_DIRS))
 
 
 def _outside(path) -> bool:

@@ -179,6 +179,8 @@ def main():
     audit.ALLOWED_ROOTS[:] = [p.rstrip("/") + "/" for p in [workdir, "/tmp", "/proc/self", "/dev"] + path] + \
         [sys.prefix + "/", sys.base_prefix + "/"]
     os.environ.update(spec.get("env", {}))
+    import tempfile
+    audit.LAUNCH_DIRS[:] = [os.path.join(os.path.realpath(tempfile.gettempdir()), "minidist-")]
     notebook = types.ModuleType("__main__")    # `import __main__` is the notebook, not this runner
     sys.modules["__main__"] = notebook
     for name in ("confirm_audit", "confirm_wire", "confirm_bindings", "handed_in"):

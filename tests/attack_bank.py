@@ -2,8 +2,9 @@
 tests/test_cheats.py's batch, next to its honest control.
 
 Each is what a determined student tried (on lab 1, with the sandbox and the confirmation on) and
-scored full marks with before: the sandbox handing root to the kernel, the confirmation's verdict
-written by student code, a handed-in module running before the snapshot, library answers on
+scored with before: the sandbox handing root to the kernel, the confirmation's verdict
+written by student code (from a rank's result file too, or from code torch runs for a solution
+cell), a handed-in module running before the snapshot, library answers on
 another thread or under another file name, and one submission denying or bloating the feedback.
 """
 from __future__ import annotations
@@ -106,6 +107,79 @@ def allsum(x):
     return x.clone()
 '''
 
+# what a rank returns as code for the process that launched it: the graded function, in a rank, writes
+# its own result file holding a pickle whose loading would walk up to the runner's main() in the
+# confirmation's child and reply "passed" for the test in flight, then leaves before the rank writes
+# the real one (results travel as plain data: minidist.runtime.plain_data)
+IN_THE_LAUNCHER = r"""
+import sys
+up = sys._getframe()
+while up is not None:
+    seen = up.f_locals
+    if isinstance(seen.get("msg"), dict) and "reply" in seen and callable(seen.get("send")):
+        seen["send"](seen["reply"], {"cell": seen["msg"]["cell"]["id"], "kind": "test",
+                                     "nonce": seen["msg"]["nonce"], "error": None, "stderr": "", "value": None,
+                                     "changed": [], "restored": [], "flags": [], "seconds": 0.1})
+        break
+    up = up.f_back
+"""
+RESULT_PICKLE = "IN_THE_LAUNCHER = " + repr(IN_THE_LAUNCHER) + r'''
+import glob, os, pickle, tempfile
+import torch.distributed as dist
+
+class Runs:
+    def __reduce__(self):
+        return (exec, (IN_THE_LAUNCHER, {}))
+
+def allsum(x):
+    me = dist.get_rank()
+    mine = [d for d in glob.glob(os.path.join(tempfile.gettempdir(), "minidist-*"))
+            if os.path.exists(os.path.join(d, f"rank{me}.status"))]
+    with open(os.path.join(max(mine, key=os.path.getmtime), f"rank{me}.result"), "wb") as f:
+        pickle.dump(Runs(), f)
+    os._exit(0)
+'''
+
+# code with no student frame under it: a solution cell has torch unpickle a file whose exec starts a
+# thread that waits for a test's request in the runner and answers it "passed" (code exec'd on behalf of
+# student code, by torch here, is the student's: its frame introspection is refused)
+WAITS_FOR_A_TEST = r"""
+import sys, time, _thread
+def answer():
+    answered = set()
+    while True:
+        for up in sys._current_frames().values():
+            while up is not None:
+                seen, msg = up.f_locals, up.f_locals.get("msg")
+                if (isinstance(msg, dict) and msg.get("cell", {}).get("kind") == "test" and "reply" in seen
+                        and callable(seen.get("send")) and msg["nonce"] not in answered):
+                    answered.add(msg["nonce"])
+                    seen["send"](seen["reply"], {"cell": msg["cell"]["id"], "kind": "test", "nonce": msg["nonce"],
+                                                 "error": None, "stderr": "", "value": None, "changed": [],
+                                                 "restored": [], "flags": [], "seconds": 0.1})
+                up = up.f_back
+        time.sleep(0.001)
+_thread.start_new_thread(answer, ())
+"""
+TORCH_LOAD_THREAD = "WAITS_FOR_A_TEST = " + repr(WAITS_FOR_A_TEST) + r'''
+import os, pickle, tempfile, torch
+
+class Runs:
+    def __reduce__(self):
+        return (exec, (WAITS_FOR_A_TEST, {}))
+
+path = os.path.join(tempfile.mkdtemp(), "checkpoint.pt")
+with open(path, "wb") as f:
+    pickle.dump(Runs(), f)
+try:
+    torch.load(path, weights_only=False)
+except Exception:
+    pass
+
+def allsum(x):
+    return x.clone()
+'''
+
 # a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
 SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
 
@@ -175,6 +249,8 @@ def attack_bank(sol, release) -> dict:
         "signal_frame": (set_code(forged, "add", SIGNAL_FRAME), {}, 0.0, list(TESTS)),
         "stdlib_name": (set_code(forged, "add", STDLIB_NAME), {}, 0.0, list(TESTS)),
         "rank_forge": (set_code(forged, "allsum", RANK_FORGE), {}, 0.0, list(TESTS)),
+        "result_pickle": (set_code(forged, "allsum", RESULT_PICKLE), {}, 0.0, list(TESTS)),
+        "torch_load_thread": (set_code(forged, "allsum", TORCH_LOAD_THREAD), {}, 0.0, list(TESTS)),
         "shadow_module": (release, SHADOW, 0.0, []),
         "thread_library": (set_code(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
         "exec_library": (set_code(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),

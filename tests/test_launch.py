@@ -343,3 +343,57 @@ def test_a_rank_aborted_in_cpp_is_reported_with_the_cause_and_the_line():
     assert "Received data size doesn't match" in message               # gloo's own words
     assert "dist.recv(torch.empty(4), 0)" in message                   # the user's line
     assert "launcher.py" not in message                                # not the parent's frames
+
+
+def test_results_come_back_as_plain_data_whatever_their_nesting():
+    from minidist.trace.events import Event, Trace
+
+    def body():
+        r = dist.get_rank()
+        trace = Trace([Event("send", r, 1 - r, None, 8, 0.0, 1.0, where="x.py:1")])
+        return {"t": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + r, (r, "k"): [1.5, float("inf"), None],
+                "tuple": (torch.float16, torch.Size([2]), {1, 2}), "trace": trace, "bytes": b"\x00\x01"}
+
+    out = minidist.launch(body, 2)
+    assert torch.equal(out[1]["t"], torch.arange(6, dtype=torch.bfloat16).reshape(2, 3) + 1)
+    assert out[1][(1, "k")] == [1.5, float("inf"), None] and out[0]["bytes"] == b"\x00\x01"
+    assert out[0]["tuple"] == (torch.float16, torch.Size([2]), {1, 2})
+    assert [(e.op, e.peer, e.nbytes) for e in out[1]["trace"].events] == [("send", 0, 8)]
+
+
+def test_a_module_returned_is_a_clear_error_that_names_where_it_sits():
+    with pytest.raises(LaunchError, match=r"result\[1\]\['model'\]: a Linear.*state_dict\(\)"):
+        minidist.launch(lambda: [0, {"model": torch.nn.Linear(2, 2)}], 1)
+
+
+def test_a_rank_that_writes_a_pickle_as_its_result_runs_nothing_in_the_launcher(tmp_path):
+    """A rank runs code the launcher does not trust (the grader's checks launch the student's): a
+    pickle it leaves as its result would run ``exec`` here when loaded. It is refused unread."""
+    marker = tmp_path / "ran-in-the-launcher"
+
+    def body():
+        import pickle
+        import tempfile
+
+        class Runs:
+            def __reduce__(self):
+                return (exec, (f"open({str(marker)!r}, 'w').close()",))
+
+        mine = [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("minidist-")
+                and os.path.exists(os.path.join(tempfile.gettempdir(), d, f"rank{dist.get_rank()}.status"))]
+        run_dir = max((os.path.join(tempfile.gettempdir(), d) for d in mine), key=os.path.getmtime)
+        with open(os.path.join(run_dir, f"rank{dist.get_rank()}.result"), "wb") as f:
+            pickle.dump(Runs(), f)
+        os._exit(0)
+
+    with pytest.raises(LaunchError, match="rank 0 wrote a result that is not plain data"):
+        minidist.launch(body, 1)
+    assert not marker.exists()
+
+
+def test_plain_data_refuses_what_it_did_not_write():
+    from minidist.runtime import plain_data
+    for bad in (b"\x80\x04K\x01.", b'{"dtype": "os.system"}', b'{"tensor": {"dtype": "float32", "shape": [3], "data": "AAAA"}}',
+                b'{"module": "os"}', b'{"tensor": {"dtype": "float32", "shape": [-1], "data": ""}}', b"[" * 100_000):
+        with pytest.raises(ValueError, match="not plain data"):
+            plain_data.loads(bad)

@@ -52,6 +52,7 @@ import time
 
 import torch
 
+from minidist.runtime import plain_data
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
 from minidist.runtime.failure_report import failure_report, missing_call
 from minidist.runtime.rank_handle import RankHandle
@@ -241,6 +242,12 @@ def _load_result(r: RankHandle):
     if not os.path.exists(path):
         raise LaunchError(f"rank {r.rank} exited without returning a result (os._exit()?)",
                           {r.rank: "exited without a result"})
-    # Onto the CPU whatever the rank saved (a module left on its GPU, say): the parent may have
-    # no GPU, and loading onto one would initialise CUDA here and forbid the next fork.
-    return torch.load(path, weights_only=False, map_location="cpu")
+    # Plain data on the CPU, never unpickled: a rank runs code this process does not trust
+    # (the grader's checks launch the student's), and a pickle runs what it names when loaded.
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return plain_data.loads(data)
+    except ValueError as err:
+        raise LaunchError(f"rank {r.rank} wrote a result that is not plain data ({err})",
+                          {r.rank: f"rank {r.rank} wrote a result that is not plain data"}) from None

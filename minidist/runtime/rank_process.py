@@ -4,7 +4,7 @@ The parent (``minidist.launch``) watches from outside; this side makes that poss
 output goes to a file the parent relays, a page of shared memory says which operation the
 rank is in, ``faulthandler`` dumps the Python stack on SIGUSR1 (even inside a blocking C++
 recv), errors are written as short reports with the user's frames, results as files that
-outlive the process. A rank on a GPU binds to it before joining (``set_rank_device``), joins
+outlive the process (plain data, :mod:`minidist.runtime.plain_data`). A rank on a GPU binds to it before joining (``set_rank_device``), joins
 the device-mapped group with its communicators made eagerly, and, once its result is safe on
 disk, destroys the group again so that no communicator outlives its launch.
 """
@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from minidist import trace as _trace
 from minidist.trace.errors import cell_title
+from minidist.runtime import plain_data
 from minidist.runtime.cpu_affinity import pin_when_oversubscribed
 from minidist.runtime.device import backend_for, prepare_nccl_environment, rank_device, set_rank_device
 
@@ -113,12 +114,13 @@ def rank_main(rank, world_size, kind, run_dir, timeout, fn, args, kwargs, forked
     except BaseException:
         return _report_exception(rank, run_dir, "raised")
     try:
+        data = plain_data.dumps(result)          # never a pickle: the launcher must not run what it reads
         tmp = os.path.join(run_dir, f"rank{rank}.result.tmp")
-        torch.save(to_cpu(result), tmp)
+        with open(tmp, "wb") as f:
+            f.write(data)
         os.replace(tmp, os.path.join(run_dir, f"rank{rank}.result"))
     except Exception as err:
-        _write_error(rank, run_dir, f"rank {rank}: returned a value that cannot be sent back "
-                                    f"({type(err).__name__}: {err}); return tensors, numbers, lists or dicts")
+        _write_error(rank, run_dir, f"rank {rank}: returned a value that cannot be sent back: {err}")
         return 1
     sys.stdout.flush()
     destroy_group(DESTROY_TIMEOUT)
