@@ -35,7 +35,7 @@ from autograder.notebooks import DEMO_TAG
 
 PARENT = Path(__file__).resolve().with_name("confirm_parent.py")
 #: what a confirmation runs, copied next to the pristine minidist (standard library only)
-FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_audit.py", "confirm_bindings.py", "confirm_wire.py",
+FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_audit.py", "confirm_wire.py",
          "handed_in.py")
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 RETRY_TIMEOUT_SCALE = 3       # MINIDIST_TIMEOUT_SCALE of the retry (minidist.runtime.launcher)

@@ -49,7 +49,7 @@ _LAUNCH_FILES = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod", 
 _PROGRAMS = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork_exec"}
 LAUNCH_DIRS: list = []          # realpath($TMPDIR)/minidist- (set by the runner)
 _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages
-_OWNED = ("minidist", "torch", "confirm_bindings", "confirm_audit", "confirm_runner")
+_OWNED = ("minidist", "torch", "confirm_audit", "confirm_runner")
 
 
 STUDENT_FILES: list = []        # the working folder: files handed in next to the notebook are student code

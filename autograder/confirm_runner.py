@@ -13,7 +13,7 @@ What it guards:
   importable only once the setup cells have run and the pristine bindings are recorded, only by
   student code (torch's optional imports never find them), and never under the name of a
   standard or installed module (:mod:`autograder.handed_in`);
-* pristine bindings (:mod:`autograder.confirm_bindings`): recorded once the setup cells have
+* pristine bindings (:mod:`minidist.checks.bindings`): recorded once the setup cells have
   imported minidist's checks and torch; a change made by the solution cells is put back before the
   tests and reported, a change found after a test fails that test;
 * the audit hook (:mod:`autograder.confirm_audit`), installed before anything else;
@@ -41,7 +41,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confirm_audit as audit  # noqa: E402
 import confirm_wire as wire  # noqa: E402
 import handed_in  # noqa: E402
-from confirm_bindings import EMPTY, Snapshot  # noqa: E402
+
+EMPTY = object()
 
 _STUDENT_PREFIX = audit._STUDENT_PREFIX
 
@@ -183,7 +184,7 @@ def main():
     audit.LAUNCH_DIRS[:] = [os.path.join(os.path.realpath(tempfile.gettempdir()), "minidist-")]
     notebook = types.ModuleType("__main__")    # `import __main__` is the notebook, not this runner
     sys.modules["__main__"] = notebook
-    for name in ("confirm_audit", "confirm_wire", "confirm_bindings", "handed_in"):
+    for name in ("confirm_audit", "confirm_wire", "handed_in"):
         sys.modules.pop(name, None)            # nor is `import confirm_audit` the hook's own state
     ns = notebook.__dict__
     ns["__builtins__"] = __builtins__
@@ -200,6 +201,7 @@ def main():
         out = {"cell": cid, "kind": kind, "nonce": nonce, "restored": [], "changed": [], "error": None,
                "stderr": "", "value": None}
         if kind in ("test", "solution") and snapshot is None:
+            from minidist.checks.bindings import Snapshot      # the pristine minidist's (standard library only)
             snapshot = Snapshot()                 # the pristine state: before any student code
             finder = handed_in.install(workdir, audit._is_student)     # handed-in files: importable from now on
         if kind == "test":

@@ -4,7 +4,8 @@
 * ``collectives``: any collective against torch, and its traced pattern;
 * ``training``: a student's data-parallel code trained by the one loop, vs one process;
 * ``groups``: cases on groups of t ranks inside one launch (labs 5, 6, 8, 9);
-* ``refusal``: minidist's own implementation refused while a graded function runs;
+* ``refusal``: minidist's own implementation refused while a graded function runs, and
+  ``bindings``: what graded code must leave bound as it found it (the checks, torch's comparisons);
 * ``lab1_collectives`` ... ``lab9_expert_parallel`` (one per lab, named like its notebook):
   each lab's graded checks, with their case runners in ``labN_cases`` and their references
   in ``labN_reference`` where a lab has them (lab 3: what each test grades in

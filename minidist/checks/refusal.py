@@ -16,6 +16,7 @@ import types
 
 import torch
 
+from minidist.checks.bindings import Snapshot
 from minidist.trace import ForbiddenOperation
 
 # A lab grades the student's own implementation of a technique that minidist also implements.
@@ -45,6 +46,10 @@ STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "mini
 
 class LibraryAnswer(ForbiddenOperation):
     """Graded code called minidist's own implementation of the technique being graded."""
+
+
+class ChecksRebound(LibraryAnswer):
+    """Graded code rebound what a check computes its verdict with (:mod:`minidist.checks.bindings`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +189,15 @@ def is_student_code(filename: str) -> bool:
 class refusing:
     """``with refusing(refusal): ...`` — refuse library answers while the block runs (this thread
     and threads it starts). A refused call raises :class:`LibraryAnswer` at once; catching it does
-    not help: leaving the block raises it again, and so does turning the tracer off."""
+    not help: leaving the block raises it again, and so does turning the tracer off.
+
+    The block is also where the check compares, in the same process as the graded code (on each
+    rank): what a graded call rebinds between its entry and its return (the outermost student
+    frame's; autograd's calls of a student's backward included) among the bindings of minidist,
+    torch's comparisons and the checks themselves (:mod:`minidist.checks.bindings`) is put back
+    as it returns, before the check computes anything with it, and leaving the block raises
+    :class:`ChecksRebound` naming it. What the check binds itself between graded calls (a patch
+    around one) is taken as it is at each entry."""
 
     def __init__(self, refusal: Refusal | None, name: str = "graded function"):
         self.refusal, self.name = refusal, name
@@ -201,6 +214,7 @@ class refusing:
         self.chain = None if self.previous is _threads.ambient else self.previous
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
+        self.bindings, self.rebound = Snapshot(code_only=True), []
         sys.settrace(self.tracer)
         threading.settrace(self.tracer)
         self.autograd_threads = torch._C._is_multithreading_enabled()
@@ -220,7 +234,23 @@ class refusing:
     def _trace(self, frame, event, arg):
         if self._refused_code(frame.f_code):
             self._check(frame)
-        return self.chain(frame, event, arg) if self.chain is not None else None
+        local = self.chain(frame, event, arg) if self.chain is not None else None
+        if event == "call" and is_student_code(frame.f_code.co_filename) and (
+                frame.f_back is None or not is_student_code(frame.f_back.f_code.co_filename)):
+            self.bindings.accept()           # what the check itself bound since (a patch around the call)
+            frame.f_trace_lines = False      # a graded call's entry: watch for its return only
+            return self._on_return(local)
+        return local
+
+    def _on_return(self, local):
+        def watch(frame, event, arg):
+            nonlocal local
+            if event == "return":
+                self.rebound += self.bindings.diff_and_restore()
+            if local is not None:
+                local = local(frame, event, arg)
+            return watch
+        return watch
 
     def _check(self, frame):
         entry = frame            # the outermost of the refused frames this call runs in
@@ -255,6 +285,10 @@ class refusing:
         _threads.exit(self)
         if self.violation is not None and not isinstance(err, LibraryAnswer):
             raise LibraryAnswer(self.violation)
+        if self.rebound and not isinstance(err, LibraryAnswer):
+            names = ", ".join(dict.fromkeys(self.rebound))
+            raise ChecksRebound(f"{self.name} rebound {names[:300]} while it ran (put back): graded code must leave "
+                                f"minidist, the checks and torch's functions as it found them")
         if tampered:
             raise LibraryAnswer(f"{self.name} turned off the check that refuses library answers "
                                 f"(sys.settrace): graded code must leave the tracer alone.")

@@ -1,0 +1,206 @@
+"""Bindings that graded code must leave as it found them: minidist's modules and classes, torch's
+comparison and communication modules, and the code, defaults and closures of their functions.
+
+A check compares the student's results with its references using these; graded code that rebinds
+one (``minidist.checks.lab5_cases._err = lambda *a: None``, ``torch.allclose = ...``) would change the
+verdict. :class:`Snapshot` records them; :meth:`Snapshot.diff_and_restore` names what changed since
+and puts it back. Two users:
+
+* :class:`minidist.checks.refusal.refusing`, around every graded region (a check's body on each
+  rank, a pure check's call): a snapshot of the code (``code_only``: functions, classes, modules;
+  data such as a counter torch or the runtime updates is not watched), checked each time a graded
+  call returns, so a rebinding is undone before the check compares anything, and fails the test;
+* the grader's confirmation (:mod:`autograder.confirm_runner`), of everything, once the lab's setup
+  cells have imported minidist's checks and torch: put back before every test (a change made by
+  the solution cells is reported and undone) and checked after (a change made while the test ran
+  fails it).
+
+Standard library only: the confirmation imports it before any student code runs.
+"""
+import warnings
+import sys
+import types
+
+
+_TORCH_MODULES = ("torch", "torch.testing", "torch.distributed", "torch.distributed.distributed_c10d",
+                  "torch.nn", "torch.nn.functional", "torch.autograd", "torch.optim", "builtins", "math",
+                  "operator", "functools", "copy")
+
+
+_TORCH_CLASSES = ("torch.Tensor", "torch.nn.Module", "torch.nn.Parameter", "torch.nn.Linear",
+                  "torch.optim.Optimizer", "torch.autograd.Function")
+
+
+_CONTAINERS = (dict, list, set)
+
+
+class Snapshot:
+    """Attribute bindings of modules and classes, the insides of their functions, and the contents
+    of minidist's public tables (``code_only``: only bindings to functions, classes and modules, and
+    only tables that are dicts: the lists are the tracer's stacks, which the checks push onto)."""
+
+    def __init__(self, code_only: bool = False):
+        self.code_only = code_only
+        self.spaces = {}          # key -> (owner, {name: value})
+        self.inner = {}           # id(fn) -> (fn, code, defaults, kwdefaults, closure contents)
+        self.contents = {}        # id(container) -> (container, copy)
+        with warnings.catch_warnings():     # reading torch's deprecated aliases warns; stderr fails a cell
+            warnings.simplefilter("ignore")
+            self._record()
+
+    def _record(self):
+        for name, mod in list(sys.modules.items()):
+            if mod is not None and (name == "minidist" or name.startswith("minidist.") or name in _TORCH_MODULES):
+                self._space(f"module {name}", mod)
+                if name.startswith("minidist"):
+                    for attr, value in list(vars(mod).items()):
+                        if isinstance(value, type) and getattr(value, "__module__", "").startswith("minidist"):
+                            self._space(f"class {value.__module__}.{value.__qualname__}", value)
+                        elif isinstance(value, _CONTAINERS) and not attr.startswith("_") and \
+                                not (self.code_only and not isinstance(value, dict)):     # tables, not caches
+                            self.contents[id(value)] = (value, self._copy(value))
+        for dotted in _TORCH_CLASSES:
+            mod, _, attr = dotted.rpartition(".")
+            cls = getattr(sys.modules.get(mod), attr, None)
+            if isinstance(cls, type):
+                self._space(f"class {dotted}", cls)
+
+    @staticmethod
+    def _copy(c):
+        return dict(c) if isinstance(c, dict) else list(c) if isinstance(c, list) else set(c)
+
+    def _space(self, key, owner):
+        try:
+            items = dict(vars(owner))
+        except TypeError:
+            return
+        if self.code_only:
+            items = {k: v for k, v in items.items() if _is_code(v)}
+        self.spaces[key] = (owner, items)
+        for value in items.values():
+            self._inner(value, again=False)
+
+    def _inner(self, value, again: bool = True):
+        fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(fn, types.FunctionType) and (again or id(fn) not in self.inner):
+            cells = tuple(c.cell_contents if _filled(c) else EMPTY for c in (fn.__closure__ or ()))
+            self.inner[id(fn)] = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells)
+
+    def diff_and_restore(self) -> list[str]:
+        """What changed since the snapshot (each put back)."""
+        return self._diff(restore=True)
+
+    def accept(self) -> list[str]:
+        """What changed since the snapshot, kept: the snapshot is now of the present bindings (a
+        check's own patch around a graded call, made before it, is not the graded call's doing)."""
+        return self._diff(restore=False)
+
+    def _diff(self, restore: bool) -> list[str]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            changed = []
+            for key, (owner, items) in self.spaces.items():
+                self._diff_space(key, owner, items, restore, changed)
+            for fn, code, defaults, kwdefaults, cells in list(self.inner.values()):
+                before = len(changed)
+                if fn.__code__ is not code:
+                    changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
+                    if restore:
+                        fn.__code__ = code
+                if fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+                    changed.append(f"{fn.__module__}.{fn.__qualname__} defaults")
+                    if restore:
+                        fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
+                for c, v in zip(fn.__closure__ or (), cells):
+                    if v is not EMPTY and (not _filled(c) or c.cell_contents is not v):
+                        changed.append(f"{fn.__module__}.{fn.__qualname__} closure")
+                        if restore:
+                            c.cell_contents = v
+                if not restore and len(changed) > before:
+                    self._inner(fn)
+            for key, (container, saved) in list(self.contents.items()):
+                if (isinstance(container, dict) and (container.keys() != saved.keys() or
+                                                     any(container[k] is not v for k, v in saved.items()))) or \
+                        (not isinstance(container, dict) and container != saved):
+                    changed.append(f"contents of a minidist table ({type(container).__name__} of {len(saved)})")
+                    if not restore:
+                        self.contents[key] = (container, self._copy(container))
+                        continue
+                    container.clear()
+                    container.update(saved) if not isinstance(container, list) else container.extend(saved)
+            return changed
+
+    def _diff_space(self, key, owner, items, restore, changed):
+        now = vars(owner)
+        for name, value in list(items.items()):
+            if name in now and now[name] is not value and _torch_wrapper(now[name], value):
+                items[name] = now[name]        # torch wrapped its own function (a lazy import): kept
+            elif name not in now or now[name] is not value:
+                changed.append(f"{key}.{name}" if name in now else f"{key}.{name} deleted")
+                if restore:
+                    _set(owner, name, value)
+                elif name in now and (_is_code(now[name]) or not self.code_only):
+                    items[name] = now[name]
+                    self._inner(now[name])
+                else:
+                    del items[name]
+        for name in [n for n in list(now) if n not in items]:
+            value = now[name]
+            if self.code_only and not _is_code(value):
+                continue
+            if isinstance(value, types.ModuleType) and key.startswith("module ") and \
+                    value.__name__ == f"{key[7:]}.{name}":
+                continue          # a submodule imported since: not a change
+            if key.startswith("module ") and name in ("__warningregistry__", "__loader__"):
+                continue
+            changed.append(f"{key}.{name} added")
+            if restore:
+                _del(owner, name)
+            else:
+                items[name] = value
+                self._inner(value)
+
+
+EMPTY = object()
+
+
+def _is_code(value) -> bool:
+    """What a check's computation can run: a function, a class, a module, a method descriptor."""
+    return isinstance(value, (type, types.ModuleType, staticmethod, classmethod, property)) or callable(value)
+
+
+def _torch_wrapper(new, old) -> bool:
+    """``new`` is torch's own wrapper of ``old`` (importing ``torch._dynamo``, which a test may
+    trigger, rebinds e.g. ``torch.manual_seed`` to a wrapper that calls the original): its code
+    lives in torch's package and it wraps exactly the old function."""
+    torch = sys.modules.get("torch")
+    code = getattr(new, "__code__", None)
+    if torch is None or code is None or getattr(new, "__wrapped__", None) is not old:
+        return False
+    root = torch.__file__.rsplit("/", 1)[0] + "/"
+    return code.co_filename.startswith(root)
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
+def _set(owner, name, value):
+    if isinstance(owner, types.ModuleType):
+        vars(owner)[name] = value
+    else:
+        type.__setattr__(owner, name, value)
+
+
+def _del(owner, name):
+    if isinstance(owner, types.ModuleType):
+        vars(owner).pop(name, None)
+    else:
+        try:
+            type.__delattr__(owner, name)
+        except (AttributeError, TypeError):
+            pass

@@ -1,0 +1,95 @@
+"""Graded code cannot change a check's verdict by rebinding what the check computes it with.
+
+A check compares in the same process as the graded code (on each rank, or in the process that
+calls a pure check's function). Every time a graded call returns, ``refusing`` puts back the
+bindings of minidist, the checks and torch's functions (minidist/checks/bindings.py), before
+the check computes anything with them, and the check fails naming what was rebound."""
+import sys
+
+import pytest
+import torch
+
+import minidist.checks.lab5_cases as lab5_cases
+import minidist.checks.lab5_tensor_parallel as lab5
+from minidist.checks.common import Refusal, graded_call
+from minidist.checks.bindings import Snapshot
+
+NOTHING = Refusal("nothing", ())
+
+
+def rebinds_the_comparisons(x, group=None):
+    """reduce_from_tp that does not reduce, and switches off lab 5's comparisons instead."""
+    import minidist.checks.lab5_cases as cases
+    import minidist.checks.lab5_tensor_parallel as checks
+    cases._err = lambda *a, **k: None
+    cases._compare_traffic = lambda *a, **k: None
+    checks._traffic_problem = lambda *a, **k: None
+    return x.clone()
+
+
+def rebinds_torch(x, group=None):
+    torch.allclose = lambda *a, **k: True
+    torch.Tensor.abs = lambda self: torch.zeros_like(self)
+    return x.clone()
+
+
+def restores_itself(x, group=None):
+    """The comparison switched off until its first use, which puts the real one back: nothing is
+    left rebound by the time the check ends."""
+    import minidist.checks.lab5_cases as cases
+    real = cases._err
+
+    def once(*a, **k):
+        cases._err = real
+        return None
+    cases._err = once
+    return x.clone()
+
+
+@pytest.mark.parametrize("fn, rebound", [
+    (rebinds_the_comparisons, "module minidist.checks.lab5_cases._err"),
+    (rebinds_torch, "module torch.allclose"),
+    (restores_itself, "module minidist.checks.lab5_cases._err"),
+])
+def test_a_rank_check_fails_graded_code_that_rebinds_its_comparisons(fn, rebound):
+    # the forgery scored every test of labs 4-9 whose check compares inside the rank before
+    with pytest.raises(AssertionError, match=f"rebound {rebound}.*as it found them"):
+        lab5.check_function("reduce_from_tp", fn)
+
+
+def test_a_pure_check_puts_the_bindings_back_before_comparing():
+    real_allclose, real_err = torch.allclose, lab5_cases._err
+
+    def graded():
+        torch.allclose = lambda *a, **k: True
+        lab5_cases._err = None
+        return torch.zeros(2)
+
+    with pytest.raises(AssertionError, match=r"rebound .*torch\.allclose.*lab5_cases\._err"):
+        graded_call(NOTHING, "graded", graded)
+    assert torch.allclose is real_allclose and lab5_cases._err is real_err
+
+
+def test_an_honest_graded_call_leaves_nothing_to_report():
+    def graded(x):
+        y = x.clone()
+        y.add_(1)
+        return torch.allclose(y, x + 1)
+    assert graded_call(NOTHING, "graded", graded, torch.ones(3)) is True
+
+
+def test_the_snapshot_of_code_ignores_data_and_submodules():
+    snap = Snapshot(code_only=True)
+    device = sys.modules["minidist.runtime.device"]       # minidist.runtime.device is the function
+    saved = device._rank_device
+    try:
+        device._rank_device = "somewhere"          # data the runtime updates: not watched
+        assert snap.diff_and_restore() == []
+    finally:
+        device._rank_device = saved
+    device.backend_for, real = (lambda kind: "gloo"), device.backend_for
+    try:
+        assert snap.diff_and_restore() == ["module minidist.runtime.device.backend_for"]
+        assert device.backend_for is real
+    finally:
+        device.backend_for = real
