@@ -7,7 +7,8 @@ collector's object graph, frame and code introspection (``sys._getframe`` throug
 local of the runner), ``sys.settrace``/``setprofile``, new audit hooks, assigning ``__code__`` or
 attributes of minidist's, torch's and the runner's classes, touching the files of a rank's launch
 (a rank that wrote its own result file could claim what a check compares inside the rank), and
-starting a program (it would run outside this hook); file access outside the working folder,
+starting a program while a test runs (it would run outside this hook; one a solution cell left
+running is killed before the tests, :func:`autograder.confirm_runner.sweep`); file access outside the working folder,
 sockets and the like are reported. Threads and forked processes stay allowed (a correct answer
 may use them; a fork keeps this hook): what they could do with the runner's pipes, the student's
 code in the runner can do itself (see :mod:`autograder.confirm_parent` for what that is worth).
@@ -48,6 +49,7 @@ _LAUNCH_FILES = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod", 
 # a program run from student code would be outside this hook (it could write the files above)
 _PROGRAMS = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork_exec"}
 LAUNCH_DIRS: list = []          # realpath($TMPDIR)/minidist- (set by the runner)
+PROGRAMS_REFUSED = False        # while a test runs (set by the runner); a solution cell may run one
 _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages
 _OWNED = ("minidist", "torch", "confirm_audit", "confirm_runner")
 
@@ -176,7 +178,7 @@ def audit(event, args):
         if event == "object.__getattr__":
             events.append(("frame or code introspection", f"{args[1]} at {where}"))
             raise RuntimeError(f"refused in graded code: reading .{args[1]}")
-        if event in _PROGRAMS:
+        if event in _PROGRAMS and PROGRAMS_REFUSED:
             events.append(("a program started from graded code (refused)", f"{args[0] if args else ''} at {where}"[:200]))
             raise RuntimeError(f"refused in graded code: {event} (no program may run during grading)")
         if event in _LAUNCH_FILES and LAUNCH_DIRS and any(_in_launch_dir(a) for a in args[:2]):

@@ -136,6 +136,30 @@ def _number(value):
         return "<unprintable>"
 
 
+def sweep() -> list[int]:
+    """Kill every process of this run's PID namespace but this one's ancestors (the sandbox's init,
+    the parent): a program a solution cell left running (started in a new session, even) could
+    otherwise write a rank's result file while a test runs. Only where the sandbox made the
+    namespace for this run alone (``own_pids``); elsewhere the machine's processes are in view."""
+    keep, pid = set(), os.getpid()
+    while pid > 0 and pid not in keep:
+        keep.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    killed = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in keep:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                killed.append(int(entry))
+            except OSError:
+                pass
+    return killed
+
+
 def _seal(channel):
     """The channel to the parent stays in this process: every process forked from it (the ranks a
     test launches, which run the graded code) closes both descriptors first thing, so a rank that
@@ -204,7 +228,10 @@ def main():
             from minidist.checks.bindings import Snapshot      # the pristine minidist's (standard library only)
             snapshot = Snapshot()                 # the pristine state: before any student code
             finder = handed_in.install(workdir, audit._is_student)     # handed-in files: importable from now on
+        audit.PROGRAMS_REFUSED = kind == "test"
         if kind == "test":
+            if spec.get("own_pids") and sweep():
+                audit.events.append(("a process left running by a solution cell (killed)", f"before {cid}"))
             rebound = [name for name, value in protected.items() if ns.get(name, EMPTY) is not value]
             for name in rebound:
                 ns[name] = protected[name]

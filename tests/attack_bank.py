@@ -180,6 +180,12 @@ def allsum(x):
     return x.clone()
 '''
 
+# a program a solution cell leaves running (in a session of its own) would still run while the tests do,
+# where it could write a rank's result file: the confirmation kills it before the first test, and the
+# honest answer next to it keeps its points
+LEAVES_A_PROGRAM = ("import subprocess\nsubprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
+                    "def add(a, b):\n    return a + b\n")
+
 # a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
 SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
 
@@ -251,6 +257,7 @@ def attack_bank(sol, release) -> dict:
         "rank_forge": (set_code(forged, "allsum", RANK_FORGE), {}, 0.0, list(TESTS)),
         "result_pickle": (set_code(forged, "allsum", RESULT_PICKLE), {}, 0.0, list(TESTS)),
         "torch_load_thread": (set_code(forged, "allsum", TORCH_LOAD_THREAD), {}, 0.0, list(TESTS)),
+        "leaves_a_program": (set_code(sol, "add", LEAVES_A_PROGRAM), {}, 3.0, []),
         "shadow_module": (release, SHADOW, 0.0, []),
         "thread_library": (set_code(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
         "exec_library": (set_code(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),

@@ -261,6 +261,14 @@ def test_a_forged_verdict_is_refused_by_the_parent(batch):
     assert batch["rows"][("rank_forge", "test_allsum")]["confirmed"].startswith("failed"), batch["rows"]
 
 
+def test_a_program_left_running_by_a_solution_cell_is_killed_before_the_tests(batch):
+    from autograder.sandbox import probe
+    if probe()[0] is None:
+        pytest.skip("no sandbox here: the confirmation has no PID namespace of its own to sweep")
+    flags = " ".join(row["flags"] for (student, _), row in batch["rows"].items() if student == "leaves_a_program")
+    assert "a process left running by a solution cell (killed)" in flags, flags
+
+
 def test_library_answers_on_another_thread_or_under_another_name(batch):
     row = batch["rows"][("exec_library", "test_allsum")]
     assert row["points"] == "0.0" and "called minidist's own implementation: mine.ring_all_reduce" in row["reason"]

@@ -21,7 +21,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from minidist.checks.refusal import (STUDENT_IMPORTS, ChecksRebound, LibraryAnswer, Refusal,  # noqa: F401
+from minidist.checks.refusal import (STUDENT_IMPORTS, ChecksTampered, LibraryAnswer, Refusal,  # noqa: F401
                                      StudentAssertion, graded_call, is_student_code, refusing, resolve)
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
@@ -106,7 +106,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
                       timeout=timeout)
     except LaunchError as err:
         where = _running_cases(name, world_size, progress)
-        for verdict in (LibraryAnswer, ChecksRebound, strict_async.UnwaitedHandle, NcclWouldReject):   # one line
+        for verdict in (LibraryAnswer, ChecksTampered, strict_async.UnwaitedHandle, NcclWouldReject):   # one line
             texts = [text for text in err.failures.values() if f"{verdict.__name__}: " in text]
             if texts:
                 line = texts[0].split(f"{verdict.__name__}: ", 1)[-1].splitlines()[0]

@@ -21,6 +21,7 @@ import math
 import torch
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
+from minidist.checks.returned import require_plain
 from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
 from minidist.checks.training import _train_body, check_equal, describe_case, train_student
 from minidist.checks.quiet import passes_quietly
@@ -58,6 +59,7 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
         for r in range(n):
             x_before, y_before = x.clone(), y.clone()
             got = graded_call(REFUSED, "split_batch", split_batch, x, y, r, n)
+            require_plain(f"split_batch(batch={batch}, rank={r}, world_size={n})", got)
             if not (torch.equal(x, x_before) and torch.equal(y, y_before)):
                 raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) changed the caller's x or "
                                      f"y; return slices (views) of them and leave the batch as it was")
@@ -165,6 +167,7 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
         idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
         before = [p.detach().clone() for p in params]
         got = graded_call(REFUSED, "make_buckets", make_buckets, params, cap)
+        require_plain(f"make_buckets(cap_bytes={cap})", got)
         if not all(torch.equal(p.detach(), b) for p, b in zip(sorted(params, key=lambda p: idx[id(p)]), before)):
             raise AssertionError(f"make_buckets(cap_bytes={cap}) changed the values of the parameters it was given; "
                                  f"it only groups them")

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from minidist.checks.common import (TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case,
                                     report_passed)
+from minidist.checks.returned import require_plain
 from minidist.checks.lab4_cases import (EXECUTOR_CASES, WIDTH, Case, _compare_step, _inputs, _rank_grads,  # noqa: F401
                                         _schedule)
 from minidist.checks.quiet import passes_quietly
@@ -101,6 +102,7 @@ def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None)
     for p, m in SCHEDULE_CASES[hidden]:
         where = f"{name}(p={p}, m={m})"
         s = graded_call(REFUSED, name, fn, p, m)
+        require_plain(where, s)
         if not isinstance(s, Schedule):
             raise AssertionError(f"{where} returned {type(s).__name__}; expected a minidist.pipeline.Schedule")
         if (s.p, s.m, s.v) != (p, m, 1):

@@ -30,6 +30,7 @@ import torch
 from minidist import cost
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed, stand_in_lab_functions)
+from minidist.checks.returned import require_plain
 from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab6_cases import (B, BF16, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases,
                                         merge_inputs, on_rank, part, randn, unchanged)
@@ -131,6 +132,7 @@ def _check_merge(fn, hidden: bool) -> None:
         given = [a.clone() for a in args]
         result = graded_call(_refusal(name), name, fn, *given)
         label = f"{name} ({describe_case(case)})"
+        require_plain(label, result)
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise AssertionError(f"{label}: must return (out, lse), got {type(result).__name__}")
         # out = w_a·out_a + w_b·out_b with w = exp(lse_x - lse): a correct merge that rounds lse

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread, report_passed
+from minidist.checks.returned import require_plain
 from minidist.checks.lab7_cases import BATCH, CFG, LR, OPTIMIZER, STEPS, WORLD, Layout, step_body, step_failure
 from minidist.checks.quiet import passes_quietly
 from minidist.cost.parallel3d import memory_per_rank, stage_numel
@@ -74,6 +75,7 @@ def check_mesh_groups(fn, hidden: bool = False) -> None:
     for case in MESH_CASES + (MESH_HIDDEN if hidden else []):
         want = _mesh_groups(*case)
         got = graded_call(_MESH, "mesh_groups", fn, *case)
+        require_plain(f"mesh_groups{case}", got)
         lists = _as_lists(got)
         if lists is None:
             raise AssertionError(f"mesh_groups{case} returned {got!r}: expected a dict with keys 'dp', 'pp', "
@@ -178,6 +180,7 @@ def check_predict_memory(fn, hidden: bool = False, rel: float = 1e-3) -> None:
     for c in MEMORY_CASES + (MEMORY_HIDDEN if hidden else []):
         want = expected_memory(c)
         got = graded_call(_MEMORY, "predict_memory", fn, c)
+        require_plain(f"predict_memory({c})", got)
         if not isinstance(got, dict) or any(k not in got for k in PARTS + ("total",)):
             raise AssertionError(f"predict_memory returned {got!r}: expected a dict with keys "
                                  f"{', '.join(PARTS + ('total',))}")
@@ -209,6 +212,7 @@ def check_stage_parameters(fn, hidden: bool = False) -> None:
         for stage in range(pp):
             want = stage_numel(cfg, pp, tp, stage)
             got = graded_call(_MEMORY, "stage_parameters", fn, cfg, pp, tp, stage)
+            require_plain(f"stage_parameters(pp={pp}, tp={tp}, stage={stage})", got)
             if not isinstance(got, (int, float)) or got != want:
                 raise AssertionError(
                     f"stage_parameters(cfg with d_model={cfg.d_model}, n_layers={cfg.n_layers}, vocab={cfg.vocab}, "

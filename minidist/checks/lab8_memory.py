@@ -31,6 +31,7 @@ import torch
 
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed)
+from minidist.checks.returned import require_plain
 from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, err, expected_saved,
                                         scale_history, shard_bounds)
@@ -95,12 +96,19 @@ COVERED = {
 def _check_scaler_here(cls, hidden: bool) -> None:
     name = "DynamicLossScaler"
     call = lambda *a, **k: graded_call(REFUSED, name, *a, **k)       # noqa: E731
+
+    def loss_scale(s):
+        """Read as a graded call: a property runs the student's code, refused the library there too."""
+        value = call(getattr, s, "loss_scale", None)
+        require_plain(f"{name}.loss_scale", value)
+        return value
     s = call(cls)
-    if getattr(s, "loss_scale", None) != 2.0 ** 16:
+    if loss_scale(s) != 2.0 ** 16:
         raise AssertionError(f"{name}(): loss_scale must start at init_scale = 2**16 = 65536.0, "
-                             f"it is {getattr(s, 'loss_scale', 'missing')!r}")
+                             f"it is {loss_scale(s) if hasattr(s, 'loss_scale') else 'missing'!r}")
     w = torch.tensor(3.0, device="cpu", requires_grad=True)
     scaled = call(s.scale, w * 2.0)
+    require_plain(f"{name}.scale(loss)", scaled)
     if not isinstance(scaled, torch.Tensor) or scaled.grad_fn is None:
         raise AssertionError(f"{name}.scale(loss) must return a tensor that backward can go through "
                              f"(loss * loss_scale), got {type(scaled).__name__}")
@@ -118,7 +126,7 @@ def _check_scaler_here(cls, hidden: bool) -> None:
         got = []
         for f in flags:
             call(s.update, f)
-            got.append(s.loss_scale)
+            got.append(loss_scale(s))
         want = scale_history(flags, **kw)
         if got != want:
             raise AssertionError(f"{name}({', '.join(f'{k}={v}' for k, v in kw.items())}): after update() with "

@@ -30,6 +30,7 @@ import minidist
 from minidist.checks import lab9_reference as ref
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed, stand_in_lab_functions)
+from minidist.checks.returned import require_plain
 from minidist.checks.groups import describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab9_cases import CASE_RUNNERS, F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
 from minidist.checks.quiet import passes_quietly
@@ -126,6 +127,7 @@ def _check_router(fn, hidden):
         mine = logits.clone().requires_grad_()
         given = mine * 1
         result = graded_call(REFUSED, name, fn, given, k, case["capacity"])
+        require_plain(label, result)
         if not isinstance(result, (tuple, list)) or len(result) != 3:
             raise AssertionError(f"{label}: must return (expert_indices, weights, keep)")
         problem = (err("expert_indices", result[0], want[0]) or err("weights", result[1], want[1].detach())
@@ -164,6 +166,7 @@ def _check_loss(fn, hidden):
         want = ref.load_balancing_loss(theirs, idx, num_experts)
         given = (mine * 1, idx.clone())
         got = graded_call(REFUSED, name, fn, *given, num_experts)
+        require_plain(label, got)
         problem = err("the loss", got, want.detach())
         if not problem and not (torch.equal(given[1], idx) and torch.equal(given[0].detach(), probs)):
             problem = "its inputs were modified in place"

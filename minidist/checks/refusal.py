@@ -10,13 +10,14 @@ import os
 import pkgutil
 import re
 import sys
-import sysconfig
 import threading
 import types
 
 import torch
 
 from minidist.checks.bindings import Snapshot
+from minidist.checks.returned import own_tensor_subclass
+from minidist.checks.student_code import is_student_code
 from minidist.trace import ForbiddenOperation
 
 # A lab grades the student's own implementation of a technique that minidist also implements.
@@ -48,8 +49,10 @@ class LibraryAnswer(ForbiddenOperation):
     """Graded code called minidist's own implementation of the technique being graded."""
 
 
-class ChecksRebound(LibraryAnswer):
-    """Graded code rebound what a check computes its verdict with (:mod:`minidist.checks.bindings`)."""
+class ChecksTampered(LibraryAnswer):
+    """Graded code changed what a check computes its verdict with: rebound it
+    (:mod:`minidist.checks.bindings`), or returned a tensor subclass of its own, whose code would
+    run in the comparison (:mod:`minidist.checks.returned`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,34 +161,6 @@ def resolve(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozense
     return files, frozenset(allowed), _fingerprints(files) - allowed_prints, allowed_prints
 
 
-@functools.lru_cache(maxsize=None)
-def _library_roots() -> tuple[str, ...]:
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}       # minidist/
-    paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        if paths.get(key):
-            roots.add(os.path.realpath(paths[key]))
-            roots.add(paths[key])
-    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        roots.add(os.path.join(prefix, "lib"))
-    for m in (torch, os):
-        roots.add(os.path.dirname(os.path.dirname(os.path.abspath(m.__file__))))
-    return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
-
-
-_student_file: dict[str, bool] = {}
-
-
-def is_student_code(filename: str) -> bool:
-    """Code that is neither minidist's, nor torch's or the standard library's: a notebook cell,
-    a string passed to exec, a file handed in with the notebook."""
-    known = _student_file.get(filename)
-    if known is None:
-        known = not (filename.startswith(_library_roots()) or filename.startswith("<frozen"))
-        _student_file[filename] = known
-    return known
-
-
 class refusing:
     """``with refusing(refusal): ...`` — refuse library answers while the block runs (this thread
     and threads it starts). A refused call raises :class:`LibraryAnswer` at once; catching it does
@@ -196,7 +171,8 @@ class refusing:
     frame's; autograd's calls of a student's backward included) among the bindings of minidist,
     torch's comparisons and the checks themselves (:mod:`minidist.checks.bindings`) is put back
     as it returns, before the check computes anything with it, and leaving the block raises
-    :class:`ChecksRebound` naming it. What the check binds itself between graded calls (a patch
+    :class:`ChecksTampered` naming it (so does a graded call that returned a tensor subclass of
+    its own). What the check binds itself between graded calls (a patch
     around one) is taken as it is at each entry."""
 
     def __init__(self, refusal: Refusal | None, name: str = "graded function"):
@@ -214,7 +190,7 @@ class refusing:
         self.chain = None if self.previous is _threads.ambient else self.previous
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
-        self.bindings, self.rebound = Snapshot(code_only=True), []
+        self.bindings, self.rebound, self.subclasses = Snapshot(code_only=True), [], []
         sys.settrace(self.tracer)
         threading.settrace(self.tracer)
         self.autograd_threads = torch._C._is_multithreading_enabled()
@@ -247,6 +223,9 @@ class refusing:
             nonlocal local
             if event == "return":
                 self.rebound += self.bindings.diff_and_restore()
+                subclass = own_tensor_subclass(arg) if arg is not None else None
+                if subclass is not None:
+                    self.subclasses.append(subclass)
             if local is not None:
                 local = local(frame, event, arg)
             return watch
@@ -287,8 +266,11 @@ class refusing:
             raise LibraryAnswer(self.violation)
         if self.rebound and not isinstance(err, LibraryAnswer):
             names = ", ".join(dict.fromkeys(self.rebound))
-            raise ChecksRebound(f"{self.name} rebound {names[:300]} while it ran (put back): graded code must leave "
-                                f"minidist, the checks and torch's functions as it found them")
+            raise ChecksTampered(f"{self.name} rebound {names[:300]} while it ran (put back): graded code must leave "
+                                 f"minidist, the checks and torch's functions as it found them")
+        if self.subclasses and not isinstance(err, LibraryAnswer):
+            raise ChecksTampered(f"{self.name} returned a {self.subclasses[0]}, a torch.Tensor subclass of its own: "
+                                 f"its code would run in the check's comparison; return plain tensors")
         if tampered:
             raise LibraryAnswer(f"{self.name} turned off the check that refuses library answers "
                                 f"(sys.settrace): graded code must leave the tracer alone.")

@@ -1,18 +1,27 @@
-"""Graded code cannot change a check's verdict by rebinding what the check computes it with.
+"""Graded code cannot change a check's verdict by changing what the check computes it with.
 
 A check compares in the same process as the graded code (on each rank, or in the process that
 calls a pure check's function). Every time a graded call returns, ``refusing`` puts back the
 bindings of minidist, the checks and torch's functions (minidist/checks/bindings.py), before
-the check computes anything with them, and the check fails naming what was rebound."""
+the check computes anything with them, and the check fails naming what was rebound; a graded call
+that returns a tensor subclass of its own fails, and a pure check's answer must be plain data
+(minidist/checks/returned.py): an object of the student's class would answer the comparison
+itself, outside the region where library answers are refused."""
+import dataclasses
 import sys
 
 import pytest
 import torch
 
+import minidist.checks.lab4_pipeline as lab4
 import minidist.checks.lab5_cases as lab5_cases
 import minidist.checks.lab5_tensor_parallel as lab5
-from minidist.checks.common import Refusal, graded_call
+import minidist.checks.lab7_3d_parallel as lab7
+from minidist import cost
 from minidist.checks.bindings import Snapshot
+from minidist.checks.common import Refusal, graded_call
+from minidist.checks.returned import foreign_part
+from minidist.pipeline import gpipe
 
 NOTHING = Refusal("nothing", ())
 
@@ -93,3 +102,65 @@ def test_the_snapshot_of_code_ignores_data_and_submodules():
         assert device.backend_for is real
     finally:
         device.backend_for = real
+
+
+class Liar(torch.Tensor):
+    """A tensor whose own code runs in every operation the check applies to it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def returns_its_own_tensor(x, group=None):
+    return x.clone().as_subclass(Liar)
+
+
+def test_a_rank_check_fails_a_tensor_subclass_of_the_students():
+    with pytest.raises(AssertionError, match="returned a Liar, a torch.Tensor subclass of its own"):
+        lab5.check_function("reduce_from_tp", returns_its_own_tensor)
+
+
+class Agrees(float):
+    """A number that is whatever it is compared with (the check's float() of it: the library's answer,
+    computed where library answers are not refused)."""
+
+    def __new__(cls, config, part):
+        self = super().__new__(cls, 0.0)
+        self.config, self.part = config, part
+        return self
+
+    def __float__(self):
+        return float(cost.parallel3d.memory_per_rank(self.config)[self.part])
+
+
+def predicts_nothing(config):
+    return {k: Agrees(config, k) for k in ("params", "grads", "optimizer", "activations", "total")}
+
+
+def test_a_pure_check_refuses_an_answer_of_the_students_own_class():
+    with pytest.raises(AssertionError, match=r"predict_memory\(.*\) returned a Agrees: return plain values"):
+        lab7.check_predict_memory(predicts_nothing)
+
+
+class MySchedule(lab4.Schedule):
+    pass
+
+
+def test_a_schedule_must_be_minidists_own_not_a_subclass():
+    ready = {(p, m): gpipe(p, m) for p, m in lab4.SCHEDULE_CASES[False]}     # made outside the graded call
+
+    def gpipe_schedule(p, m):
+        s = ready[p, m]
+        return MySchedule(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+    with pytest.raises(AssertionError, match="returned a MySchedule"):
+        lab4.check_schedule(gpipe_schedule, "gpipe")
+
+
+def test_plain_data_is_plain_and_nothing_else_is():
+    import numpy as np
+    assert foreign_part({"a": [1, 2.5, np.float64(3), torch.ones(2), torch.nn.Parameter(torch.ones(1)), (None, "x")],
+                         "s": torch.Size([2]), "d": torch.float16, "mm": torch.ones(3).max(0)}) is None
+    assert foreign_part(gpipe(2, 2)) is None                        # minidist's own objects, made of plain data
+    assert foreign_part([1, {"k": Agrees(None, "x")}]) == "a Agrees"
+    assert foreign_part(torch.ones(1).as_subclass(Liar)) == "a Liar"

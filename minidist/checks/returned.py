@@ -1,0 +1,89 @@
+"""What graded code returns must compare as it says: plain values, not objects of its own.
+
+A check compares the student's results with its references after the graded call has returned,
+outside the region where library answers are refused. A value of a class the graded code defined
+runs that class's code in the comparison: a tensor subclass's ``__torch_function__`` sees every
+operation the check applies to it (``(got - want).abs().max()``), and a number-like object's
+``__float__`` or ``__eq__`` can answer whatever the check asks, computed with the library the
+refusal kept out of the graded call (the "always equal" trick of autograders).
+
+* :func:`own_tensor_subclass` finds a tensor of a subclass defined by student code in a returned
+  value; :class:`~minidist.checks.refusal.refusing` fails every graded call that returns one.
+* :func:`foreign_part` finds anything that is not plain (numbers, strings, plain tensors,
+  torch's dtypes and sizes, lists, tuples, dicts, and objects of minidist's own classes made of
+  those); a pure check whose answer is such a value calls :func:`require_plain`.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from minidist.checks.student_code import is_student_code
+
+_LEAVES = (int, float, bool, str, complex, bytes, type(None), torch.dtype, torch.device, torch.Size)
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_SEQUENCES = (list, tuple, set, frozenset)
+MAX_ITEMS = 100_000          # a returned structure is walked this far, no further
+
+
+def _library_class(cls) -> bool:
+    """A class an installed module defines, found where it says it is (``__module__`` is only a
+    claim: a student's class may carry any)."""
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    file = getattr(module, "__file__", None)
+    if file is None or is_student_code(file):
+        return False
+    found = module
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+def _walk(value, seen: list):
+    """Every element of ``value`` (containers and minidist objects opened), up to MAX_ITEMS."""
+    stack = [value]
+    while stack and len(seen) < MAX_ITEMS:
+        v = stack.pop()
+        seen.append(v)
+        t = type(v)
+        if t in _SEQUENCES or t.__module__ == "torch.return_types":
+            stack.extend(v)
+        elif t is dict:
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif _minidist_class(t) and hasattr(v, "__dict__"):
+            stack.extend(vars(v).values())
+        yield v
+
+
+def _minidist_class(t) -> bool:
+    return (t.__module__ or "").split(".")[0] == "minidist" and _library_class(t)
+
+
+def own_tensor_subclass(value) -> str | None:
+    """The name of a tensor subclass defined by student code found in ``value``, or None."""
+    for v in _walk(value, []):
+        if isinstance(v, torch.Tensor) and type(v) not in _TENSORS and not _library_class(type(v)):
+            return type(v).__qualname__
+    return None
+
+
+def foreign_part(value) -> str | None:
+    """What in ``value`` is not plain data ("a MyNumber"), or None."""
+    for v in _walk(value, []):
+        t = type(v)
+        if t in _LEAVES or t in _TENSORS or t in _SEQUENCES or t is dict or t.__module__ in ("numpy", "torch.return_types"):
+            continue
+        if _minidist_class(t):
+            continue
+        return f"a {t.__qualname__}"
+    return None
+
+
+def require_plain(label: str, value) -> None:
+    """AssertionError unless ``value`` is plain data (see :func:`foreign_part`)."""
+    part = foreign_part(value)
+    if part is not None:
+        raise AssertionError(f"{label} returned {part}: return plain values (numbers, tensors, lists, tuples, "
+                             f"dicts), not objects of your own (the check compares them outside the graded call)")
