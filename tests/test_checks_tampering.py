@@ -164,3 +164,33 @@ def test_plain_data_is_plain_and_nothing_else_is():
     assert foreign_part(gpipe(2, 2)) is None                        # minidist's own objects, made of plain data
     assert foreign_part([1, {"k": Agrees(None, "x")}]) == "a Agrees"
     assert foreign_part(torch.ones(1).as_subclass(Liar)) == "a Liar"
+
+
+class NoDifference:
+    """An output that is never far from what it is compared with (the comparison subtracts the
+    expected value from it), and whose backward gives the expected gradient."""
+
+    def __init__(self, x):
+        self.x, self.shape, self.dtype = x, x.shape, x.dtype
+
+    def detach(self):
+        return self
+
+    cpu = double = detach
+
+    def __sub__(self, other):
+        return torch.zeros_like(other)
+
+    def __mul__(self, upstream):
+        return self.x * upstream
+
+
+def never_differs(x, group=None):
+    import torch.distributed as dist
+    dist.all_reduce(torch.zeros_like(x), group=group)          # the traffic the cost model expects
+    return NoDifference(x)
+
+
+def test_a_rank_check_compares_plain_tensors_only():
+    with pytest.raises(AssertionError, match="the output is a NoDifference, expected a tensor of shape"):
+        lab5.check_function("reduce_from_tp", never_differs)

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from minidist import cost
 from minidist.checks.common import TOL
 from minidist.checks.groups import consecutive_groups, wrong_group_hint
+from minidist.checks.returned import not_plain_tensor
 from minidist.models import GPTConfig, TinyGPT
 from minidist.runtime.device import device as rank_device
 from minidist.tensor_parallel.comm import shard_range
@@ -69,6 +70,8 @@ def _masked(full, dim, r, t):
 def _err(what, got, want):
     if got is None:
         return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
+    if problem := not_plain_tensor(what, got, want.shape):
+        return problem
     if tuple(got.shape) != tuple(want.shape):
         return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     if got.dtype != want.dtype:

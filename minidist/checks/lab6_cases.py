@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from minidist import cost
 from minidist.checks.common import TOL
+from minidist.checks.returned import not_plain_tensor
 from minidist.runtime.device import device as rank_device
 from minidist.runtime.strict_async import blocking_p2p
 from minidist.trace import P2P_RECV, P2P_SEND, trace
@@ -79,8 +80,8 @@ def err(what, got, want, slack: float = 0.0, dtype=None) -> str | None:
     ``slack``), compared on the CPU. ``dtype``: the dtype ``got`` must have exactly (default: ``want``'s)."""
     if got is None:
         return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+    if problem := not_plain_tensor(what, got, want.shape):
+        return problem
     if tuple(got.shape) != tuple(want.shape):
         return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     dtype = dtype or want.dtype

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from minidist import cost
 from minidist.checks.common import TOL
+from minidist.checks.returned import not_plain_tensor
 from minidist.memory import model_state_bytes
 from minidist.runtime import device as rank_device
 from minidist.trace import trace
@@ -122,8 +123,8 @@ def scale_history(flags, **kw) -> list[float]:
 # ----------------------------------------------------------------------------- comparisons
 def err(what, got, want, tol: float = TOL) -> str | None:
     """Why ``got`` is not ``want`` (None if it is, within ``tol`` relative to its scale above 1)."""
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+    if problem := not_plain_tensor(what, got, want.shape):
+        return problem
     if tuple(got.shape) != tuple(want.shape):
         return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     got, want = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)

@@ -18,6 +18,7 @@ import torch
 import minidist
 from minidist.checks import lab9_reference as ref
 from minidist.checks.common import TOL
+from minidist.checks.returned import not_plain_tensor
 from minidist.cost import expert_parallel as cost
 from minidist.trace import trace
 
@@ -79,8 +80,8 @@ def err(what, got, want) -> str | None:
     relative to the values' scale)."""
     if got is None:
         return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if not isinstance(got, torch.Tensor):
-        return f"{what} is a {type(got).__name__}, expected a tensor of shape {tuple(want.shape)}"
+    if problem := not_plain_tensor(what, got, want.shape):
+        return problem
     got = got.detach().to(CPU)
     if tuple(got.shape) != tuple(want.shape):
         return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"

@@ -9,6 +9,8 @@ refusal kept out of the graded call (the "always equal" trick of autograders).
 
 * :func:`own_tensor_subclass` finds a tensor of a subclass defined by student code in a returned
   value; :class:`~minidist.checks.refusal.refusing` fails every graded call that returns one.
+* :func:`not_plain_tensor` says why a value a check compares as a tensor is not a plain one (the
+  comparison helpers of labs 5, 6, 8 and 9 ask it first);
 * :func:`foreign_part` finds anything that is not plain (numbers, strings, plain tensors,
   torch's dtypes and sizes, lists, tuples, dicts, and objects of minidist's own classes made of
   those); a pure check whose answer is such a value calls :func:`require_plain`.
@@ -87,3 +89,13 @@ def require_plain(label: str, value) -> None:
     if part is not None:
         raise AssertionError(f"{label} returned {part}: return plain values (numbers, tensors, lists, tuples, "
                              f"dicts), not objects of your own (the check compares them outside the graded call)")
+
+
+def not_plain_tensor(what: str, got, shape=None) -> str | None:
+    """Why ``got`` is not a plain tensor (None if it is): an object of another class, or a tensor
+    subclass, would run its own code in the comparison that follows."""
+    if type(got) in _TENSORS:
+        return None
+    if isinstance(got, torch.Tensor):
+        return f"{what} is a {type(got).__qualname__}, a torch.Tensor subclass: return a plain tensor"
+    return f"{what} is a {type(got).__name__}, expected a tensor" + (f" of shape {tuple(shape)}" if shape else "")
