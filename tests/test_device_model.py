@@ -82,16 +82,16 @@ def test_cpu_ranks_know_their_device_and_compute_in_true_fp32():
     assert str(minidist.device()) == "cpu"      # the parent is no rank
 
 
-def _return_tensors_tagged_as_cuda():
-    # Every storage this rank saves is labelled cuda:0, as a rank on a GPU would save it: the
-    # launcher's own move to the CPU does not reach inside a module, so a module comes back so.
-    torch.serialization.register_package(0, lambda storage: "cuda:0", lambda storage, location: None)
-    return torch.nn.Linear(2, 3)
+def _return_a_state_dict():
+    return torch.nn.Linear(2, 3, device=minidist.device()).state_dict()
 
 
 def test_results_are_loaded_onto_the_cpu():
-    [module] = minidist.launch(_return_tensors_tagged_as_cuda, 1, device="cpu")
-    assert module.weight.device == torch.device("cpu") and module.weight.shape == (3, 2)
+    # A result travels as bytes (minidist.runtime.plain_data): a rank on a GPU sends its tensors' bytes
+    # and the parent builds CPU tensors, never initialising CUDA (which would forbid its next fork).
+    [state] = minidist.launch(_return_a_state_dict, 1, device="cpu")
+    assert state["weight"].device == torch.device("cpu") and state["weight"].shape == (3, 2)
+    assert not torch.cuda.is_initialized()
 
 
 def test_each_rank_destroys_its_process_group_after_returning(monkeypatch, tmp_path):

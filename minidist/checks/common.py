@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.refusal import (STUDENT_IMPORTS, ChecksTampered, LibraryAnswer, Refusal,  # noqa: F401
-                                     StudentAssertion, graded_call, is_student_code, refusing, resolve)
+                                     StudentAssertion, graded_call, is_student_code, present_bindings, refusing,
+                                     resolve)
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
@@ -101,6 +102,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     progress = tempfile.mkdtemp(prefix="minidist-check-")
     if refuse is not None:
         resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each
+        present_bindings()       # likewise the snapshot of the bindings graded code must leave alone
     try:
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)
