@@ -77,7 +77,7 @@ class Confirmation:
         workdir.mkdir(parents=True, exist_ok=True)
         read, write = os.pipe()
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
-                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde"},
+                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", "MINIDIST_GUARD_BINDINGS": "1"},
                 "own_pids": sandbox is not None}      # the sandbox is a PID namespace of this run's own
         from autograder.sandbox import command
         argv = command(sandbox, [sys.executable, "-I", str(pristine / PARENT.name), "--fd", str(write)],

@@ -1,7 +1,7 @@
 """Graded code cannot change a check's verdict by changing what the check computes it with.
 
 A check compares in the same process as the graded code (on each rank, or in the process that
-calls a pure check's function). Every time a graded call returns, ``refusing`` puts back the
+calls a pure check's function). In the grader's confirmation, every time a graded call returns, ``refusing`` puts back the
 bindings of minidist, the checks and torch's functions (minidist/checks/bindings.py), before
 the check computes anything with them, and the check fails naming what was rebound; a graded call
 that returns a tensor subclass of its own fails, and a pure check's answer must be plain data
@@ -24,6 +24,13 @@ from minidist.checks.returned import foreign_part
 from minidist.pipeline import gpipe
 
 NOTHING = Refusal("nothing", ())
+
+
+@pytest.fixture(autouse=True)
+def guarded(monkeypatch):
+    """As in the grader's confirmation (its runner sets MINIDIST_GUARD_BINDINGS=1); forked ranks inherit it."""
+    import minidist.checks.refusal as refusal
+    monkeypatch.setattr(refusal, "GUARD_BINDINGS", True)
 
 
 def rebinds_the_comparisons(x, group=None):

@@ -394,6 +394,8 @@ def test_a_rank_that_writes_a_pickle_as_its_result_runs_nothing_in_the_launcher(
 def test_plain_data_refuses_what_it_did_not_write():
     from minidist.runtime import plain_data
     for bad in (b"\x80\x04K\x01.", b'{"dtype": "os.system"}', b'{"tensor": {"dtype": "float32", "shape": [3], "data": "AAAA"}}',
-                b'{"module": "os"}', b'{"tensor": {"dtype": "float32", "shape": [-1], "data": ""}}', b"[" * 100_000):
+                b'{"module": "os"}', b'{"tensor": {"dtype": "float32", "shape": [-1], "data": ""}}', b"[" * 100_000,
+                b'{"record": ["os", "system", {}]}', b'{"record": ["minidist.trace.events", "Trace", {}]}',
+                b'{"record": ["minidist.trace.events", "Event", {"op": "send"}]}'):
         with pytest.raises(ValueError, match="not plain data"):
             plain_data.loads(bad)

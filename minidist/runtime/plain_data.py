@@ -11,7 +11,8 @@ set of types, and reading it builds only those types, whatever the file holds:
   of these types), ``set``, ``frozenset``;
 * ``torch.Tensor`` (dtype, shape and raw bytes; a parameter comes back as a plain tensor),
   ``torch.dtype``, ``torch.Size``, ``torch.device``;
-* :class:`minidist.trace.Trace` and its events, so a check can read the traffic a rank traced.
+* :class:`minidist.trace.Trace`, and the dataclasses minidist defines (its trace events, the
+  pipeline executor's step statistics, ...), rebuilt by their own constructor from plain fields.
 
 Anything else is a :class:`TypeError` in the rank that names where it sits in the result
 (``result[2]['model']: a Linear``), so the fix (return ``model.state_dict()``) is one line.
@@ -20,15 +21,16 @@ A malformed file is a :class:`ValueError` on reading, never anything executed.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
+import sys
 
 import torch
 
 from minidist.trace.events import Event, Trace
 
 _DTYPES = {str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
-_EVENT_FIELDS = ("op", "rank", "peer", "group", "nbytes", "start", "end", "tag", "where", "meta")
 MAX_DEPTH = 64
 
 
@@ -73,8 +75,10 @@ def _encode(obj, where: str, depth: int):
         return {"device": str(obj)}
     if isinstance(obj, Trace):
         return {"trace": [_encode(e, f"{where}.events[{i}]", depth + 1) for i, e in enumerate(obj.events)]}
-    if isinstance(obj, Event):
-        return {"event": {k: _encode(getattr(obj, k), f"{where}.{k}", depth + 1) for k in _EVENT_FIELDS}}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type) and _minidist_record(type(obj)):
+        t = type(obj)
+        return {"record": [t.__module__, t.__qualname__, {f.name: _encode(getattr(obj, f.name), f"{where}.{f.name}",
+                                                                         depth + 1) for f in dataclasses.fields(obj)}]}
     if isinstance(obj, dict):
         return {"dict": [[_encode(k, f"{where} key {k!r}", depth + 1), _encode(v, f"{where}[{k!r}]", depth + 1)]
                          for k, v in obj.items()]}
@@ -128,7 +132,7 @@ def _decode_tensor(body, depth):
     if len(raw) != math.prod(shape) * dtype.itemsize:
         raise ValueError(f"not plain data: {len(raw)} bytes for a {dtype} tensor of shape {shape}")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape) if raw \
-        else torch.empty(shape, dtype=dtype)
+        else torch.empty(shape, dtype=dtype, device="cpu")
 
 
 def _dtype(name):
@@ -137,15 +141,35 @@ def _dtype(name):
     return _DTYPES[name]
 
 
-def _decode_event(body, depth):
-    if not isinstance(body, dict) or set(body) != set(_EVENT_FIELDS):
-        raise ValueError("not plain data: an event without exactly its fields")
-    fields = {k: _decode(v, depth + 1) for k, v in body.items()}
-    if not isinstance(fields["op"], str) or not isinstance(fields["meta"], dict):
-        raise ValueError("not plain data: an event's op or meta")
-    if isinstance(fields["group"], list):
-        fields["group"] = tuple(fields["group"])
-    return Event(**fields)
+def _minidist_record(cls) -> bool:
+    """A dataclass of minidist's own, found where it says it is (a rank may claim any name)."""
+    module = sys.modules.get(cls.__module__ or "")
+    if module is None or not cls.__module__.startswith("minidist.") or not dataclasses.is_dataclass(cls):
+        return False
+    found = module
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is cls
+
+
+def _decode_record(body, depth):
+    module, qualname, fields = body
+    cls = sys.modules.get(module) if isinstance(module, str) else None
+    for part in str(qualname).split(".") if cls is not None else ():
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and _minidist_record(cls) and isinstance(fields, dict)
+            and set(fields) == {f.name for f in dataclasses.fields(cls)}):
+        raise ValueError(f"not plain data: a record of {module}.{qualname}")
+    values = {k: _decode(v, depth + 1) for k, v in fields.items()}
+    init = {f.name: values[f.name] for f in dataclasses.fields(cls) if f.init}
+    try:
+        obj = cls(**init)
+    except Exception as err:          # noqa: BLE001  (its own constructor refused the fields)
+        raise ValueError(f"not plain data: {module}.{qualname}({err})") from None
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            object.__setattr__(obj, f.name, values[f.name])
+    return obj
 
 
 def _decode_trace(body, depth):
@@ -172,7 +196,7 @@ _TAGS = {
     "size": lambda b, d: torch.Size([int(n) for n in b]),
     "device": lambda b, d: torch.device(str(b)),
     "trace": _decode_trace,
-    "event": _decode_event,
+    "record": _decode_record,
     "dict": _decode_dict,
     "list": lambda b, d: [_decode(v, d + 1) for v in b],
     "tuple": lambda b, d: tuple(_decode(v, d + 1) for v in b),
