@@ -186,6 +186,19 @@ def allsum(x):
 LEAVES_A_PROGRAM = ("import subprocess\nsubprocess.Popen(['sleep', '1000'], start_new_session=True)\n"
                     "def add(a, b):\n    return a + b\n")
 
+# a graded function that rebinds what checks compare with (labs 4 to 9 compare inside the rank; the fixture
+# lab's check compares in the child, so here the rebinding gains nothing and shows only that the
+# confirmation's ranks watch for it: the notebook run does not, the confirmation fails the test)
+REBINDS_THE_CHECKS = r'''
+import minidist.checks.common as common
+def allsum(x):
+    common.TOL = 1.0                                  # a tolerance that accepts anything
+    common.check_timeout = lambda seconds: 1e9
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
+'''
+
 # a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
 SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
 
@@ -258,6 +271,7 @@ def attack_bank(sol, release) -> dict:
         "result_pickle": (set_code(forged, "allsum", RESULT_PICKLE), {}, 0.0, list(TESTS)),
         "torch_load_thread": (set_code(forged, "allsum", TORCH_LOAD_THREAD), {}, 0.0, list(TESTS)),
         "leaves_a_program": (set_code(sol, "add", LEAVES_A_PROGRAM), {}, 3.0, []),
+        "rebinds_the_checks": (set_code(sol, "allsum", REBINDS_THE_CHECKS), {}, 1.0, ["test_allsum"]),
         "shadow_module": (release, SHADOW, 0.0, []),
         "thread_library": (set_code(sol, "allsum", THREAD_LIBRARY), {}, 1.0, []),
         "exec_library": (set_code(sol, "allsum", EXEC_LIBRARY), {}, 1.0, []),

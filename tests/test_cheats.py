@@ -269,6 +269,13 @@ def test_a_program_left_running_by_a_solution_cell_is_killed_before_the_tests(ba
     assert "a process left running by a solution cell (killed)" in flags, flags
 
 
+def test_the_confirmation_watches_its_ranks_for_rebound_checks(batch):
+    row = batch["rows"][("rebinds_the_checks", "test_allsum")]
+    said = row["flags"] + row["reason"]
+    assert "rebound " in said and "minidist.checks.common.TOL" in said and "common.check_timeout" in said, row
+    assert "not confirmed" in row["flags"] and row["points"] == "0.0", row
+
+
 def test_library_answers_on_another_thread_or_under_another_name(batch):
     row = batch["rows"][("exec_library", "test_allsum")]
     assert row["points"] == "0.0" and "called minidist's own implementation: mine.ring_all_reduce" in row["reason"]

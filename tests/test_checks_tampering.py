@@ -94,6 +94,16 @@ def test_an_honest_graded_call_leaves_nothing_to_report():
     assert graded_call(NOTHING, "graded", graded, torch.ones(3)) is True
 
 
+def test_a_rank_check_fails_graded_code_that_loosens_a_tolerance():
+    def loosens(x, group=None):
+        import minidist.checks.lab5_cases as cases
+        cases.TOL = 1e9                      # a float, not code: minidist's public constants are watched too
+        cases.TOLS[torch.bfloat16] = 1e9
+        return x.clone()
+    with pytest.raises(AssertionError, match=r"rebound module minidist\.checks\.lab5_cases\.TOL, contents of a minidist table"):
+        lab5.check_function("reduce_from_tp", loosens)
+
+
 def test_the_snapshot_of_code_ignores_data_and_submodules():
     snap = Snapshot(code_only=True)
     device = sys.modules["minidist.runtime.device"]       # minidist.runtime.device is the function

@@ -37,8 +37,9 @@ _CONTAINERS = (dict, list, set)
 
 class Snapshot:
     """Attribute bindings of modules and classes, the insides of their functions, and the contents
-    of minidist's public tables (``code_only``: only bindings to functions, classes and modules, and
-    only tables that are dicts: the lists are the tracer's stacks, which the checks push onto)."""
+    of minidist's public tables (``code_only``: bindings to functions, classes and modules, and
+    minidist's public constants; only tables that are dicts: the lists are the tracer's stacks,
+    which the checks push onto)."""
 
     def __init__(self, code_only: bool = False):
         self.code_only = code_only
@@ -80,16 +81,26 @@ class Snapshot:
         except TypeError:
             return
         if self.code_only:
-            items = {k: v for k, v in items.items() if _is_code(v)}
+            items = {k: v for k, v in items.items() if self._watched(key, k, v)}
         self.spaces[key] = (owner, items)
         for value in items.values():
             self._inner(value, again=False)
+
+    @staticmethod
+    def _watched(key: str, name: str, value) -> bool:
+        """In ``code_only`` mode: code anywhere, and minidist's public constants (a check's tolerance,
+        ``TOL``, is a float); not the private state the runtime keeps (``_rank_device``) nor torch's data."""
+        return _is_code(value) or (key.startswith(("module minidist", "class minidist")) and not name.startswith("_"))
 
     def _inner(self, value, again: bool = True):
         fn = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
         if isinstance(fn, types.FunctionType) and (again or id(fn) not in self.inner):
             cells = tuple(c.cell_contents if _filled(c) else EMPTY for c in (fn.__closure__ or ()))
-            self.inner[id(fn)] = (fn, fn.__code__, fn.__defaults__, fn.__kwdefaults__, cells)
+            # code_only is the confirmation's watch: there, reading a function's code or defaults is an
+            # audited event (a call of the audit hook each, thousands per check), and the audit hook
+            # refuses assigning them for minidist's and torch's functions itself
+            inside = (None, None, None) if self.code_only else (fn.__code__, fn.__defaults__, fn.__kwdefaults__)
+            self.inner[id(fn)] = (fn, *inside, cells)
 
     def diff_and_restore(self) -> list[str]:
         """What changed since the snapshot (each put back)."""
@@ -108,7 +119,7 @@ class Snapshot:
             d = vars(owner)
             keys = tuple(items)
             spaces.append((d, len(d), _getter(keys), tuple(items.values())))
-        fns = tuple(fn for fn, *_ in self.inner.values())
+        fns = () if self.code_only else tuple(fn for fn, *_ in self.inner.values())
         cells = [(c, v) for fn, _, _, _, saved in self.inner.values() for c, v in zip(fn.__closure__ or (), saved)
                  if v is not EMPTY]
         inner = (fns, tuple(i[1] for i in self.inner.values()), tuple(i[2] for i in self.inner.values()),
@@ -157,11 +168,13 @@ class Snapshot:
             self._diff_space(key, owner, items, restore, changed)
         for fn, code, defaults, kwdefaults, cells in list(self.inner.values()):
             before = len(changed)
-            if fn.__code__ is not code:
+            if self.code_only:
+                pass
+            elif fn.__code__ is not code:
                 changed.append(f"{fn.__module__}.{fn.__qualname__}.__code__")
                 if restore:
                     fn.__code__ = code
-            if fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults:
+            if not self.code_only and (fn.__defaults__ is not defaults or fn.__kwdefaults__ is not kwdefaults):
                 changed.append(f"{fn.__module__}.{fn.__qualname__} defaults")
                 if restore:
                     fn.__defaults__, fn.__kwdefaults__ = defaults, kwdefaults
@@ -193,14 +206,14 @@ class Snapshot:
                 changed.append(f"{key}.{name}" if name in now else f"{key}.{name} deleted")
                 if restore:
                     _set(owner, name, value)
-                elif name in now and (_is_code(now[name]) or not self.code_only):
+                elif name in now and (not self.code_only or self._watched(key, name, now[name])):
                     items[name] = now[name]
                     self._inner(now[name])
                 else:
                     del items[name]
         for name in [n for n in list(now) if n not in items]:
             value = now[name]
-            if self.code_only and not _is_code(value):
+            if self.code_only and not self._watched(key, name, value):
                 continue
             if isinstance(value, types.ModuleType) and key.startswith("module ") and \
                     value.__name__ == f"{key[7:]}.{name}":
