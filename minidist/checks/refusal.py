@@ -229,10 +229,11 @@ class refusing:
             refused = code.co_filename in self.files or (
                 is_student_code(code.co_filename) and not _NOTEBOOK_CELL.search(code.co_filename)
                 and fingerprint(code) in self.prints)
-            # by its file name alone: a dataclass's __init__ that the tracer calls (compiled from
-            # "<string>") counts too, and costs a check; trusting the module its globals name would
-            # let student code exec'd into a namespace named like a library's escape the watch
-            graded = is_student_code(code.co_filename)
+            # Student code, not code a library generated for itself (a dataclass's __init__ is
+            # compiled from "<string>" too, but runs in its library module's namespace).
+            module = sys.modules.get(frame.f_globals.get("__name__") or "")
+            file = getattr(module, "__file__", None)
+            graded = is_student_code(code.co_filename) and (file is None or is_student_code(file))
             known = self.known[id(code)] = (code, refused, graded)
         return known
 
