@@ -35,7 +35,7 @@ from autograder.notebooks import DEMO_TAG
 
 PARENT = Path(__file__).resolve().with_name("confirm_parent.py")
 #: what a confirmation runs, copied next to the pristine minidist (standard library only)
-FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_audit.py", "confirm_wire.py",
+FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_judge.py", "confirm_audit.py", "confirm_wire.py",
          "handed_in.py")
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 RETRY_TIMEOUT_SCALE = 3       # MINIDIST_TIMEOUT_SCALE of the retry (minidist.runtime.launcher)
@@ -77,7 +77,8 @@ class Confirmation:
         workdir.mkdir(parents=True, exist_ok=True)
         read, write = os.pipe()
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
-                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", "MINIDIST_GUARD_BINDINGS": "1"},
+                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", "MINIDIST_GUARD_BINDINGS": "1",
+                                                    "MINIDIST_DOCKET": "1"},
                 "own_pids": sandbox is not None}      # the sandbox is a PID namespace of this run's own
         from autograder.sandbox import command
         argv = command(sandbox, [sys.executable, "-I", str(pristine / PARENT.name), "--fd", str(write)],

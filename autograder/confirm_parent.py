@@ -12,6 +12,10 @@ sent only after the solution cells' replies are in. The parent is not dumpable, 
 the same uid can neither trace it nor read its memory; a child that dies, hangs past the cell
 timeout or answers out of turn ends the run, and the tests not answered stay unconfirmed.
 
+A test the child reports passed is put to the judge (:mod:`autograder.confirm_judge`, started
+first, never runs student code) with the answers the child filed for it (the docket); the test
+passes only if the judge finds nothing wrong with them.
+
 Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
 ``workdir``, ``env``); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
 ``test``, ``restored``, ``flags`` and, when every cell was answered, ``done``.
@@ -44,9 +48,13 @@ def main():
     def report(**msg):
         out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
 
-    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confirm_runner.py")
-    child = subprocess.Popen([sys.executable, "-I", runner], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             cwd=spec.get("workdir") or None, close_fds=True)
+    here = os.path.dirname(os.path.abspath(__file__))
+    # the judge first: it makes itself undumpable before the child runs any student code
+    judge = subprocess.Popen([sys.executable, "-I", os.path.join(here, "confirm_judge.py")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
+    wire.send(judge.stdin.fileno(), {"path": spec.get("path", []), "cells": spec["cells"]})
+    child = subprocess.Popen([sys.executable, "-I", os.path.join(here, "confirm_runner.py")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
     cmd, replies = child.stdin.fileno(), child.stdout.fileno()
     timeout = float(spec.get("timeout") or 600) + MARGIN
     t_start = time.time()
@@ -70,6 +78,8 @@ def main():
             if cell["kind"] == "test":
                 if reply.get("restored"):
                     report(event="restored", cell=cell["id"], changes=list(reply["restored"])[:20])
+                if not reply.get("error"):
+                    reply["error"] = judged(judge, cell["id"], reply.get("docket"), timeout)
                 report(event="test", cell=cell["id"], error=reply.get("error"), stderr=str(reply.get("stderr") or "")[:2000],
                        value=reply.get("value"), changed=list(reply.get("changed") or [])[:20],
                        seconds=reply.get("seconds"))
@@ -78,12 +88,29 @@ def main():
     except OSError:
         pass
     finally:
-        child.kill()
-        child.wait()
+        for proc in (child, judge):
+            proc.kill()
+            proc.wait()
     if answered == len(spec["cells"]):
         report(event="done", seconds=round(time.time() - t_start, 2))
     out.flush()
     os._exit(0)
+
+
+def judged(judge, cell: str, docket, timeout: float):
+    """The judge's verdict on a test the child reported passed (:mod:`autograder.confirm_judge`): None
+    if it agrees, else the test's error. A judge that fails to answer leaves the test unconfirmed."""
+    try:
+        wire.send(judge.stdin.fileno(), {"cell": cell, "docket": docket if isinstance(docket, list) else []})
+    except OSError:
+        return ["JudgeError", "the confirmation's judge is gone"]
+    verdict = wire.recv(judge.stdout.fileno(), timeout)
+    if not (isinstance(verdict, dict) and verdict.get("cell") == cell):
+        return ["JudgeError", "the confirmation's judge did not answer"]
+    if verdict.get("problem"):
+        return ["AssertionError", f"{verdict['problem']} (the verdict given again, from the answers the graded "
+                                  "code gave, by a process that ran no student code)"]
+    return None
 
 
 if __name__ == "__main__":

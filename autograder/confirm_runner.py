@@ -25,7 +25,8 @@ What it guards:
 
 Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
-stderr, value, changed, restored, flags, seconds}``.
+stderr, value, changed, restored, flags, seconds}`` and, for a test, ``docket``: the answers the
+judged checks filed while it ran (:mod:`minidist.checks.docket`), for the parent's judge.
 """
 import ast
 import io
@@ -179,6 +180,20 @@ def _seal(channel):
     os.register_at_fork(after_in_child=close_in_child)
 
 
+def _docket() -> list:
+    """The list judged checks file the student's answers in (:mod:`minidist.checks.docket`), if the lab's
+    setup imported it: held from before any student code, so rebinding the module's name files nowhere."""
+    module = sys.modules.get("minidist.checks.docket")
+    return module.entries() if module is not None else []
+
+
+def _filed(docket) -> list:
+    """The answers filed during a test, as the wire carries them (entries of another shape are dropped:
+    the judge then finds their cases unanswered)."""
+    return [list(e) for e in docket[:5000] if type(e) is tuple and len(e) == 4 and type(e[0]) is str
+            and type(e[1]) is str and type(e[2]) is int and type(e[3]) is bytes]
+
+
 def main():
     send, recv = wire.send, wire.recv          # bound before any student code runs
     cmd, reply = os.dup(0), os.dup(1)
@@ -227,6 +242,7 @@ def main():
         if kind in ("test", "solution") and snapshot is None:
             from minidist.checks.bindings import Snapshot      # the pristine minidist's (standard library only)
             snapshot = Snapshot()                 # the pristine state: before any student code
+            docket = _docket()                    # the list the judged checks file answers in
             finder = handed_in.install(workdir, audit._is_student)     # handed-in files: importable from now on
         audit.PROGRAMS_REFUSED = kind == "test"
         if kind == "test":
@@ -237,9 +253,10 @@ def main():
                 ns[name] = protected[name]
             out["restored"] = (snapshot.diff_and_restore() + [f"the notebook's name {n!r}" for n in rebound])[:20]
             t0 = time.time()
+            del docket[:]
             value, error, _stdout, stderr = run_cell(ns, cell, filename, spec.get("timeout"))
             out.update(changed=snapshot.diff_and_restore()[:20], error=error and list(error), stderr=stderr[:2000],
-                       value=_number(value), seconds=round(time.time() - t0, 2))
+                       value=_number(value), seconds=round(time.time() - t0, 2), docket=_filed(docket))
         else:
             ns["__cell_name__"] = filename
             had = dict(ns)

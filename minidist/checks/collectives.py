@@ -154,6 +154,34 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
                                  f"(each chunk should be summed once and then copied)")
 
 
+def collective_cases(kind: str, world_sizes, lengths, dtypes, roots=None) -> list[tuple[int, list[Case]]]:
+    """(world size, its cases) per launch: every length (a callable of the world size, or a number)
+    x dtype (x root: 0, n//2 and n-1 by default for rooted collectives)."""
+    out = []
+    for n in world_sizes:
+        ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
+        rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
+        out.append((n, [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]))
+    return out
+
+
+def collective_problem(name, kind, cases, results, pattern=None, seed=0) -> str | None:
+    """What is wrong with one launch's ``results`` (per rank, (result, trace, input unchanged) per
+    case): the values against torch, then the traced pattern; None when nothing is."""
+    try:
+        check_results(name, kind, cases, results, seed)
+        if pattern is not None:
+            n = cases[0].world_size
+            for i, case in enumerate(cases):      # with empty chunks, message counts legitimately vary
+                if case.length >= n:
+                    PATTERNS[pattern](name, case, merge(results[r][i][1] for r in range(n)))
+    except AssertionError as err:
+        return str(err)
+    except (TypeError, IndexError, ValueError, AttributeError) as err:    # results of another shape than asked
+        return f"{name}: the ranks' results are not (result, trace, unchanged) per case ({type(err).__name__}: {err})"
+    return None
+
+
 def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
                      roots=None, pattern: str | None = None, name: str | None = None, seed: int = 0,
                      timeout: float = COLLECTIVE_CHECK_TIMEOUT, allow=P2P_ONLY, refuse=None) -> None:
@@ -167,17 +195,12 @@ def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 
     if pattern is not None and pattern not in PATTERNS:
         raise ValueError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     name = name or getattr(fn, "__name__", "function")
-    for n in world_sizes:
-        ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
-        rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
-        cases = [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]
+    for n, cases in collective_cases(kind, world_sizes, lengths, dtypes, roots):
         results = run_collective_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout,
                                        refuse=refuse)
-        check_results(name, kind, cases, results, seed)
-        if pattern is not None:
-            for i, case in enumerate(cases):      # with empty chunks, message counts legitimately vary
-                if case.length >= n:
-                    PATTERNS[pattern](name, case, merge(results[r][i][1] for r in range(n)))
+        problem = collective_problem(name, kind, cases, results, pattern, seed)
+        if problem:
+            raise AssertionError(problem)
 
 
 def check_all_reduce(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),

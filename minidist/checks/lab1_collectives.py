@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minidist.checks.collectives import P2P_ONLY, check_collective
+from minidist.checks.collectives import P2P_ONLY, collective_cases, collective_problem, run_collective_cases
 from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case, report_passed
+from minidist.checks.docket import Judged, judged
 from minidist.checks.quiet import passes_quietly
 from minidist.runtime import device
 from minidist.trace import guard
@@ -28,37 +29,66 @@ LAB1 = {   # graded function -> (kind, pattern, power-of-two world sizes only)
 }
 
 
-@passes_quietly
-def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
-    """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
-    world sizes 1-5 (1, 2, 4 for halving: the lab's contract says N >= 1), lengths
-    divisible by N, not, and below N, float32 and float64."""
+def _function_cases(name: str, hidden: bool) -> list[tuple]:
+    """(name, world size, its cases) per launch of ``check_function``."""
     kind, _, pow2 = LAB1[name]
     if hidden:
         sizes = (1, 2, 4) if pow2 else (1, 2, 3, 4, 5)
         lengths, dtypes = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37), (torch.float32, torch.float64)
     else:
         sizes, lengths, dtypes = ((2, 4) if pow2 else (2, 3, 4)), (8, 10), (torch.float32,)
-    check_collective(fn, kind, sizes, lengths, dtypes, name=name, timeout=timeout, refuse=REFUSED)
-    report_passed(name, f"N={_sizes(sizes)}, lengths {'1, N-1, 2N+1, 4N, 37' if hidden else '8, 10'}, "
-                        f"{'/'.join(str(d).replace('torch.', '') for d in dtypes)}: every rank's result vs torch, "
-                        f"input unchanged", hidden)
+    return [(name, n, cases) for n, cases in collective_cases(kind, sizes, lengths, dtypes)]
+
+
+def _pattern_cases(name: str) -> list[tuple]:
+    kind, pattern, pow2 = LAB1[name]
+    if pattern is None:
+        raise ValueError(f"lab 1 has no pattern test for {name}")
+    return [(name, n, cases) for n, cases in collective_cases(kind, (2, 4) if pow2 else (2, 3, 4),
+                                                              (lambda n: 8 * n + 3,), (torch.float32,))]
+
+
+# Judged (minidist.checks.docket): a case is one launch; the answer is every rank's (result, trace,
+# input unchanged), compared with torch on the same inputs here and again by the grader's judge.
+JUDGED_FUNCTION = Judged(__name__, "function", _function_cases,
+                         lambda case, results: collective_problem(case[0], LAB1[case[0]][0], case[2], results),
+                         params=("name", "hidden"))
+JUDGED_PATTERN = Judged(__name__, "pattern", _pattern_cases,
+                        lambda case, results: collective_problem(case[0], LAB1[case[0]][0], case[2], results,
+                                                                 LAB1[case[0]][1]), params=("name",))
+
+
+def _run_judged(judged_check, params, fn, timeout):
+    name = params["name"]
+    for i, case in enumerate(judged_check.cases(**params)):
+        results = run_collective_cases(fn, LAB1[name][0], case[2], name=name, timeout=timeout, refuse=REFUSED)
+        judged_check.require(params, i, case, results)
+
+
+@judged(JUDGED_FUNCTION)
+@passes_quietly
+def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
+    """Correctness of lab 1's graded function ``name``. Visible: a few shapes; hidden:
+    world sizes 1-5 (1, 2, 4 for halving: the lab's contract says N >= 1), lengths
+    divisible by N, not, and below N, float32 and float64."""
+    _run_judged(JUDGED_FUNCTION, dict(name=name, hidden=hidden), fn, timeout)
+    cases = JUDGED_FUNCTION.cases(name=name, hidden=hidden)
+    dtypes = sorted({str(c.dtype).replace("torch.", "") for _, _, launch in cases for c in launch})
+    report_passed(name, f"N={_sizes(n for _, n, _ in cases)}, lengths {'1, N-1, 2N+1, 4N, 37' if hidden else '8, 10'}, "
+                        f"{'/'.join(dtypes)}: every rank's result vs torch, input unchanged", hidden)
 
 
 def _sizes(sizes) -> str:
     return ", ".join(map(str, sizes))
 
 
+@judged(JUDGED_PATTERN)
 @passes_quietly
 def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """The traced communication pattern of lab 1's graded function ``name``."""
-    kind, pattern, pow2 = LAB1[name]
-    if pattern is None:
-        raise ValueError(f"lab 1 has no pattern test for {name}")
-    sizes = (2, 4) if pow2 else (2, 3, 4)
-    check_collective(fn, kind, sizes, (lambda n: 8 * n + 3,), (torch.float32,), pattern=pattern, name=name,
-                     timeout=timeout, refuse=REFUSED)
-    report_passed(name, f"N={_sizes(sizes)}: traced messages ({_PATTERN_WORDS[pattern]})")
+    _run_judged(JUDGED_PATTERN, dict(name=name), fn, timeout)
+    report_passed(name, f"N={_sizes(n for _, n, _ in _pattern_cases(name))}: traced messages "
+                        f"({_PATTERN_WORDS[LAB1[name][1]]})")
 
 
 _PATTERN_WORDS = {"naive": "through rank 0, 2(N-1)·S bytes in all",

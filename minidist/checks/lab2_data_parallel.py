@@ -21,6 +21,7 @@ import math
 import torch
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
+from minidist.checks.docket import Judged, judged, outcome
 from minidist.checks.returned import require_plain
 from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
 from minidist.checks.training import _train_body, check_equal, describe_case, train_student
@@ -48,52 +49,80 @@ def _train_checked(name, kind, impl, n, cases, timeout):
 
 
 # ----------------------------------------------------------------------------- lab 2: split
+# Judged (minidist.checks.docket): what split_batch gave goes as plain data to a verdict that makes
+# the batch again from the case, here and in the grader's judge alike.
+def _split_cases(hidden: bool) -> list[tuple]:
+    sizes = [(12, 2), (12, 3), (12, 4)] + ([(24, 4), (5, 5), (7, 1), (30, 6)] if hidden else [])
+    # hidden: feature counts that make x.numel() and y.numel() divisible by world_size when the
+    # batch is not (a check on the wrong quantity passes the visible case only)
+    bad = [(10, 4, 3)] + ([(6, 4, 2), (7, 2, 2), (3, 4, 4), (9, 6, 2)] if hidden else [])
+    return [("split", batch, n) for batch, n in sizes] + [("bad", batch, n, d) for batch, n, d in bad]
+
+
+def _split_batch_inputs(case):
+    if case[0] == "bad":
+        _, batch, n, d = case
+        return torch.zeros(batch, d), torch.zeros(batch, 2 * d)
+    batch = case[1]
+    return torch.arange(batch * 3.0).view(batch, 3), torch.arange(batch * 2.0).view(batch, 2) + 1000
+
+
+def _split_answer(split_batch, case):
+    x, y = _split_batch_inputs(case)
+    if case[0] == "bad":
+        return outcome(lambda: graded_call(REFUSED, "split_batch", split_batch, x, y, 0, case[2]))
+    answers = []
+    for r in range(case[2]):
+        got = graded_call(REFUSED, "split_batch", split_batch, x, y, r, case[2])
+        require_plain(f"split_batch(batch={case[1]}, rank={r}, world_size={case[2]})", got)
+        answers.append({"got": got, "x": x.clone(), "y": y.clone()})
+    return answers
+
+
+def _split_verdict(case, answer) -> str | None:
+    x, y = _split_batch_inputs(case)
+    if case[0] == "bad":
+        if answer.get("raised") == "ValueError":
+            return None
+        return (f"split_batch(x of shape {tuple(x.shape)}, world_size={case[2]}) must raise ValueError: {case[1]} rows "
+                f"do not split evenly into {case[2]} ranks (silently dropping rows changes the loss)")
+    _, batch, n = case
+    xs = []
+    for r, seen in enumerate(answer):
+        call, got = f"split_batch(batch={batch}, rank={r}, world_size={n})", seen["got"]
+        if not (torch.equal(seen["x"], x) and torch.equal(seen["y"], y)):
+            return f"{call} changed the caller's x or y; return slices (views) of them and leave the batch as it was"
+        if not (isinstance(got, tuple) and len(got) == 2):
+            return f"{call} must return a tuple (x_local, y_local), got {type(got).__name__}"
+        for what, t, full in (("x", got[0], x), ("y", got[1], y)):
+            if not isinstance(t, torch.Tensor) or t.shape != (batch // n, full.shape[1]):
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                return (f"split_batch(batch={batch}, rank={r}, world_size={n}): {what}_local has shape {shape}; "
+                        f"expected {(batch // n, full.shape[1])} (batch / world_size rows)")
+        want = slice(r * (batch // n), (r + 1) * (batch // n))
+        if not (torch.equal(got[0], x[want]) and torch.equal(got[1], y[want])):
+            rows = [int(v) for v in (got[0][:, 0] / 3).tolist()]
+            return (f"{call}: rank {r} got rows {rows} of x; expected the contiguous block "
+                    f"{list(range(want.start, want.stop))} (and the same rows of y)")
+        xs.append(got[0])
+    if not torch.equal(torch.cat(xs), x):
+        return f"split_batch(batch={batch}, world_size={n}): the ranks' slices together are not the batch"
+    return None
+
+
+JUDGED_SPLIT = Judged(__name__, "split_batch", _split_cases, _split_verdict)
+
+
+@judged(JUDGED_SPLIT)
 @passes_quietly
 def check_split_batch(split_batch, hidden: bool = False) -> None:
     """``split_batch(x, y, rank, world_size)`` -> rank's contiguous block of x and of y;
     a batch that does not divide by world_size raises ValueError. Pure: no launch."""
-    sizes = [(12, 2), (12, 3), (12, 4)] + ([(24, 4), (5, 5), (7, 1), (30, 6)] if hidden else [])
-    for batch, n in sizes:
-        x, y = torch.arange(batch * 3.0).view(batch, 3), torch.arange(batch * 2.0).view(batch, 2) + 1000
-        xs, ys = [], []
-        for r in range(n):
-            x_before, y_before = x.clone(), y.clone()
-            got = graded_call(REFUSED, "split_batch", split_batch, x, y, r, n)
-            require_plain(f"split_batch(batch={batch}, rank={r}, world_size={n})", got)
-            if not (torch.equal(x, x_before) and torch.equal(y, y_before)):
-                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) changed the caller's x or "
-                                     f"y; return slices (views) of them and leave the batch as it was")
-            if not (isinstance(got, tuple) and len(got) == 2):
-                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}) must return a "
-                                     f"tuple (x_local, y_local), got {type(got).__name__}")
-            xr, yr = got
-            for what, t, full in (("x", xr, x), ("y", yr, y)):
-                if not isinstance(t, torch.Tensor) or t.shape != (batch // n, full.shape[1]):
-                    shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                    raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}): {what}_local has "
-                                         f"shape {shape}; expected {(batch // n, full.shape[1])} (batch / world_size rows)")
-            want = slice(r * (batch // n), (r + 1) * (batch // n))
-            if not (torch.equal(xr, x[want]) and torch.equal(yr, y[want])):
-                rows = [int(v) for v in (xr[:, 0] / 3).tolist()]
-                raise AssertionError(f"split_batch(batch={batch}, rank={r}, world_size={n}): rank {r} got rows "
-                                     f"{rows} of x; expected the contiguous block {list(range(want.start, want.stop))} "
-                                     f"(and the same rows of y)")
-            xs.append(xr)
-            ys.append(yr)
-        if not torch.equal(torch.cat(xs), x):
-            raise AssertionError(f"split_batch(batch={batch}, world_size={n}): the ranks' slices together are not the batch")
-    # hidden: feature counts that make x.numel() and y.numel() divisible by world_size when the
-    # batch is not (a check on the wrong quantity passes the visible case only)
-    for batch, n, d in [(10, 4, 3)] + ([(6, 4, 2), (7, 2, 2), (3, 4, 4), (9, 6, 2)] if hidden else []):
-        x, y = torch.zeros(batch, d), torch.zeros(batch, 2 * d)
-        try:
-            graded_call(REFUSED, "split_batch", split_batch, x, y, 0, n)
-        except ValueError:
-            continue
-        raise AssertionError(f"split_batch(x of shape {tuple(x.shape)}, world_size={n}) must raise ValueError: {batch} rows do not "
-                             f"split evenly into {n} ranks (silently dropping rows changes the loss)")
-    report_passed("split_batch", f"{len(sizes)} (batch, world size) pairs: each rank's contiguous rows, "
-                                 f"inputs unchanged; ValueError when rows do not split", hidden)
+    cases = JUDGED_SPLIT.cases(hidden=hidden)
+    for i, case in enumerate(cases):
+        JUDGED_SPLIT.require(dict(hidden=hidden), i, case, _split_answer(split_batch, case))
+    report_passed("split_batch", f"{sum(c[0] == 'split' for c in cases)} (batch, world size) pairs: each rank's "
+                                 f"contiguous rows, inputs unchanged; ValueError when rows do not split", hidden)
 
 
 # ----------------------------------------------------------------------------- lab 2: naive DDP
@@ -151,42 +180,68 @@ def _expected_buckets(sizes, cap):
     return out + ([cur] if cur else [])
 
 
-@passes_quietly
-def check_make_buckets(make_buckets, hidden: bool = False) -> None:
-    """Greedy buckets of at most ``cap_bytes``, in reverse parameter order; a tensor bigger
-    than the cap gets a bucket of its own. Pure: no launch."""
+def _bucket_cases(hidden: bool) -> list[tuple]:
     fp32, fp64, bf16 = ([dt] * len(_SHAPES) for dt in (torch.float32, torch.float64, torch.bfloat16))
     configs = [(_SHAPES, fp32, 700), (_SHAPES, fp32, 2000)]
     if hidden:
         configs += [(_SHAPES, fp32, 4), (_SHAPES, fp32, 10 ** 6), (_SHAPES, fp32, 676), (_SHAPES, fp32, 728),
                     ([(3,)], fp32[:1], 12), ([(100,), (1,), (1,)], fp32[:3], 8),
                     (_SHAPES, fp64, 700), (_SHAPES, fp64, 2704), (_SHAPES, bf16, 400), (_SHAPES, bf16, 338)]
-    for shp, dtypes, cap in configs:
-        params = [torch.nn.Parameter(torch.arange(math.prod(s), dtype=dt).view(s)) for s, dt in zip(shp, dtypes)]
-        sizes = [p.numel() * p.element_size() for p in params]
-        idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
-        before = [p.detach().clone() for p in params]
-        got = graded_call(REFUSED, "make_buckets", make_buckets, params, cap)
-        require_plain(f"make_buckets(cap_bytes={cap})", got)
-        if not all(torch.equal(p.detach(), b) for p, b in zip(sorted(params, key=lambda p: idx[id(p)]), before)):
-            raise AssertionError(f"make_buckets(cap_bytes={cap}) changed the values of the parameters it was given; "
-                                 f"it only groups them")
-        try:
-            got_idx = [[idx[id(p)] for p in b] for b in got]
-        except (KeyError, TypeError):
-            raise AssertionError(f"make_buckets(cap_bytes={cap}) must return a list of lists of the given "
-                                 f"parameters, got {got!r:.200}") from None
-        want = _expected_buckets(sizes, cap)
-        # the contract fixes the buckets and their order, not the order inside a bucket
-        if [sorted(b) for b in got_idx] != [sorted(b) for b in want] or sum(map(len, got_idx)) != len(params):
-            kinds = sorted({str(dt).replace("torch.", "") for dt in dtypes})
-            raise AssertionError(
-                f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
-                f"parameter indices) {got_idx}; expected {want} (any order inside a bucket). Buckets are filled "
+    return configs
+
+
+def _bucket_params(case) -> list:
+    shapes, dtypes, _ = case
+    return [torch.nn.Parameter(torch.arange(math.prod(s), dtype=dt).view(s)) for s, dt in zip(shapes, dtypes)]
+
+
+def _bucket_answer(make_buckets, case) -> dict:
+    """The buckets as indices of the parameters given (what was returned, if it is not that), and
+    the parameters' values after the call."""
+    params = _bucket_params(case)
+    idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
+    got = graded_call(REFUSED, "make_buckets", make_buckets, params, case[2])
+    require_plain(f"make_buckets(cap_bytes={case[2]})", got)
+    try:
+        indices = [[idx[id(p)] for p in b] for b in got]
+    except (KeyError, TypeError):
+        indices = f"{got!r:.200}"
+    return {"buckets": indices, "after": [p.detach() for p in sorted(params, key=lambda p: idx[id(p)])]}
+
+
+def _bucket_verdict(case, answer) -> str | None:
+    shapes, dtypes, cap = case
+    params = _bucket_params(case)
+    sizes = [p.numel() * p.element_size() for p in params]
+    if len(answer["after"]) != len(params) or not all(torch.equal(a, p.detach()) for a, p in zip(answer["after"], params)):
+        return f"make_buckets(cap_bytes={cap}) changed the values of the parameters it was given; it only groups them"
+    got = answer["buckets"]
+    if isinstance(got, str):
+        return f"make_buckets(cap_bytes={cap}) must return a list of lists of the given parameters, got {got}"
+    want = _expected_buckets(sizes, cap)
+    # the contract fixes the buckets and their order, not the order inside a bucket
+    if [sorted(b) for b in got] != [sorted(b) for b in want] or sum(map(len, got)) != len(params):
+        kinds = sorted({str(dt).replace("torch.", "") for dt in dtypes})
+        return (f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
+                f"parameter indices) {got}; expected {want} (any order inside a bucket). Buckets are filled "
                 f"greedily in REVERSE order (the order backward produces gradients), a bucket holds at most "
                 f"cap_bytes unless one tensor alone is bigger (a parameter's bytes: numel() * element_size()), "
                 f"and every parameter appears exactly once.")
-    report_passed("make_buckets", f"{len(configs)} caps" + (" in fp32/fp64/bf16" if hidden else " in fp32")
+    return None
+
+
+JUDGED_BUCKETS = Judged(__name__, "make_buckets", _bucket_cases, _bucket_verdict)
+
+
+@judged(JUDGED_BUCKETS)
+@passes_quietly
+def check_make_buckets(make_buckets, hidden: bool = False) -> None:
+    """Greedy buckets of at most ``cap_bytes``, in reverse parameter order; a tensor bigger
+    than the cap gets a bucket of its own. Pure: no launch."""
+    cases = JUDGED_BUCKETS.cases(hidden=hidden)
+    for i, case in enumerate(cases):
+        JUDGED_BUCKETS.require(dict(hidden=hidden), i, case, _bucket_answer(make_buckets, case))
+    report_passed("make_buckets", f"{len(cases)} caps" + (" in fp32/fp64/bf16" if hidden else " in fp32")
                   + ": the greedy buckets in reverse order", hidden)
 
 

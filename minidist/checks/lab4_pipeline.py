@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from minidist.checks.common import (TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case,
                                     report_passed)
+from minidist.checks.docket import Judged, judged
 from minidist.checks.returned import require_plain
 from minidist.checks.lab4_cases import (EXECUTOR_CASES, WIDTH, Case, _compare_step, _inputs, _rank_grads,  # noqa: F401
                                         _schedule)
@@ -73,7 +74,7 @@ def _show(order, limit=14):
     return text + (" ..." if len(order) > limit else "")
 
 
-def _check_order(name, kind, s, p, m):
+def _order_problem(where, kind, s, p, m) -> str | None:
     for r in range(p):
         got = [(a.kind, a.mb) for a in s.compute(r)]
         want = _canonical(kind, p, m, r)
@@ -87,42 +88,63 @@ def _check_order(name, kind, s, p, m):
                     f"min(p - rank - 1, m) = {min(p - r - 1, m)} forwards, then one forward and one "
                     f"backward per step, then the remaining backwards")
         if not ok:
-            raise AssertionError(f"{name}(p={p}, m={m}): rank {r}'s compute order is not {kind}'s.\n"
-                                 f"  expected: {_show(want)}\n  got:      {_show(got)}\n  {hint}")
+            return (f"{where}: rank {r}'s compute order is not {kind}'s.\n"
+                    f"  expected: {_show(want)}\n  got:      {_show(got)}\n  {hint}")
+    return None
 
 
+def _schedule_cases(kind: str, hidden: bool) -> list[tuple]:
+    if kind not in ("gpipe", "1f1b"):
+        raise ValueError(f"check_schedule knows 'gpipe' and '1f1b', not {kind!r}")
+    return [(kind, p, m) for p, m in SCHEDULE_CASES[hidden]]
+
+
+def _schedule_verdict(case, s) -> str | None:
+    kind, p, m = case
+    where = f"{kind} schedule(p={p}, m={m})"
+    if not isinstance(s, Schedule):
+        return f"{where}: returned {type(s).__name__}; expected a minidist.pipeline.Schedule"
+    if (s.p, s.m, s.v) != (p, m, 1):
+        return (f"{where}: returned a schedule for p={s.p}, m={s.m}, v={s.v}; expected p={p}, m={m}, v=1 (every "
+                f"micro-batch is its own unit of work)")
+    try:
+        problems = validate(s)
+    except (TypeError, AttributeError, IndexError, ValueError) as err:     # actions that are not Actions
+        problems = [f"{type(err).__name__}: {err}"]
+    if problems:
+        more = f"\n  ... and {len(problems) - 6} more" if len(problems) > 6 else ""
+        return f"{where} is not a valid schedule:\n  " + "\n  ".join(problems[:6]) + more
+    problem = _order_problem(where, kind, s, p, m)
+    if problem:
+        return problem
+    sim = simulate(s, Costs(F=1, B=2))
+    theory = pipeline_bubble(kind, p, m)
+    if abs(sim.bubble - theory) > 1e-9:
+        return (f"{where}: simulated bubble {sim.bubble:.4f}, theory (p-1)/(m+p-1) = {theory:.4f}. Are the sends "
+                f"placed right after the compute that produces them, and the receives right before the compute "
+                f"that needs them?")
+    want = [pipeline_peak_activations(kind, p, m, r) for r in range(p)]
+    if sim.peak_activations != want:
+        return f"{where}: peak micro-batch activations per rank {sim.peak_activations}, expected {want}"
+    return None
+
+
+JUDGED_SCHEDULE = Judged(__name__, "schedule", _schedule_cases, _schedule_verdict, params=("kind", "hidden"))
+
+
+@judged(JUDGED_SCHEDULE)
 @passes_quietly
 def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None) -> None:
     """``fn(p, m)`` must return a valid ``kind`` schedule ("gpipe" or "1f1b"): validator
     clean (deadlock included), canonical compute order, simulated bubble = theory and
     simulated peak activations per rank = theory."""
-    if kind not in ("gpipe", "1f1b"):
-        raise ValueError(f"check_schedule knows 'gpipe' and '1f1b', not {kind!r}")
+    cases = JUDGED_SCHEDULE.cases(kind=kind, hidden=hidden)
     name = name or getattr(fn, "__name__", kind)
-    for p, m in SCHEDULE_CASES[hidden]:
-        where = f"{name}(p={p}, m={m})"
+    for i, case in enumerate(cases):
+        _, p, m = case
         s = graded_call(REFUSED, name, fn, p, m)
-        require_plain(where, s)
-        if not isinstance(s, Schedule):
-            raise AssertionError(f"{where} returned {type(s).__name__}; expected a minidist.pipeline.Schedule")
-        if (s.p, s.m, s.v) != (p, m, 1):
-            raise AssertionError(f"{where} returned a schedule for p={s.p}, m={s.m}, v={s.v}; expected "
-                                 f"p={p}, m={m}, v=1 (every micro-batch is its own unit of work)")
-        problems = validate(s)
-        if problems:
-            more = f"\n  ... and {len(problems) - 6} more" if len(problems) > 6 else ""
-            raise AssertionError(f"{where} is not a valid schedule:\n  " + "\n  ".join(problems[:6]) + more)
-        _check_order(name, kind, s, p, m)
-        sim = simulate(s, Costs(F=1, B=2))
-        theory = pipeline_bubble(kind, p, m)
-        if abs(sim.bubble - theory) > 1e-9:
-            raise AssertionError(f"{where}: simulated bubble {sim.bubble:.4f}, theory (p-1)/(m+p-1) = "
-                                 f"{theory:.4f}. Are the sends placed right after the compute that "
-                                 f"produces them, and the receives right before the compute that needs them?")
-        want = [pipeline_peak_activations(kind, p, m, r) for r in range(p)]
-        if sim.peak_activations != want:
-            raise AssertionError(f"{where}: peak micro-batch activations per rank {sim.peak_activations}, "
-                                 f"expected {want}")
+        require_plain(f"{name}(p={p}, m={m})", s)
+        JUDGED_SCHEDULE.require(dict(kind=kind, hidden=hidden), i, case, s)
     shown = ", ".join(f"{p}/{m}" for p, m in SCHEDULE_CASES[hidden])
     report_passed(name, f"p/m = {shown}: valid, {kind}'s compute order, bubble and peak = theory", hidden)
 

@@ -30,6 +30,7 @@ import torch
 from minidist import cost
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed, stand_in_lab_functions)
+from minidist.checks.docket import Judged, judged
 from minidist.checks.returned import require_plain
 from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab6_cases import (B, BF16, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases,
@@ -125,28 +126,39 @@ def _covered(name: str, cases: list[dict], hidden: bool) -> str:
         "; inputs unchanged"
 
 
-def _check_merge(fn, hidden: bool) -> None:
-    name = "merge_partial_attention"
-    for case in merge_cases(hidden):
-        args, (want_out, want_lse) = merge_inputs(case)
-        given = [a.clone() for a in args]
-        result = graded_call(_refusal(name), name, fn, *given)
-        label = f"{name} ({describe_case(case)})"
-        require_plain(label, result)
-        if not isinstance(result, (tuple, list)) or len(result) != 2:
-            raise AssertionError(f"{label}: must return (out, lse), got {type(result).__name__}")
-        # out = w_a·out_a + w_b·out_b with w = exp(lse_x - lse): a correct merge that rounds lse
-        # (e.g. through logaddexp) first moves each weight by up to ulp(lse), relative
-        top = max(a.abs().max().item() for a in (args[1], args[3]))
-        rounding = 2 * torch.finfo(case["dtype"]).eps * top * max(a.abs().max().item() for a in (args[0], args[2]))
-        problem = (err("out", result[0], want_out, slack=rounding, dtype=case["dtype"])
-                   or err("lse", result[1], want_lse, dtype=case["dtype"]) or unchanged(given, args))
-        if problem:
-            finite = all(torch.isfinite(r).all() for r in result if isinstance(r, torch.Tensor))
-            big = f" (lse's reach {top:.0f} here: does an exp overflow?)" if top > 80 and not finite else ""
-            raise AssertionError(f"{label}: {problem}{big}")
+def _merge_answer(fn, case):
+    args, _ = merge_inputs(case)
+    given = [a.clone() for a in args]
+    result = graded_call(_refusal(MERGE), MERGE, fn, *given)
+    require_plain(f"{MERGE} ({describe_case(case)})", result)
+    return {"result": result, "given": given}
 
 
+def _merge_verdict(case, answer) -> str | None:
+    """Judged (minidist.checks.docket): the reference merge is computed here, from the case alone."""
+    label, result = f"{MERGE} ({describe_case(case)})", answer["result"]
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        return f"{label}: must return (out, lse), got {type(result).__name__}"
+    args, (want_out, want_lse) = merge_inputs(case)
+    # out = w_a·out_a + w_b·out_b with w = exp(lse_x - lse): a correct merge that rounds lse
+    # (e.g. through logaddexp) first moves each weight by up to ulp(lse), relative
+    top = max(a.abs().max().item() for a in (args[1], args[3]))
+    rounding = 2 * torch.finfo(case["dtype"]).eps * top * max(a.abs().max().item() for a in (args[0], args[2]))
+    problem = (err("out", result[0], want_out, slack=rounding, dtype=case["dtype"])
+               or err("lse", result[1], want_lse, dtype=case["dtype"]) or unchanged(answer["given"], args))
+    if problem:
+        finite = all(torch.isfinite(r).all() for r in result if isinstance(r, torch.Tensor))
+        big = f" (lse's reach {top:.0f} here: does an exp overflow?)" if top > 80 and not finite else ""
+        return f"{label}: {problem}{big}"
+    return None
+
+
+MERGE = "merge_partial_attention"
+JUDGED_MERGE = Judged(__name__, MERGE, lambda name, hidden: merge_cases(hidden) if name == MERGE else [],
+                      _merge_verdict, params=("name", "hidden"))
+
+
+@judged(JUDGED_MERGE)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHECK_TIMEOUT) -> None:
     """Lab 6's graded function ``name``: on 4 ranks cut into groups of t (visible t = 2, 4; hidden
@@ -157,8 +169,10 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
     past exp's range, query or only kv heads that do not split, more blocking runs, a late peer
     (the ring's first block computed before the late message can land), sequences that do not cut
     into 2P chunks. Prints the ✓ line when it passes."""
-    if name == "merge_partial_attention":
-        _check_merge(fn, hidden)
+    if name == MERGE:
+        params = dict(name=name, hidden=hidden)
+        for i, case in enumerate(JUDGED_MERGE.cases(**params)):
+            JUDGED_MERGE.require(params, i, case, _merge_answer(fn, case))
         return report_passed(name, _covered(name, merge_cases(hidden), hidden), hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))

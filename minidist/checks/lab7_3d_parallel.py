@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 
 from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread, report_passed
+from minidist.checks.docket import Judged, judged, outcome
 from minidist.checks.returned import require_plain
 from minidist.checks.lab7_cases import BATCH, CFG, LR, OPTIMIZER, STEPS, WORLD, Layout, step_body, step_failure
 from minidist.checks.quiet import passes_quietly
@@ -66,38 +67,53 @@ def _as_lists(groups) -> dict | None:
         return None
 
 
+def _mesh_cases(hidden: bool) -> list[tuple]:
+    """("good", case) for the meshes, ("bad", case) for the sizes that must raise ValueError."""
+    good = MESH_CASES + (MESH_HIDDEN if hidden else [])
+    bad = MESH_BAD[:1] + (MESH_BAD[1:] if hidden else [])
+    return [("good", c) for c in good] + [("bad", c) for c in bad]
+
+
+def _mesh_verdict(case, answer) -> str | None:
+    kind, (n, dp, pp, tp) = case
+    call = f"mesh_groups(world_size={n}, dp={dp}, pp={pp}, tp={tp})"
+    if kind == "bad":
+        why = (f"{dp}·{pp}·{tp} = {dp * pp * tp} ranks is not the world's {n}" if dp * pp * tp != n
+               else "a size is not a positive integer")
+        if answer.get("raised") == "ValueError":
+            return None
+        if "raised" in answer:
+            return f"{call} raised {answer['raised']} ({answer.get('message')}); the lab asks for ValueError: {why}"
+        return f"{call} returned instead of raising ValueError: {why}"
+    lists = _as_lists(answer)
+    if lists is None:
+        return f"{call} returned {answer!r}: expected a dict with keys 'dp', 'pp', 'tp', each a list of rank lists"
+    want = _mesh_groups(n, dp, pp, tp)
+    for axis in ("tp", "pp", "dp"):
+        if lists[axis] != want[axis]:
+            return (f"{call}: the {axis.upper()} groups are {lists[axis]}, torch's mesh has {want[axis]} (rank = "
+                    f"(i_dp·pp + i_pp)·tp + i_tp; one group per setting of the other two coordinates, in "
+                    "row-major order of those)")
+    return None
+
+
+JUDGED_MESH = Judged(__name__, "mesh_groups", _mesh_cases, _mesh_verdict)
+
+
+@judged(JUDGED_MESH)
 @passes_quietly
 def check_mesh_groups(fn, hidden: bool = False) -> None:
     """``fn(world_size, dp, pp, tp)`` -> {"dp": [...], "pp": [...], "tp": [...]}: every group's
     ranks, groups and ranks in torch's ``init_device_mesh`` order (row-major (dp, pp, tp), TP
     innermost); ``ValueError`` when dp·pp·tp is not the world size or a size is not a positive
     integer (hidden: negative, zero and non-integer sizes whose product may still match)."""
-    for case in MESH_CASES + (MESH_HIDDEN if hidden else []):
-        want = _mesh_groups(*case)
-        got = graded_call(_MESH, "mesh_groups", fn, *case)
-        require_plain(f"mesh_groups{case}", got)
-        lists = _as_lists(got)
-        if lists is None:
-            raise AssertionError(f"mesh_groups{case} returned {got!r}: expected a dict with keys 'dp', 'pp', "
-                                 "'tp', each a list of rank lists")
-        for axis in ("tp", "pp", "dp"):
-            if lists[axis] != want[axis]:
-                raise AssertionError(
-                    f"mesh_groups(world_size={case[0]}, dp={case[1]}, pp={case[2]}, tp={case[3]}): the "
-                    f"{axis.upper()} groups are {lists[axis]}, torch's mesh has {want[axis]} (rank = "
-                    f"(i_dp·pp + i_pp)·tp + i_tp; one group per setting of the other two coordinates, in "
-                    "row-major order of those)")
-    for case in MESH_BAD[:1] + (MESH_BAD[1:] if hidden else []):
-        call = f"mesh_groups(world_size={case[0]}, dp={case[1]}, pp={case[2]}, tp={case[3]})"
-        why = (f"{case[1]}·{case[2]}·{case[3]} = {case[1] * case[2] * case[3]} ranks is not the world's {case[0]}"
-               if case[1] * case[2] * case[3] != case[0] else "a size is not a positive integer")
-        try:
-            graded_call(_MESH, "mesh_groups", fn, *case)
-        except ValueError:
-            continue
-        except Exception as e:      # noqa: BLE001  (a TypeError from range(1.5) is not the contract's error)
-            raise AssertionError(f"{call} raised {type(e).__name__} ({e}); the lab asks for ValueError: {why}") from None
-        raise AssertionError(f"{call} returned instead of raising ValueError: {why}")
+    for i, (kind, case) in enumerate(JUDGED_MESH.cases(hidden=hidden)):
+        if kind == "good":
+            answer = graded_call(_MESH, "mesh_groups", fn, *case)
+            require_plain(f"mesh_groups{case}", answer)
+        else:
+            answer = outcome(lambda: graded_call(_MESH, "mesh_groups", fn, *case))
+        JUDGED_MESH.require(dict(hidden=hidden), i, (kind, case), answer)
     report_passed("mesh_groups", f"{len(MESH_CASES) + (len(MESH_HIDDEN) if hidden else 0)} meshes vs torch's order"
                   f"; ValueError for {1 + (len(MESH_BAD) - 1 if hidden else 0)} bad sizes"
                   + (" (products, negative, zero, non-integer)" if hidden else ""), hidden)
@@ -171,25 +187,37 @@ MEMORY_HIDDEN = ([MemoryConfig(CFG, 2, 4, 1, s, 8, 4) for s in range(4)]        
 PARTS = ("params", "grads", "optimizer", "activations")
 
 
+def _memory_verdict(c: MemoryConfig, answer, rel: float = 1e-3) -> str | None:
+    if not isinstance(answer, dict) or any(k not in answer for k in PARTS + ("total",)):
+        return f"predict_memory returned {answer!r}: expected a dict with keys {', '.join(PARTS + ('total',))}"
+    try:
+        got = {k: float(answer[k]) for k in PARTS + ("total",)}
+    except (TypeError, ValueError):
+        return f"predict_memory({c}) returned {answer!r}: expected numbers of bytes"
+    want = expected_memory(c)
+    for k in PARTS:
+        if not abs(got[k] - want[k]) <= rel * max(want[k], 1):
+            return f"predict_memory({c}): {k} = {got[k]:.6g} bytes, expected {want[k]:.6g}"
+    if not abs(got["total"] - sum(got[k] for k in PARTS)) <= rel * max(want["total"], 1):
+        return f"predict_memory({c}): total {answer['total']} is not the sum of the parts"
+    return None
+
+
+JUDGED_MEMORY = Judged(__name__, "predict_memory", lambda hidden: MEMORY_CASES + (MEMORY_HIDDEN if hidden else []),
+                _memory_verdict)
+
+
+@judged(JUDGED_MEMORY)
 @passes_quietly
-def check_predict_memory(fn, hidden: bool = False, rel: float = 1e-3) -> None:
+def check_predict_memory(fn, hidden: bool = False) -> None:
     """``fn(config: MemoryConfig)`` -> {"params", "grads", "optimizer", "activations", "total"}
-    bytes on one rank, each within ``rel`` of ``cost.parallel3d.memory_per_rank`` (ZeRO's shards
+    bytes on one rank, each within 0.1 % of ``cost.parallel3d.memory_per_rank`` (ZeRO's shards
     may round), total the sum of the parts. Visible: 2×2×2 1F1B and 1×2×4 GPipe, both stages;
     hidden: 4 stages with 1F1B, m < p, SGD, ZeRO 1-3 over d = 4, no biases, GQA, a 7B model."""
-    for c in MEMORY_CASES + (MEMORY_HIDDEN if hidden else []):
-        want = expected_memory(c)
-        got = graded_call(_MEMORY, "predict_memory", fn, c)
-        require_plain(f"predict_memory({c})", got)
-        if not isinstance(got, dict) or any(k not in got for k in PARTS + ("total",)):
-            raise AssertionError(f"predict_memory returned {got!r}: expected a dict with keys "
-                                 f"{', '.join(PARTS + ('total',))}")
-        for k in PARTS:
-            if not abs(float(got[k]) - want[k]) <= rel * max(want[k], 1):
-                raise AssertionError(f"predict_memory({c}): {k} = {float(got[k]):.6g} bytes, expected "
-                                     f"{want[k]:.6g}")
-        if not abs(float(got["total"]) - sum(float(got[k]) for k in PARTS)) <= rel * max(want["total"], 1):
-            raise AssertionError(f"predict_memory({c}): total {got['total']} is not the sum of the parts")
+    for i, c in enumerate(JUDGED_MEMORY.cases(hidden=hidden)):
+        answer = graded_call(_MEMORY, "predict_memory", fn, c)
+        require_plain(f"predict_memory({c})", answer)
+        JUDGED_MEMORY.require(dict(hidden=hidden), i, c, answer)
     report_passed("predict_memory", f"{len(MEMORY_CASES) + (len(MEMORY_HIDDEN) if hidden else 0)} ranks' params, "
                   "grads, optimizer, activations vs cost.parallel3d"
                   + (" (1F1B/GPipe, SGD, ZeRO 1-3, no bias, GQA, 7B)" if hidden else ""), hidden)
@@ -201,24 +229,38 @@ STAGE_CASES = [(CFG, 2, 2), (CFG, 1, 4)]
 STAGE_HIDDEN = [(CFG, 4, 1), (_NO_BIAS, 2, 2), (_GQA, 3, 2), (_GQA, 1, 1), (_BIG, 4, 4), (_BIG, 8, 8)]
 
 
+def _stage_cases(hidden: bool) -> list[tuple]:
+    return [(cfg, pp, tp, stage) for cfg, pp, tp in STAGE_CASES + (STAGE_HIDDEN if hidden else [])
+            for stage in range(pp)]
+
+
+def _stage_verdict(case, answer) -> str | None:
+    cfg, pp, tp, stage = case
+    want = stage_numel(cfg, pp, tp, stage)
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool) and answer == want:
+        return None
+    return (f"stage_parameters(cfg with d_model={cfg.d_model}, n_layers={cfg.n_layers}, vocab={cfg.vocab}, "
+            f"n_kv_heads={cfg.n_kv_heads}, bias={cfg.bias}; pp={pp}, tp={tp}, stage={stage}) = {answer!r}, "
+            f"expected {want} (stage 0 adds the embeddings, the last stage the final LayerNorm and the head)")
+
+
+JUDGED_STAGES = Judged(__name__, "stage_parameters", _stage_cases, _stage_verdict)
+
+
+@judged(JUDGED_STAGES)
 @passes_quietly
 def check_stage_parameters(fn, hidden: bool = False) -> None:
     """``fn(cfg, pp, tp, stage)`` -> the number of parameters one TP rank of pipeline stage ``stage``
     holds, exactly :func:`minidist.cost.parallel3d.stage_numel` (which ``tests/test_mesh.py`` holds
     equal to a built ``GPTStage``'s), for every stage. Visible: the tiny GPT at 2 stages × TP 2 and
     1 stage × TP 4 (both ends on one stage); hidden: 4 stages, no biases, GQA, a 7B model."""
-    cases = STAGE_CASES + (STAGE_HIDDEN if hidden else [])
-    for cfg, pp, tp in cases:
-        for stage in range(pp):
-            want = stage_numel(cfg, pp, tp, stage)
-            got = graded_call(_MEMORY, "stage_parameters", fn, cfg, pp, tp, stage)
-            require_plain(f"stage_parameters(pp={pp}, tp={tp}, stage={stage})", got)
-            if not isinstance(got, (int, float)) or got != want:
-                raise AssertionError(
-                    f"stage_parameters(cfg with d_model={cfg.d_model}, n_layers={cfg.n_layers}, vocab={cfg.vocab}, "
-                    f"n_kv_heads={cfg.n_kv_heads}, bias={cfg.bias}; pp={pp}, tp={tp}, stage={stage}) = {got!r}, "
-                    f"expected {want} (stage 0 adds the embeddings, the last stage the final LayerNorm and the head)")
-    report_passed("stage_parameters", f"{len(cases)} layouts, every stage, exact counts"
+    for i, case in enumerate(JUDGED_STAGES.cases(hidden=hidden)):
+        cfg, pp, tp, stage = case
+        answer = graded_call(_MEMORY, "stage_parameters", fn, *case)
+        require_plain(f"stage_parameters(pp={pp}, tp={tp}, stage={stage})", answer)
+        JUDGED_STAGES.require(dict(hidden=hidden), i, case, answer)
+    n = len(STAGE_CASES) + (len(STAGE_HIDDEN) if hidden else 0)
+    report_passed("stage_parameters", f"{n} layouts, every stage, exact counts"
                   + (" (no bias, GQA, 7B)" if hidden else ""), hidden)
 
 

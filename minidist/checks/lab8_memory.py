@@ -31,10 +31,12 @@ import torch
 
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed)
-from minidist.checks.returned import require_plain
-from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
-from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, err, expected_saved,
-                                        scale_history, shard_bounds)
+from minidist.checks.docket import Judged, judged
+from minidist.checks.lab8_here import (SCALER, recompute_answer, recompute_cases, recompute_verdict, scaler_answer,
+                                       scaler_cases, scaler_verdict)
+from minidist.checks.groups import consecutive_groups, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, expected_saved,
+                                        shard_bounds)
 from minidist.checks.quiet import passes_quietly
 from minidist import cost
 from minidist.memory import ActivationMeter, model_state, model_state_bytes
@@ -92,142 +94,30 @@ COVERED = {
 }
 
 
-# ----------------------------------------------------------------------------- the scaler, in this process
-def _check_scaler_here(cls, hidden: bool) -> None:
-    name = "DynamicLossScaler"
+# ----------------------------------------------------------------------------- in this process, judged
+HERE = {SCALER: (scaler_cases, scaler_answer, scaler_verdict),
+        "recompute_blocks": (recompute_cases, recompute_answer, recompute_verdict)}
+JUDGED_HERE = Judged(__name__, "here", lambda name, hidden: [(name, c) for c in HERE[name][0](hidden)]
+                     if name in HERE else [], lambda case, answer: HERE[case[0]][2](case[1], answer),
+                     params=("name", "hidden"))
+
+
+def _check_here(name, fn, hidden):
+    params = dict(name=name, hidden=hidden)
     call = lambda *a, **k: graded_call(REFUSED, name, *a, **k)       # noqa: E731
-
-    def loss_scale(s):
-        """Read as a graded call: a property runs the student's code, refused the library there too."""
-        value = call(getattr, s, "loss_scale", None)
-        require_plain(f"{name}.loss_scale", value)
-        return value
-    s = call(cls)
-    if loss_scale(s) != 2.0 ** 16:
-        raise AssertionError(f"{name}(): loss_scale must start at init_scale = 2**16 = 65536.0, "
-                             f"it is {loss_scale(s) if hasattr(s, 'loss_scale') else 'missing'!r}")
-    w = torch.tensor(3.0, device="cpu", requires_grad=True)
-    scaled = call(s.scale, w * 2.0)
-    require_plain(f"{name}.scale(loss)", scaled)
-    if not isinstance(scaled, torch.Tensor) or scaled.grad_fn is None:
-        raise AssertionError(f"{name}.scale(loss) must return a tensor that backward can go through "
-                             f"(loss * loss_scale), got {type(scaled).__name__}")
-    scaled.backward()
-    if scaled.item() != 6.0 * 2 ** 16 or w.grad.item() != 2.0 * 2 ** 16:
-        raise AssertionError(f"{name}.scale(loss) must be loss · loss_scale: got {scaled.item():g} and a gradient of "
-                             f"{w.grad.item():g} for loss = 6, d loss/dw = 2, scale 65536")
-    settings = [dict(init_scale=8.0, growth_interval=3)]
-    if hidden:
-        settings += [dict(init_scale=2.0 ** 10, growth_factor=4.0, backoff_factor=0.25, growth_interval=1),
-                     dict(init_scale=1.0, growth_interval=2)]
-    flags = [False] * 4 + [True] + [False] * 2 + [True, True] + [False] * 7     # growth twice in a row at the end
-    for kw in settings:
-        s = call(cls, **kw)
-        got = []
-        for f in flags:
-            call(s.update, f)
-            got.append(loss_scale(s))
-        want = scale_history(flags, **kw)
-        if got != want:
-            raise AssertionError(f"{name}({', '.join(f'{k}={v}' for k, v in kw.items())}): after update() with "
-                                 f"found_inf = {[int(f) for f in flags]} the scale went {got}, expected {want}")
-    if hidden:
-        for kw in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.5), dict(growth_interval=0)):
-            try:
-                call(cls, **kw)
-            except ValueError:
-                continue
-            raise AssertionError(f"{name}({', '.join(f'{k}={v}' for k, v in kw.items())}) must raise ValueError")
+    for i, case in enumerate(JUDGED_HERE.cases(**params)):
+        JUDGED_HERE.require(params, i, case, HERE[name][1](fn, case[1], call))
 
 
-# ----------------------------------------------------------------------------- recomputation, in this process
-RECOMPUTE_CFG = dict(n_layers=2, d_model=16, n_heads=2, seq_len=8, vocab=8, seed=3)
-RB = 2
-
-
-def _recompute_cases(hidden: bool) -> list[dict]:
-    cases = [dict(policy=p, dropout=0.1) for p in ("full", "selective")]
-    if hidden:
-        cases += [dict(policy=p, dropout=0.0) for p in ("none", "full", "selective")]
-        cases += [dict(policy=p, dropout=0.1, n_layers=3) for p in ("full", "selective")]
-        cases += [dict(policy="checkpoint", dropout=0.0, raises=True)]
-    return cases
-
-
-def _run_blocks(fn, blocks, x, policy, seed, refused: bool):
-    """Forward (its saved bytes), then backward with a fixed upstream gradient, from random state ``seed``."""
-    torch.manual_seed(seed)
-    meter = ActivationMeter([t for b in blocks for t in model_state(b)])
-    with meter.recording():
-        y = graded_call(REFUSED, "recompute_blocks", fn, blocks, x, policy) if refused else fn(blocks, x)
-    saved = meter.bytes
-    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), device="cpu")
-    if refused:
-        graded_call(REFUSED, "recompute_blocks", y.backward, upstream)
-    else:
-        y.backward(upstream)
-    return y.detach(), saved, torch.get_rng_state()
-
-
-def _plain(blocks, x):
-    for b in blocks:
-        x = b(x)
-    return x
-
-
-def _check_recompute(fn, hidden: bool) -> None:
-    name = "recompute_blocks"
-    for case in _recompute_cases(hidden):
-        cfg = dict(RECOMPUTE_CFG, n_layers=case.get("n_layers", 2), dropout=case["dropout"])
-        label = f"{name} ({describe_case(case)})"
-        model = TinyGPT(device="cpu", **cfg)
-        blocks = model.blocks
-        x0 = torch.randn(RB, cfg["seq_len"], cfg["d_model"], generator=torch.Generator().manual_seed(4), device="cpu")
-        if case.get("raises"):
-            try:
-                graded_call(REFUSED, name, fn, blocks, x0.clone().requires_grad_(), case["policy"])
-            except ValueError:
-                continue
-            raise AssertionError(f"{label}: policy {case['policy']!r} must raise ValueError (use 'none', 'full' "
-                                 f"or 'selective')")
-        x = x0.clone().requires_grad_()
-        y_ref, _, rng_ref = _run_blocks(_plain, blocks, x, None, 11, False)
-        grads_ref = [x.grad.clone()] + [p.grad.clone() for p in blocks.parameters()]
-        weights = [p.detach().clone() for p in blocks.parameters()]
-        model.zero_grad(set_to_none=True)
-        x = x0.clone().requires_grad_()
-        y, saved, rng = _run_blocks(fn, blocks, x, case["policy"], 11, True)
-        problems = [err("output", y, y_ref), err("x.grad", x.grad, grads_ref[0])]
-        problems += [err(f"gradient of {n}", p.grad, g) if p.grad is not None else f"{n} got no gradient"
-                     for (n, p), g in zip(blocks.named_parameters(), grads_ref[1:])]
-        if not torch.equal(x.detach(), x0):
-            problems.append("the caller's input x was changed")
-        if any(not torch.equal(p, w) for p, w in zip(blocks.parameters(), weights)):
-            problems.append("the blocks' weights were changed")
-        if not torch.equal(rng, rng_ref):
-            problems.append("the random state after forward and backward is not what the plain run leaves "
-                            "(replay dropout's random state for the recomputation, then put the generator back)")
-        want = expected_saved(case["policy"], cfg["n_layers"], RB, cfg["seq_len"], cfg["d_model"], cfg["n_heads"],
-                              4 * cfg["d_model"], case["dropout"] > 0)
-        if saved != want:
-            problems.append(f"forward saved {saved} bytes for backward, the formula for {case['policy']!r} says "
-                            f"{want} (ActivationMeter: what autograd's saved-tensor hooks see)")
-        problem = next((p for p in problems if p), None)
-        if problem:
-            raise AssertionError(f"{label}: {problem}")
-
-
+@judged(JUDGED_HERE)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = MEM_CHECK_TIMEOUT) -> None:
     """Lab 8's graded function ``name``: the steps and the scaler's unscale_ on 4 ranks cut into
     groups of t (visible t = 2, 4; hidden 1–4) against fp32 references, bytes per rank against
     2 + 2 + 12/N; the scaler's bookkeeping and recompute_blocks in this process."""
-    if name == "recompute_blocks":
-        with one_thread():
-            _check_recompute(fn, hidden)
-    else:
-        if name == "DynamicLossScaler":
-            _check_scaler_here(fn, hidden)
+    if name in HERE:
+        _check_here(name, fn, hidden)
+    if name != "recompute_blocks":
         cases = _cases(name, hidden)
         out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
         raise_first_group_problem(name, cases, out, WORLD)

@@ -30,6 +30,7 @@ import minidist
 from minidist.checks import lab9_reference as ref
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed, stand_in_lab_functions)
+from minidist.checks.docket import Judged, judged, outcome
 from minidist.checks.returned import require_plain
 from minidist.checks.groups import describe_case, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab9_cases import CASE_RUNNERS, F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
@@ -83,16 +84,30 @@ def _cases(name: str, hidden: bool) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- pure checks (this process)
-def _must_raise(label, what, fn, *args):
-    name = label.split(" ")[0]
+# Judged (minidist.checks.docket): the answers go as plain data to a verdict that recomputes the
+# reference, here and in the grader's judge alike.
+def _raise_problem(label, what, answer) -> str | None:
+    if answer.get("raised") == "ValueError":
+        return None
+    if "raised" in answer:
+        return (f"{label}: raised {answer['raised']} ({answer.get('message')}) although {what}; the lab asks for a "
+                "ValueError with a clear message")
+    return f"{label}: returned although {what}; the lab asks for a ValueError"
+
+
+def _backward_grad(output, upstream, leaf):
+    """``leaf.grad`` after ``(output * upstream).sum().backward()`` (None if the output cannot)."""
     try:
-        graded_call(REFUSED, name, fn, *args)
-    except ValueError:
-        return
-    except Exception as other:      # noqa: BLE001  (the student's error, named)
-        raise AssertionError(f"{label}: raised {type(other).__name__} ({other}) although {what}; the lab asks for a "
-                             "ValueError with a clear message") from None
-    raise AssertionError(f"{label}: returned although {what}; the lab asks for a ValueError")
+        (output * upstream).sum().backward()
+    except Exception:      # noqa: BLE001  (a wrong answer's backward may fail: no gradient then)
+        return None
+    return leaf.grad
+
+
+def _detached(result):
+    if isinstance(result, (tuple, list)):
+        return [r.detach() if isinstance(r, torch.Tensor) else r for r in result]
+    return result.detach() if isinstance(result, torch.Tensor) else result
 
 
 def _router_cases(hidden):
@@ -110,74 +125,105 @@ def _router_cases(hidden):
     return cases
 
 
-def _check_router(fn, hidden):
-    name = "top_k_router"
-    for case in _router_cases(hidden):
-        n, num_experts, k, dtype = case["n"], case["E"], case["k"], case["dtype"]
-        favourites = torch.arange(num_experts, 0, -1, device="cpu") / num_experts      # expert 0 most
-        logits = randn((n, num_experts), 5 + n) + case.get("skew", 0.0) * favourites
-        label = f"{name} ({describe_case(case)})"
-        if case.get("raises"):
-            bad = logits.to(dtype)[None] if "dimensions" in case["raises"] else logits.to(dtype)
-            _must_raise(label, case["raises"], fn, bad, k, case["capacity"])
-            continue
-        logits = logits.to(dtype)
-        theirs = logits.clone().requires_grad_()
-        want = ref.top_k_router(theirs, k, case["capacity"])
-        mine = logits.clone().requires_grad_()
-        given = mine * 1
-        result = graded_call(REFUSED, name, fn, given, k, case["capacity"])
-        require_plain(label, result)
-        if not isinstance(result, (tuple, list)) or len(result) != 3:
-            raise AssertionError(f"{label}: must return (expert_indices, weights, keep)")
-        problem = (err("expert_indices", result[0], want[0]) or err("weights", result[1], want[1].detach())
-                   or err("keep", result[2], want[2]) or (None if torch.equal(given.detach(), logits) else
-                                                          "the logits were modified in place"))
-        if not problem:
-            up = randn((n, k), 6, dtype)
-            (want[1] * up).sum().backward()
-            (result[1] * up).sum().backward()
-            problem = err("logits.grad", mine.grad, theirs.grad)
-        if problem:
-            raise AssertionError(f"{label}: {problem}")
-    report_passed(name, "indices, weights and their gradient, kept choices; k = 1, 2 and k = E, capacity dropping "
-                  "and dropless, fp32/fp64" + (", bad k and capacity" if hidden else ""), hidden)
+def _router_logits(case):
+    n, num_experts = case["n"], case["E"]
+    favourites = torch.arange(num_experts, 0, -1, device="cpu") / num_experts      # expert 0 most
+    logits = (randn((n, num_experts), 5 + n) + case.get("skew", 0.0) * favourites).to(case["dtype"])
+    return logits[None] if "dimensions" in case.get("raises", "") else logits
 
 
-def _check_loss(fn, hidden):
-    name = "load_balancing_loss"
+def _router_answer(fn, case):
+    logits, k = _router_logits(case), case["k"]
+    if case.get("raises"):
+        return outcome(lambda: graded_call(REFUSED, "top_k_router", fn, logits, k, case["capacity"]))
+    mine = logits.clone().requires_grad_()
+    given = mine * 1
+    result = graded_call(REFUSED, "top_k_router", fn, given, k, case["capacity"])
+    require_plain(f"top_k_router ({describe_case(case)})", result)
+    grad = None
+    if isinstance(result, (tuple, list)) and len(result) == 3:
+        grad = _backward_grad(result[1], randn((case["n"], k), 6, case["dtype"]), mine)
+    return {"result": _detached(result), "given": given.detach(), "grad": grad}
+
+
+def _router_verdict(case, answer) -> str | None:
+    label = f"top_k_router ({describe_case(case)})"
+    if case.get("raises"):
+        return _raise_problem(label, case["raises"], answer)
+    result, logits, k = answer["result"], _router_logits(case), case["k"]
+    if not isinstance(result, (tuple, list)) or len(result) != 3:
+        return f"{label}: must return (expert_indices, weights, keep)"
+    theirs = logits.clone().requires_grad_()
+    want = ref.top_k_router(theirs, k, case["capacity"])
+    problem = (err("expert_indices", result[0], want[0]) or err("weights", result[1], want[1].detach())
+               or err("keep", result[2], want[2])
+               or (None if torch.equal(answer["given"], logits) else "the logits were modified in place"))
+    if not problem:
+        (want[1] * randn((case["n"], k), 6, case["dtype"])).sum().backward()
+        problem = err("logits.grad", answer["grad"], theirs.grad)
+    return f"{label}: {problem}" if problem else None
+
+
+def _loss_cases(hidden):
     cases = [dict(n=10, E=4, k=2, dtype=F32)]
     if hidden:
         cases += [dict(n=12, E=8, k=1, dtype=F64), dict(n=10, E=4, k=2, dtype=F32, starve=True),
                   dict(n=9, E=6, k=3, dtype=F64), dict(n=6, E=4, k=1, dtype=F32, raises=True)]
-    for case in cases:
-        n, num_experts, k, dtype = case["n"], case["E"], case["k"], case["dtype"]
-        label = f"{name} ({describe_case(case)})"
-        logits = randn((n, num_experts), 8 + n)
-        if case.get("starve"):
-            logits[:, -1] = -50.0
-        probs = torch.softmax(logits, -1).to(dtype)
-        idx = probs.topk(k, dim=-1).indices
-        if case.get("raises"):
-            _must_raise(label, f"router_probs has {num_experts} columns for {num_experts + 1} experts", fn, probs, idx,
-                        num_experts + 1)
-            continue
-        theirs, mine = probs.clone().requires_grad_(), probs.clone().requires_grad_()
-        want = ref.load_balancing_loss(theirs, idx, num_experts)
-        given = (mine * 1, idx.clone())
-        got = graded_call(REFUSED, name, fn, *given, num_experts)
-        require_plain(label, got)
-        problem = err("the loss", got, want.detach())
-        if not problem and not (torch.equal(given[1], idx) and torch.equal(given[0].detach(), probs)):
-            problem = "its inputs were modified in place"
-        if not problem:
-            want.backward()
-            got.backward()
-            problem = err("router_probs.grad", mine.grad, theirs.grad)
-        if problem:
-            raise AssertionError(f"{label}: {problem}")
-    report_passed(name, "value and gradient; k = 1, 2, 3, fp32/fp64" + (", an expert nobody chose, probs that do "
-                  "not match E" if hidden else ""), hidden)
+    return cases
+
+
+def _loss_inputs(case):
+    logits = randn((case["n"], case["E"]), 8 + case["n"])
+    if case.get("starve"):
+        logits[:, -1] = -50.0
+    probs = torch.softmax(logits, -1).to(case["dtype"])
+    return probs, probs.topk(case["k"], dim=-1).indices
+
+
+def _loss_answer(fn, case):
+    probs, idx = _loss_inputs(case)
+    if case.get("raises"):
+        return outcome(lambda: graded_call(REFUSED, "load_balancing_loss", fn, probs, idx, case["E"] + 1))
+    mine = probs.clone().requires_grad_()
+    given = (mine * 1, idx.clone())
+    got = graded_call(REFUSED, "load_balancing_loss", fn, *given, case["E"])
+    require_plain(f"load_balancing_loss ({describe_case(case)})", got)
+    grad = _backward_grad(got, 1.0, mine) if isinstance(got, torch.Tensor) else None
+    return {"loss": _detached(got), "given": [given[0].detach(), given[1]], "grad": grad}
+
+
+def _loss_verdict(case, answer) -> str | None:
+    label = f"load_balancing_loss ({describe_case(case)})"
+    if case.get("raises"):
+        return _raise_problem(label, f"router_probs has {case['E']} columns for {case['E'] + 1} experts", answer)
+    probs, idx = _loss_inputs(case)
+    theirs = probs.clone().requires_grad_()
+    want = ref.load_balancing_loss(theirs, idx, case["E"])
+    problem = err("the loss", answer["loss"], want.detach())
+    if not problem and not (torch.equal(answer["given"][1], idx) and torch.equal(answer["given"][0], probs)):
+        problem = "its inputs were modified in place"
+    if not problem:
+        want.backward()
+        problem = err("router_probs.grad", answer["grad"], theirs.grad)
+    return f"{label}: {problem}" if problem else None
+
+
+#: graded name -> (cases(hidden), the answer of fn to a case, its verdict)
+PURE = {"top_k_router": (_router_cases, _router_answer, _router_verdict),
+        "load_balancing_loss": (_loss_cases, _loss_answer, _loss_verdict)}
+PURE_COVERED = {"top_k_router": lambda hidden: "indices, weights and their gradient, kept choices; k = 1, 2 and k = E, "
+                "capacity dropping and dropless, fp32/fp64" + (", bad k and capacity" if hidden else ""),
+                "load_balancing_loss": lambda hidden: "value and gradient; k = 1, 2, 3, fp32/fp64"
+                + (", an expert nobody chose, probs that do not match E" if hidden else "")}
+JUDGED_PURE = Judged(__name__, "pure", lambda name, hidden: [(name, c) for c in PURE[name][0](hidden)] if name in PURE
+                     else [], lambda case, answer: PURE[case[0]][2](case[1], answer), params=("name", "hidden"))
+
+
+def _check_pure(name, fn, hidden):
+    params = dict(name=name, hidden=hidden)
+    for i, case in enumerate(JUDGED_PURE.cases(**params)):
+        JUDGED_PURE.require(params, i, case, PURE[name][1](fn, case[1]))
+    report_passed(name, PURE_COVERED[name](hidden), hidden)
 
 
 COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
@@ -185,16 +231,15 @@ COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
            "moe_layer": "output, aux loss, x/router/expert gradients and traced bytes"}
 
 
+@judged(JUDGED_PURE)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = EP_CHECK_TIMEOUT) -> None:
     """Lab 9's graded function ``name``. The router and the loss in this process; the others on 4
     ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): outputs and every gradient equal
     one process, the caller's tensors unchanged, the traced all-to-alls equal the cost model.
     Hidden cases: k = 1, fp64, uneven and empty loads, dropped choices, capacity, bad input."""
-    if name == "top_k_router":
-        return _check_router(fn, hidden)
-    if name == "load_balancing_loss":
-        return _check_loss(fn, hidden)
+    if name in PURE:
+        return _check_pure(name, fn, hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
     raise_first_group_problem(name, cases, out, WORLD)

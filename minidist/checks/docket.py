@@ -1,0 +1,116 @@
+"""A check's verdict, given again by a process that never ran student code (issue 27, item 2).
+
+A pure check calls the student's function on cases of its own, then compares each answer with a
+reference. In the grader's confirmation both happen in the child that ran the solution cells, so
+code a solution cell left behind (a thread, a patched module) runs next to the comparison. A
+*judged* check splits the two: its verdict is a pure function of one case and of the answer
+as plain data (:mod:`minidist.runtime.plain_data`), and every answer is filed in the *docket*.
+The grader's judge (``autograder/confirm_judge.py``, a process that never runs student code)
+reads the docket, takes the cases from the check itself, computes the references itself and
+gives each verdict again; a test the child reports passed keeps its points only if the judge
+agrees, and a case with no answer filed is a failure. So a verdict can no longer be forged in
+the child: only answers can be filed there, and only right answers pass.
+
+A judged check is declared once and used by the check and by the judge alike::
+
+    STAGES = Judged(__name__, "stage_parameters", cases=_stage_cases, verdict=_stage_verdict)
+
+    @judged(STAGES)
+    def check_stage_parameters(fn, hidden=False):
+        for i, case in enumerate(STAGES.cases(hidden=hidden)):
+            STAGES.require(dict(hidden=hidden), i, case, graded_call(..., fn, *case))
+
+The notebook's run and the judge take the verdict from the same function of the same value: the
+answer after a round trip through plain data (what the judge reads). Answers are filed only where
+``MINIDIST_DOCKET=1`` (the confirmation's runner sets it), read once at import.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from minidist.runtime import plain_data
+
+#: Whether answers are filed (the grader's confirmation). Read once, before any student code.
+ON = os.environ.get("MINIDIST_DOCKET") == "1"
+_entries: list = []          # (key, hidden, case index, plain data bytes) filed since the runner emptied it
+MAX_BYTES = 2 << 20          # a docket past this is incomplete, so its test is not confirmed
+
+
+class Judged:
+    """One pure check: ``cases(**params)`` lists its cases, ``verdict(case, answer)`` says what is
+    wrong with an answer (None when it is right). ``params`` are the check's arguments that decide
+    its cases (``hidden``; ``kind`` for a schedule); a test cell gives them as constants."""
+
+    def __init__(self, module: str, name: str, cases: Callable[..., list],
+                 verdict: Callable[[object, object], str | None], params: tuple[str, ...] = ("hidden",)):
+        self.key, self.name, self.params = f"{module}.{name}", name, params
+        self.cases, self.verdict = cases, verdict
+
+    def require(self, params: dict, index: int, case, answer) -> None:
+        """File the answer to case ``index`` and raise AssertionError with its verdict's problem."""
+        try:
+            data = plain_data.dumps(answer)
+        except TypeError as err:
+            raise AssertionError(f"{self.name} returned something that is not plain data ({err})") from None
+        if ON and sum(len(e[3]) for e in _entries) + len(data) <= MAX_BYTES:
+            _entries.append((self.key, _params_key(params), int(index), data))
+        problem = self.verdict(case, plain_data.loads(data))
+        if problem:
+            raise AssertionError(problem)
+
+    def judge(self, params: dict, entries) -> str | None:
+        """The verdict of a whole call of the check (``params`` as the test cell gave them) from the
+        docket's entries: the first problem, or that a case has no answer; None when all pass."""
+        cases, want = self.cases(**params), _params_key(params)
+        answered = set()
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and entry[0] == self.key and entry[1] == want):
+                continue
+            index, data = entry[2], entry[3]
+            if not (type(index) is int and 0 <= index < len(cases) and isinstance(data, bytes)):
+                return f"{self.name}: the docket holds a malformed answer ({index!r})"
+            try:
+                answer = plain_data.loads(data)
+            except ValueError as err:
+                return f"{self.name}: an answer in the docket is not plain data ({err})"
+            problem = self.verdict(cases[index], answer)
+            if problem:
+                return problem
+            answered.add(index)
+        missing = sorted(set(range(len(cases))) - answered)
+        if missing:
+            return (f"{self.name}: no answer was filed for {len(missing)} of its {len(cases)} cases "
+                    f"(the first: {cases[missing[0]]!r})")
+        return None
+
+
+def _params_key(params: dict) -> str:
+    return json.dumps({k: params[k] for k in sorted(params)})
+
+
+def entries() -> list:
+    """The list answers are filed in (the confirmation's runner holds it from before any student code)."""
+    return _entries
+
+
+def judged(judged_check: Judged):
+    """Mark a check function as judged by ``judged_check`` (the grader's judge finds it there)."""
+    def mark(check):
+        check.judged = judged_check
+        return check
+    return mark
+
+
+def outcome(call: Callable[[], object]) -> dict:
+    """What a call that should raise ValueError did, as plain data: ``{"raised": "ValueError"}``,
+    ``{"raised": name, "message": text}`` for another exception, ``{"returned": True}`` if it
+    returned (the value itself does not matter)."""
+    try:
+        call()
+    except ValueError:
+        return {"raised": "ValueError"}
+    except Exception as err:      # noqa: BLE001  (a TypeError from range(1.5) is not the contract's error)
+        return {"raised": type(err).__name__, "message": str(err)[:300]}
+    return {"returned": True}
