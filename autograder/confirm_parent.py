@@ -61,7 +61,7 @@ def main():
     answered = 0
     try:
         wire.send(cmd, {"path": spec.get("path", []), "workdir": spec.get("workdir"), "env": spec.get("env", {}),
-                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids"))})
+                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge.pid]})
         for cell in spec["cells"]:
             nonce = secrets.token_hex(16)
             wire.send(cmd, {"cell": dict(cell), "nonce": nonce})

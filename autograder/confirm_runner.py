@@ -23,7 +23,7 @@ What it guards:
   pipe's descriptors are closed in every process forked from this one (the ranks, where graded
   code runs while a test's nonce is in flight), and this process is not dumpable (:func:`_seal`).
 
-Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout}``, then
+Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout, own_pids, keep}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
 stderr, value, changed, restored, flags, seconds}`` and, for a test, ``docket``: the answers the
 judged checks filed while it ran (:mod:`minidist.checks.docket`), for the parent's judge.
@@ -137,12 +137,13 @@ def _number(value):
         return "<unprintable>"
 
 
-def sweep() -> list[int]:
+def sweep(keep=()) -> list[int]:
     """Kill every process of this run's PID namespace but this one's ancestors (the sandbox's init,
-    the parent): a program a solution cell left running (started in a new session, even) could
-    otherwise write a rank's result file while a test runs. Only where the sandbox made the
-    namespace for this run alone (``own_pids``); elsewhere the machine's processes are in view."""
-    keep, pid = set(), os.getpid()
+    the parent) and ``keep`` (the parent's judge): a program a solution cell left running (started in
+    a new session, even) could otherwise write a rank's result file while a test runs. Only where the
+    sandbox made the namespace for this run alone (``own_pids``); elsewhere the machine's processes
+    are in view."""
+    keep, pid = {int(k) for k in keep}, os.getpid()
     while pid > 0 and pid not in keep:
         keep.add(pid)
         try:
@@ -246,7 +247,7 @@ def main():
             finder = handed_in.install(workdir, audit._is_student)     # handed-in files: importable from now on
         audit.PROGRAMS_REFUSED = kind == "test"
         if kind == "test":
-            if spec.get("own_pids") and sweep():
+            if spec.get("own_pids") and sweep(spec.get("keep") or ()):
                 audit.events.append(("a process left running by a solution cell (killed)", f"before {cid}"))
             rebound = [name for name, value in protected.items() if ns.get(name, EMPTY) is not value]
             for name in rebound:
