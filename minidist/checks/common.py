@@ -21,7 +21,6 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from minidist.checks import refusal as refusal_module
 from minidist.checks.refusal import (STUDENT_IMPORTS, ChecksTampered, LibraryAnswer, Refusal,  # noqa: F401
                                      StudentAssertion, graded_call, is_student_code, present_bindings, refusing,
                                      resolve)
@@ -103,8 +102,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     progress = tempfile.mkdtemp(prefix="minidist-check-")
     if refuse is not None:
         resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each
-        if refusal_module.GUARD_BINDINGS:
-            present_bindings()   # likewise the snapshot of the bindings graded code must leave alone
+        present_bindings()       # likewise the snapshot of the bindings graded code must leave alone
     try:
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
                       timeout=timeout)

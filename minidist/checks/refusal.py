@@ -171,10 +171,13 @@ GUARD_BINDINGS = os.environ.get("MINIDIST_GUARD_BINDINGS") == "1"
 _bindings: list = []        # the process's Snapshot, taken once and brought up to date at each use
 
 
-def present_bindings() -> Snapshot:
-    """A snapshot of the bindings as they are now. Taken once per process (5 ms, three times that on
-    a busy machine) and then brought up to date (0.3 ms): :func:`minidist.checks.common.launch_named`
-    takes it before the ranks fork, so that every rank starts from it."""
+def present_bindings() -> Snapshot | None:
+    """A snapshot of the bindings as they are now, where they are watched (``GUARD_BINDINGS``; None
+    elsewhere). Taken once per process (5 ms, three times that on a busy machine) and then brought up
+    to date (0.3 ms): :func:`minidist.checks.common.launch_named` takes it before the ranks fork, so
+    that every rank starts from it."""
+    if not GUARD_BINDINGS:
+        return None
     if not _bindings:
         _bindings.append(Snapshot(code_only=True))
     else:
@@ -211,7 +214,7 @@ class refusing:
         self.chain = None if self.previous is _threads.ambient else self.previous
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
-        self.bindings = present_bindings() if GUARD_BINDINGS else None
+        self.bindings = present_bindings()
         self.rebound, self.subclasses = [], []
         sys.settrace(self.tracer)
         threading.settrace(self.tracer)

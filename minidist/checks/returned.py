@@ -22,6 +22,7 @@ import sys
 import torch
 
 from minidist.checks.student_code import is_student_code
+from minidist.runtime.plain_data import found_where_it_says
 
 _LEAVES = (int, float, bool, str, complex, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -34,20 +35,15 @@ def _library_class(cls) -> bool:
     claim: a student's class may carry any)."""
     module = sys.modules.get(getattr(cls, "__module__", None) or "")
     file = getattr(module, "__file__", None)
-    if file is None or is_student_code(file):
-        return False
-    found = module
-    for part in cls.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is cls
+    return file is not None and not is_student_code(file) and found_where_it_says(cls)
 
 
-def _walk(value, seen: list):
+def _walk(value):
     """Every element of ``value`` (containers and minidist objects opened), up to MAX_ITEMS."""
-    stack = [value]
-    while stack and len(seen) < MAX_ITEMS:
+    stack, walked = [value], 0
+    while stack and walked < MAX_ITEMS:
         v = stack.pop()
-        seen.append(v)
+        walked += 1
         t = type(v)
         if t in _SEQUENCES or t.__module__ == "torch.return_types":
             stack.extend(v)
@@ -65,7 +61,7 @@ def _minidist_class(t) -> bool:
 
 def own_tensor_subclass(value) -> str | None:
     """The name of a tensor subclass defined by student code found in ``value``, or None."""
-    for v in _walk(value, []):
+    for v in _walk(value):
         if isinstance(v, torch.Tensor) and type(v) not in _TENSORS and not _library_class(type(v)):
             return type(v).__qualname__
     return None
@@ -73,7 +69,7 @@ def own_tensor_subclass(value) -> str | None:
 
 def foreign_part(value) -> str | None:
     """What in ``value`` is not plain data ("a MyNumber"), or None."""
-    for v in _walk(value, []):
+    for v in _walk(value):
         t = type(v)
         if t in _LEAVES or t in _TENSORS or t in _SEQUENCES or t is dict or t.__module__ in ("numpy", "torch.return_types"):
             continue

@@ -141,15 +141,19 @@ def _dtype(name):
     return _DTYPES[name]
 
 
-def _minidist_record(cls) -> bool:
-    """A dataclass of minidist's own, found where it says it is (a rank may claim any name)."""
-    module = sys.modules.get(cls.__module__ or "")
-    if module is None or not cls.__module__.startswith("minidist.") or not dataclasses.is_dataclass(cls):
-        return False
-    found = module
-    for part in cls.__qualname__.split("."):
+def found_where_it_says(cls) -> bool:
+    """Whether ``cls`` is what its module's namespace holds under its qualified name (``__module__``
+    and ``__qualname__`` are only claims: a class defined elsewhere may carry any)."""
+    found = sys.modules.get(getattr(cls, "__module__", None) or "")
+    for part in str(getattr(cls, "__qualname__", "")).split("."):
         found = getattr(found, part, None)
     return found is cls
+
+
+def _minidist_record(cls) -> bool:
+    """A dataclass of minidist's own, found where it says it is (a rank may claim any name)."""
+    return (str(cls.__module__ or "").startswith("minidist.") and dataclasses.is_dataclass(cls)
+            and found_where_it_says(cls))
 
 
 def _decode_record(body, depth):
