@@ -34,7 +34,7 @@ from minidist.runtime import plain_data
 
 #: Whether answers are filed (the grader's confirmation). Read once, before any student code.
 ON = os.environ.get("MINIDIST_DOCKET") == "1"
-_entries: list = []          # (key, hidden, case index, plain data bytes) filed since the runner emptied it
+_entries: list = []          # (key, params key, case index, plain data bytes) filed since the runner emptied it
 MAX_BYTES = 2 << 20          # a docket past this is incomplete, so its test is not confirmed
 
 
