@@ -14,6 +14,7 @@ import pytest
 
 from minidist.checks import docket
 from minidist.checks import lab7_3d_parallel as lab7
+from minidist.checks.groups import rank_cases
 from minidist.cost.parallel3d import stage_numel
 from minidist.runtime import plain_data
 
@@ -105,21 +106,25 @@ def stage_parameters(cfg, pp, tp, stage):
 '''
 
 
-def confirm_stage_parameters(tmp_path, solution=None) -> dict:
-    """A confirmation of lab 7's setup cells, its stage_parameters cell (the solution's, or
-    ``solution``) and that test, without a sandbox; the test's outcome as the parent reports it."""
+def confirm_one(tmp_path, lab: str, cell: str, solution=None, also=()) -> dict:
+    """A confirmation of a lab's setup cells, its graded ``cell`` (the solution's, or ``solution``),
+    the solution cells ``also`` and ``cell``'s test, without a sandbox; the test's outcome as the
+    parent reports it."""
     from autograder.confirm import Confirmation, copy_pristine, plan
-    nb = nbformat.read(ROOT / "solutions/lab7_3d_parallel/lab7_3d_parallel.ipynb", 4)
-    cells = [c for c in plan(nb, nb) if c["kind"] in ("setup", "given")
-             or c["id"] in ("stage_parameters", "test_stage_parameters")]
+    nb = nbformat.read(ROOT / f"solutions/{lab}/{lab}.ipynb", 4)
+    cells = [c for c in plan(nb, nb) if c["kind"] in ("setup", "given") or c["id"] in (cell, f"test_{cell}", *also)]
     if solution is not None:
-        next(c for c in cells if c["id"] == "stage_parameters")["source"] = solution
+        next(c for c in cells if c["id"] == cell)["source"] = solution
     run = Confirmation(cells, pristine=copy_pristine(tmp_path / "pristine"), workdir=tmp_path / "work", sandbox=None,
                        env=dict(os.environ), timeout=240, cell_timeout=120, log=tmp_path / "log")
     run.wait()
     results = run.results()
     assert results["done"], (tmp_path / "log").read_text()[-3000:]
-    return results["tests"]["test_stage_parameters"]
+    return results["tests"][f"test_{cell}"]
+
+
+def confirm_stage_parameters(tmp_path, solution=None) -> dict:
+    return confirm_one(tmp_path, "lab7_3d_parallel", "stage_parameters", solution)
 
 
 def test_an_honest_answer_is_confirmed_by_the_judge(tmp_path):
@@ -134,3 +139,48 @@ def test_a_verdict_rewritten_in_the_child_is_not_confirmed(tmp_path, attack, say
     # with the child's word alone (the parent without its judge) both pass the test with every answer 0
     error = confirm_stage_parameters(tmp_path, attack)["error"]
     assert error is not None and says in error[1] and "a process that ran no student code" in error[1]
+
+
+# ----------------------------------------------------------------------------- checks that compare in the ranks
+def test_answers_from_the_ranks_are_indexed_by_case_and_world_rank():
+    cases = [dict(t=4), dict(t=3), dict(t=1)]
+    got = [(i, rank, r, t) for i, (case, rank, r, t) in enumerate(rank_cases(cases, 4))]
+    assert got == [(0, 0, 0, 4), (1, 1, 1, 4), (2, 2, 2, 4), (3, 3, 3, 4),
+                   (4, 0, 0, 3), (5, 1, 1, 3), (6, 2, 2, 3), (7, 3, 0, 1),       # t = 3 on 4 ranks leaves one of 1
+                   (8, 0, 0, 1), (9, 1, 0, 1), (10, 2, 0, 1), (11, 3, 0, 1)]
+
+
+def test_a_full_docket_says_so_and_counts_afresh_once_emptied(monkeypatch):
+    monkeypatch.setattr(docket, "ON", True)
+    monkeypatch.setattr(docket, "_entries", [])
+    monkeypatch.setattr(docket, "MAX_BYTES", 100)
+    answer = plain_data.dumps(list(range(20)))                      # 60-odd bytes
+    assert STAGES.file(VISIBLE, 0, answer) is None
+    assert "more than the 0 MiB the grader keeps" in STAGES.file(VISIBLE, 1, answer)
+    assert len(docket.entries()) == 1                               # the second was not filed
+    del docket.entries()[:]                                         # what the runner does before a test
+    assert STAGES.file(VISIBLE, 1, answer) is None
+
+
+def test_the_judge_gives_every_ranks_verdict_again(monkeypatch):
+    from minidist.checks import lab9_expert_parallel as lab9
+    from minidist.checks import lab9_reference
+    monkeypatch.setattr(docket, "ON", True)
+    monkeypatch.setattr(docket, "_entries", [])
+    lab9.check_function("ep_combine", lab9_reference.ep_combine)      # the answers come back from 4 ranks
+    params = dict(name="ep_combine", hidden=False)
+    honest = list(docket.entries())
+    assert len(honest) == 2 * 4 and lab9.JUDGED.judge(params, honest) is None
+    key, pk, index, data = honest[6]                 # the second case (t = 4), rank 2
+    answer = plain_data.loads(data)
+    answer["y"] = answer["y"] * 0
+    forged = honest[:6] + [(key, pk, index, plain_data.dumps(answer))] + honest[7:]
+    problem = lab9.JUDGED.judge(params, forged)
+    assert problem.startswith("ep_combine (t=4, E=8, k=2, dtype=float32), rank 2 (rank 2 of its group): the output "
+                              "differs from one process"), problem
+    assert "no answer was filed for 1 of its 8 cases" in lab9.JUDGED.judge(params, honest[:5] + honest[6:])
+
+
+def test_an_honest_rank_answer_is_confirmed_by_the_judge(tmp_path):
+    # the answers of 4 ranks, filed by the child and judged again
+    assert confirm_one(tmp_path, "lab9_expert_parallel", "ep_combine", also=("ep_dispatch",))["error"] is None

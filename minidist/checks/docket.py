@@ -35,7 +35,8 @@ from minidist.runtime import plain_data
 #: Whether answers are filed (the grader's confirmation). Read once, before any student code.
 ON = os.environ.get("MINIDIST_DOCKET") == "1"
 _entries: list = []          # (key, params key, case index, plain data bytes) filed since the runner emptied it
-MAX_BYTES = 2 << 20          # a docket past this is incomplete, so its test is not confirmed
+_size = [0, 0]               # [entries, bytes] of the docket when last counted (a running total)
+MAX_BYTES = 2 << 20          # a test's answers past this are not filed: the test fails in the confirmation
 
 
 class Judged:
@@ -47,6 +48,25 @@ class Judged:
                  verdict: Callable[[object, object], str | None], params: tuple[str, ...] = ("hidden",)):
         self.key, self.name, self.params = f"{module}.{name}", name, params
         self.cases, self.verdict = cases, verdict
+        self.by_name = False
+
+    @classmethod
+    def of_functions(cls, module: str, name: str, table: dict) -> "Judged":
+        """One judged check for several graded functions, called as ``check(name, fn, hidden)``:
+        ``table`` maps a graded name to ``(cases(hidden), verdict(case, answer))``. Its cases are
+        ``(graded name, case)``; a name missing from the table has none (nothing is judged)."""
+        def cases(name, hidden):
+            return [(name, case) for case in table[name][0](hidden)] if name in table else []
+        judged_check = cls(module, name, cases, lambda case, answer: table[case[0]][1](case[1], answer),
+                           params=("name", "hidden"))
+        judged_check.by_name = True
+        return judged_check
+
+    def run(self, params: dict, answer_of: Callable[[object], object]) -> None:
+        """Every case's answer, ``answer_of(case)``, filed and required in turn (a check made by
+        :meth:`of_functions` is given the case without its graded name)."""
+        for i, case in enumerate(self.cases(**params)):
+            self.require(params, i, case, answer_of(case[1] if self.by_name else case))
 
     def require(self, params: dict, index: int, case, answer) -> None:
         """File the answer to case ``index`` and raise AssertionError with its verdict's problem."""
@@ -54,11 +74,23 @@ class Judged:
             data = plain_data.dumps(answer)
         except TypeError as err:
             raise AssertionError(f"{self.name} returned something that is not plain data ({err})") from None
-        if ON and sum(len(e[3]) for e in _entries) + len(data) <= MAX_BYTES:
-            _entries.append((self.key, _params_key(params), int(index), data))
-        problem = self.verdict(case, plain_data.loads(data))
+        problem = self.verdict(case, plain_data.loads(data)) or self.file(params, index, data)
         if problem:
             raise AssertionError(problem)
+
+    def file(self, params: dict, index: int, data: bytes) -> str | None:
+        """File the answer (plain data) to case ``index`` where answers are filed; the problem when
+        the docket is full (the judge would find no answer to this case)."""
+        if not ON:
+            return None
+        if len(_entries) != _size[0]:         # the runner emptied the docket since: count afresh
+            _size[:] = [len(_entries), sum(len(e[3]) for e in _entries)]
+        if _size[1] + len(data) > MAX_BYTES:
+            return (f"{self.name}: its answers come to more than the {MAX_BYTES >> 20} MiB the grader keeps for "
+                    f"one test, so this test cannot be confirmed (are the results far larger than the cases ask?)")
+        _entries.append((self.key, _params_key(params), int(index), data))
+        _size[:] = [len(_entries), _size[1] + len(data)]
+        return None
 
     def judge(self, params: dict, entries) -> str | None:
         """The verdict of a whole call of the check (``params`` as the test cell gave them) from the

@@ -4,12 +4,30 @@ ranks into groups of t = 1..4 lets one launch cover every group size a lab promi
 
 The likeliest cause of a wrong sum in a sub-group is a collective without ``group=`` (it runs
 over the world): :func:`wrong_group_hint` says so when the observed value matches the same
-sum over the world and not over the group."""
+sum over the world and not over the group.
+
+A *judged* runner (:class:`RankRunner`) splits a case in two, as :mod:`minidist.checks.docket`
+asks: what the student's code did on this rank (its ``answer``, plain data) and the ``verdict``
+on it, a function of the case, the rank and the answer alone that rebuilds the single-process
+reference and the expected traffic itself. The rank gives the verdict at once (a failure shows
+in the notebook as before); the answers travel back with the results and are filed in the
+docket, so the grader's judge gives every verdict again (:func:`judged_on_ranks`)."""
+from typing import Callable, NamedTuple
+
 import torch
 import torch.distributed as dist
 
 from minidist.checks.common import mark_case, one_thread
+from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
+
+
+class RankRunner(NamedTuple):
+    """A judged case runner: ``answer(fn, case, r, t, group)`` runs the student's ``fn`` on this rank
+    (rank r of a group of t) and returns what it did as plain data; ``verdict(case, r, t, answer)``
+    lists the problems with it (None where all is well) without running any of the student's code."""
+    answer: Callable
+    verdict: Callable
 
 
 def consecutive_groups(sizes, world_size: int) -> dict:
@@ -52,8 +70,10 @@ def run_cases_in_groups(progress, runner, fn, cases: list[dict], world_size: int
         for case in cases:
             group, r, t = groups[case["t"]]
             mark_case(progress, f"t={case['t']}: {describe_case(case)}")
-            errs = runner(fn, case, r, t, group)
-            out.append((r, t, next((e for e in errs if e), None)))
+            if isinstance(runner, RankRunner):
+                out.append((r, t, *_judged_case(runner, fn, case, r, t, group)))
+            else:
+                out.append((r, t, first_problem(runner(fn, case, r, t, group))))
             if stop_at_first_failure:
                 failed = torch.tensor([int(out[-1][2] is not None)], device=rank_device())
                 dist.all_reduce(failed)
@@ -62,14 +82,55 @@ def run_cases_in_groups(progress, runner, fn, cases: list[dict], world_size: int
     return out + [(None, c["t"], None) for c in cases[len(out):]]
 
 
-def raise_first_group_problem(name: str, cases: list[dict], results: list, world_size: int) -> None:
-    """``results[rank][i]`` is ``(rank in its group, t, problem or None)`` for case i: raise for the first problem."""
+def _judged_case(runner: RankRunner, fn, case, r, t, group) -> tuple:
+    """(first problem, the answer as plain data) of one case on this rank: the verdict is given on the
+    answer after its round trip through plain data, the value the judge reads."""
+    try:
+        data = plain_data.dumps(runner.answer(fn, case, r, t, group))
+    except TypeError as err:
+        return f"returned something that is not plain data ({err})", None
+    return first_problem(runner.verdict(case, r, t, plain_data.loads(data))), data
+
+
+def first_problem(problems) -> str | None:
+    return next((p for p in problems if p), None)
+
+
+def raise_first_group_problem(name: str, cases: list[dict], results: list, world_size: int,
+                              judged=None, params: dict | None = None) -> None:
+    """``results[rank][i]`` is ``(rank in its group, t, problem or None[, answer])`` for case i: file the
+    answers of a ``judged`` check (made with :func:`judged_on_ranks`) and raise for the first problem."""
     for i, case in enumerate(cases):
         for rank in range(world_size):
-            r, t, problem = results[rank][i]
+            r, t, problem, *answer = results[rank][i]
+            if judged is not None and answer and answer[0] is not None:
+                problem = problem or judged.file(params, i * world_size + rank, answer[0])
             if problem:
-                raise AssertionError(f"{name} (t={t}, {describe_case(case)}), rank {rank} (rank {r} of its group): "
-                                     f"{problem}")
+                raise AssertionError(group_problem(name, case, rank, r, t, problem))
+
+
+def group_problem(name: str, case: dict, rank: int, r: int, t: int, problem: str) -> str:
+    return f"{name} (t={t}, {describe_case(case)}), rank {rank} (rank {r} of its group): {problem}"
+
+
+def rank_cases(cases: list[dict], world_size: int) -> list[tuple]:
+    """(case, world rank, rank in its group, group size) for every case and rank: the order in which
+    a judged check files its answers (index = case index × world size + world rank)."""
+    out = []
+    for case in cases:
+        for rank in range(world_size):
+            start = rank - rank % case["t"]
+            out.append((case, rank, rank - start, min(case["t"], world_size - start)))
+    return out
+
+
+def judged_on_ranks(name: str, cases: Callable[[bool], list], runner: RankRunner, world_size: int) -> tuple:
+    """The ``(cases(hidden), verdict)`` of a graded function run on ranks, for a
+    :meth:`~minidist.checks.docket.Judged.of_functions` table: one case per (case, rank)."""
+    def verdict(case, answer):
+        problem = first_problem(runner.verdict(case[0], case[2], case[3], answer))
+        return group_problem(name, *case, problem) if problem else None
+    return (lambda hidden: rank_cases(cases(hidden), world_size)), verdict
 
 
 def wrong_group_hint(got, group_value, world_value, t: int, world_size: int, rtol: float = 1e-4) -> str:

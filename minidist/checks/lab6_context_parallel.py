@@ -154,8 +154,7 @@ def _merge_verdict(case, answer) -> str | None:
 
 
 MERGE = "merge_partial_attention"
-JUDGED_MERGE = Judged(__name__, MERGE, lambda name, hidden: merge_cases(hidden) if name == MERGE else [],
-                      _merge_verdict, params=("name", "hidden"))
+JUDGED_MERGE = Judged.of_functions(__name__, "check_function", {MERGE: (merge_cases, _merge_verdict)})
 
 
 @judged(JUDGED_MERGE)
@@ -170,9 +169,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
     (the ring's first block computed before the late message can land), sequences that do not cut
     into 2P chunks. Prints the ✓ line when it passes."""
     if name == MERGE:
-        params = dict(name=name, hidden=hidden)
-        for i, case in enumerate(JUDGED_MERGE.cases(**params)):
-            JUDGED_MERGE.require(params, i, case, _merge_answer(fn, case))
+        JUDGED_MERGE.run(dict(name=name, hidden=hidden), lambda case: _merge_answer(fn, case))
         return report_passed(name, _covered(name, merge_cases(hidden), hidden), hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))

@@ -97,16 +97,8 @@ COVERED = {
 # ----------------------------------------------------------------------------- in this process, judged
 HERE = {SCALER: (scaler_cases, scaler_answer, scaler_verdict),
         "recompute_blocks": (recompute_cases, recompute_answer, recompute_verdict)}
-JUDGED_HERE = Judged(__name__, "here", lambda name, hidden: [(name, c) for c in HERE[name][0](hidden)]
-                     if name in HERE else [], lambda case, answer: HERE[case[0]][2](case[1], answer),
-                     params=("name", "hidden"))
-
-
-def _check_here(name, fn, hidden):
-    params = dict(name=name, hidden=hidden)
-    call = lambda *a, **k: graded_call(REFUSED, name, *a, **k)       # noqa: E731
-    for i, case in enumerate(JUDGED_HERE.cases(**params)):
-        JUDGED_HERE.require(params, i, case, HERE[name][1](fn, case[1], call))
+JUDGED_HERE = Judged.of_functions(__name__, "check_function",
+                                  {name: (cases, verdict) for name, (cases, _, verdict) in HERE.items()})
 
 
 @judged(JUDGED_HERE)
@@ -116,7 +108,8 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = MEM_CHE
     groups of t (visible t = 2, 4; hidden 1–4) against fp32 references, bytes per rank against
     2 + 2 + 12/N; the scaler's bookkeeping and recompute_blocks in this process."""
     if name in HERE:
-        _check_here(name, fn, hidden)
+        call = lambda *a, **k: graded_call(REFUSED, name, *a, **k)       # noqa: E731
+        JUDGED_HERE.run(dict(name=name, hidden=hidden), lambda case: HERE[name][1](fn, case, call))
     if name != "recompute_blocks":
         cases = _cases(name, hidden)
         out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)

@@ -2,210 +2,135 @@
 Mixture-of-Experts computed in one process, and the all-to-alls it traced against the cost model.
 
 Lepikhin et al. 2020 (GShard, Sec. 2: dispatch and combine by all-to-all), Fedus et al. 2021
-(Switch, Sec. 2: capacity). A runner takes (fn, case, group rank r, group size t, group) and returns a
-list of problems (None where all is well). Every rank draws every group rank's tokens and choices
-from seeds, so it computes the expected rows, routes and gradients of its whole group alone
-(:func:`minidist.checks.lab9_reference.plan`); references run on the CPU in the case's dtype, the
-student's code on ``minidist.device()``. Group rank s holds ``N + s`` tokens (uneven on purpose).
-Used by :mod:`minidist.checks.lab9_expert_parallel`, which launches, stands in and reports.
+(Switch, Sec. 2: capacity). A runner is judged (:class:`minidist.checks.groups.RankRunner`): its
+``answer(fn, case, r, t, group)`` runs the student's function on group rank r of t and returns
+what it did as plain data; its ``verdict(case, r, t, answer)`` lists the problems, and runs no
+student code, so the grader's judge gives it again. Every case is drawn from seeds
+(:mod:`minidist.checks.lab9_data`), so one process rebuilds the expected rows, routes and
+gradients of a whole group (:func:`minidist.checks.lab9_reference.plan`); references run on the
+CPU in the case's dtype, the student's code on ``minidist.device()``. Used by
+:mod:`minidist.checks.lab9_expert_parallel`, which launches, stands in and reports.
 """
 from __future__ import annotations
 
-from collections import Counter
+import copy
+import functools
 
 import torch
 
-import minidist
 from minidist.checks import lab9_reference as ref
-from minidist.checks.common import TOL
-from minidist.checks.returned import not_plain_tensor
-from minidist.cost import expert_parallel as cost
+from minidist.checks.groups import RankRunner, first_problem
+from minidist.checks.lab9_data import (AUX, CPU, HID, attempt, choices, compare, err, expected, make_experts,
+                                       on_rank, raise_verdict, randn, tokens_of, traffic, unchanged)
 from minidist.trace import trace
-
-WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
-AUX = 0.5                                # weight of the load-balancing loss in the moe_layer checks' loss
-F32, F64 = torch.float32, torch.float64
-CPU = torch.device("cpu")
-
-
-# ----------------------------------------------------------------------------- data
-def randn(shape, seed, dtype=F64) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64, device=CPU).to(dtype)
-
-
-def make_experts(num_experts: int, hidden: int = HID, ffn: int = FFN, seed: int = 0, dtype=F32, device=None) -> list:
-    """E experts, each Linear(hidden, ffn) → GELU → Linear(ffn, hidden), drawn on the CPU from ``seed``
-    (the same on every rank), then moved to ``device`` (default ``minidist.device()``)."""
-    gen = torch.Generator().manual_seed(seed)
-    experts = []
-    for _ in range(num_experts):
-        layers = []
-        for fan_in, fan_out in ((hidden, ffn), (ffn, hidden)):
-            lin = torch.nn.Linear(fan_in, fan_out, device=CPU, dtype=F64)
-            with torch.no_grad():
-                lin.weight.copy_(torch.randn(fan_out, fan_in, generator=gen, dtype=F64, device=CPU) / fan_in ** 0.5)
-                lin.bias.copy_(0.1 * torch.randn(fan_out, generator=gen, dtype=F64, device=CPU))
-            layers.append(lin)
-        expert = torch.nn.Sequential(layers[0], torch.nn.GELU(), layers[1]).to(dtype)
-        experts.append(expert.to(device if device is not None else minidist.device()))
-    return experts
-
-
-def tokens_of(s: int) -> int:
-    return N + s
-
-
-def choices(case: dict, s: int, t: int) -> torch.Tensor:
-    """Group rank s's expert indices (n, k): distinct experts per token; ``load`` shapes them:
-    random, one_rank (only group rank 0's experts), empty_expert (each rank's last expert never chosen),
-    dropped (a third of the choices −1, group rank 0's all of them: it sends nothing)."""
-    num_experts, k, load = case["E"], case["k"], case.get("load", "random")
-    local, n = num_experts // t, tokens_of(s)
-    gen = torch.Generator().manual_seed(1000 + 31 * s + 7 * num_experts + k)
-    allowed = torch.arange(num_experts, device=CPU)
-    if load == "one_rank":
-        allowed = allowed[:local]
-    elif load == "empty_expert":
-        allowed = allowed[allowed % local != local - 1]
-    idx = allowed[torch.rand(n, len(allowed), generator=gen, device=CPU).argsort(-1)[:, :k]]
-    if load == "dropped":
-        drop = torch.rand(n, k, generator=gen, device=CPU) < 0.35
-        idx = idx.masked_fill(drop | (s == 0), -1)
-    return idx
-
-
-# ----------------------------------------------------------------------------- comparisons
-def err(what, got, want) -> str | None:
-    """Why ``got`` is not ``want`` (None if it is: exact for integers and booleans, else within TOL
-    relative to the values' scale)."""
-    if got is None:
-        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if problem := not_plain_tensor(what, got, want.shape):
-        return problem
-    got = got.detach().to(CPU)
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    if want.dtype.is_floating_point != got.dtype.is_floating_point:
-        return f"{what} has dtype {got.dtype}, expected {want.dtype}"
-    if not want.dtype.is_floating_point:
-        if torch.equal(got.to(want.dtype), want):
-            return None
-        show = lambda x: x.tolist() if x.numel() <= 24 else f"a tensor of {x.numel()} other values"     # noqa: E731
-        return f"{what} is {show(got)}; expected {show(want)}"
-    if got.dtype != want.dtype:
-        return f"{what} has dtype {got.dtype}, expected {want.dtype} (the inputs' dtype)"
-    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
-    diff = (got - want).abs().max().item() if want.numel() else 0.0
-    if not diff <= TOL * scale:
-        return f"{what} differs from one process (max |error| {diff:.3g}, scale {scale:.3g})"
-    return None
-
-
-def unchanged(what, tensor, original) -> str | None:
-    if not torch.equal(tensor.detach().to(CPU), original):
-        return f"{what} was modified in place: the caller's tensor must stay as it was"
-    return None
-
-
-def traffic(tr) -> Counter:
-    """(kind, bytes) of every traced all-to-all (the tracer counts an all-to-all's whole input)."""
-    return Counter(("all-to-all" if e.op in ("all_to_all_single", "all_to_all") else e.op, e.nbytes)
-                   for e in tr.comm())
-
-
-def show(c: Counter) -> str:
-    return ", ".join(f"{n} x {k} of {b} B" for (k, b), n in sorted(c.items())) or "nothing"
-
-
-def compare(tr, want: list, phase: str) -> str | None:
-    got, want = traffic(tr), Counter(("all-to-all", b) for b in want)
-    return None if got == want else f"{phase} communicated {show(got)}; expected {show(want)}"
-
-
-def raises(fn, args, what, kwargs=None) -> list:
-    """The call must raise ValueError before any communication."""
-    try:
-        with trace() as tr:
-            fn(*args, **(kwargs or {}))
-    except ValueError:
-        return [None if not tr.comm() else f"raised ValueError only after communicating: check {what} first, "
-                "before any message (the other ranks would wait for you)"]
-    except Exception as other:      # noqa: BLE001  (the student's error, named)
-        return [f"raised {type(other).__name__} ({str(other)[:120]}) although {what}; the lab asks for a ValueError "
-                "with a clear message, before any message"]
-    return [f"returned although {what}; the lab asks for a ValueError"]
-
-
-# ----------------------------------------------------------------------------- expected traffic
-def expected(name, sent, received, num_experts, t, elem_bytes, phase) -> list:
-    """Payload bytes of ``name``'s all-to-alls in ``phase``, from :func:`cost.ep_collectives` (a layer's five:
-    forward counts, dispatch A rows, combine R rows; backward combine's A rows, dispatch's R rows)."""
-    layer = [c.nbytes for c in cost.ep_collectives(sent, received, HID, num_experts, t, elem_bytes) if c.phase == phase]
-    if name == "ep_dispatch":
-        return layer[:2] if phase == "forward" else layer[1:]
-    if name == "ep_combine":
-        return layer[2:] if phase == "forward" else layer[:1]
-    return layer
-
-
-def _device(x):
-    """A copy of ``x`` on the rank's device (never ``x`` itself: the references keep theirs untouched)."""
-    return x.detach().to(minidist.device(), copy=True)
 
 
 # ----------------------------------------------------------------------------- one runner per function
-def case_dispatch(fn, case, r, t, group):
-    num_experts, k, dtype = case["E"], case["k"], case["dtype"]
-    toks = [randn((tokens_of(s), HID), 10 + s, dtype) for s in range(t)]
+# Each graded function has an answer (run in the rank: the student's code, its results, the
+# traffic it traced) and a verdict (the reference, rebuilt from the case alone). A rank runs the
+# backward pass only where the forward pass passed here, as every rank of a correct solution does.
+NO_BACKWARD = "the backward pass did not run"
+
+
+def forward_passed(verdict, case, r, t, answer) -> bool:
+    """Whether the forward half of ``answer`` passes (the rank then runs the backward pass)."""
+    return first_problem(verdict(case, r, t, answer)) == NO_BACKWARD
+
+
+def _dispatch_inputs(case, t):
+    toks = [randn((tokens_of(s), HID), 10 + s, case["dtype"]) for s in range(t)]
     if case.get("raises"):
-        idx = torch.zeros(tokens_of(r) + (case["raises"] == "rows"), k, dtype=torch.long, device=CPU)
-        what = (f"{num_experts} experts do not split over {t} ranks" if case["raises"] == "split"
-                else "expert_indices has a row more than there are tokens")
-        return raises(fn, (_device(toks[r]), _device(idx), num_experts, group), what)
+        return toks, None, None
     picks = [choices(case, s, t) for s in range(t)]
-    p = ref.plan(picks, num_experts)
-    x = _device(toks[r]).requires_grad_()
-    given, idx = x * 1, _device(picks[r])
+    return toks, picks, ref.plan(picks, case["E"])
+
+
+def _dispatch_raise(case, r, t):
+    idx = torch.zeros(tokens_of(r) + (case["raises"] == "rows"), case["k"], dtype=torch.long, device=CPU)
+    what = (f"{case['E']} experts do not split over {t} ranks" if case["raises"] == "split"
+            else "expert_indices has a row more than there are tokens")
+    return idx, what
+
+
+def dispatch_answer(fn, case, r, t, group):
+    toks, picks, p = _dispatch_inputs(case, t)
+    if case.get("raises"):
+        return attempt(fn, (on_rank(toks[r]), on_rank(_dispatch_raise(case, r, t)[0]), case["E"], group))
+    x = on_rank(toks[r]).requires_grad_()
+    given, idx = x * 1, on_rank(picks[r])
     with trace() as tf:
-        result = fn(given, idx, num_experts, group)
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        result = fn(given, idx, case["E"], group)
+    ok = isinstance(result, (tuple, list)) and len(result) == 2
+    answer = {"rows": result[0] if ok else None, "shape": ok, "idx": idx, "given": given, "forward": traffic(tf),
+              "route": {f: getattr(result[1], f, None) for f in ref.Route._fields} if ok else None}
+    if not forward_passed(dispatch_verdict, case, r, t, answer):
+        return answer
+    ups = [randn((len(p.src[d]), HID), 20 + d, case["dtype"]) for d in range(t)]
+    with trace() as tb:
+        (result[0] * on_rank(ups[r])).sum().backward()
+    return {**answer, "grad": x.grad, "backward": traffic(tb)}
+
+
+def dispatch_verdict(case, r, t, answer):
+    if case.get("raises"):
+        return raise_verdict(answer, _dispatch_raise(case, r, t)[1])
+    if not answer["shape"]:
         return ["ep_dispatch must return (expert_inputs, route)"]
-    rows, route = result
+    toks, picks, p = _dispatch_inputs(case, t)
+    k = case["k"]
     want_rows = torch.stack([toks[s][q // k] for s, q in zip(p.src[r].tolist(), p.pair[r].tolist())]) \
         if len(p.src[r]) else toks[r].new_zeros(0, HID)
-    errs = [err("expert_inputs", rows, want_rows), unchanged("expert_indices", idx, picks[r]),
-            unchanged("tokens", given, toks[r])]
+    errs = [err("expert_inputs", answer["rows"], want_rows), unchanged("expert_indices", answer["idx"], picks[r]),
+            unchanged("tokens", answer["given"], toks[r])]
     want_route = p.routes[r]
     for field in ref.Route._fields:
-        got = getattr(route, field, None)
+        got = answer["route"][field]
         if isinstance(got, torch.Tensor) and field == "recv_counts":
             got = got.reshape(t, -1)
         errs.append(err(f"route.{field}", got, getattr(want_route, field)))
-    if any(errs):
-        return errs
-    ups = [randn((len(p.src[d]), HID), 20 + d, dtype) for d in range(t)]
-    with trace() as tb:
-        (rows * _device(ups[r])).sum().backward()
+    if any(errs) or "backward" not in answer:
+        return errs if any(errs) else [NO_BACKWARD]
+    ups = [randn((len(p.src[d]), HID), 20 + d, case["dtype"]) for d in range(t)]
     want_grad = toks[r].new_zeros(tokens_of(r), HID)
     for d in range(t):
         mine = p.src[d] == r
         want_grad.index_add_(0, p.pair[d][mine] // k, ups[d][mine])
-    errs.append(err("tokens.grad", x.grad, want_grad))
+    errs.append(err("tokens.grad", answer["grad"], want_grad))
     if t > 1 and not any(errs):
         el, sent, got = toks[r].element_size(), len(want_route.order), len(p.src[r])
-        errs += [compare(tf, expected("ep_dispatch", sent, got, num_experts, t, el, "forward"), "forward"),
-                 compare(tb, expected("ep_dispatch", sent, got, num_experts, t, el, "backward"), "backward")]
+        errs += [compare(answer, phase, expected("ep_dispatch", sent, got, case["E"], t, el, phase))
+                 for phase in ("forward", "backward")]
     return errs
 
 
-def case_combine(fn, case, r, t, group):
+def _combine_inputs(case, t):
     num_experts, k, dtype = case["E"], case["k"], case["dtype"]
     picks = [choices(case, s, t) for s in range(t)]
     p = ref.plan(picks, num_experts)
     outs = [randn((len(p.src[d]), HID), 30 + d, dtype).requires_grad_() for d in range(t)]
     ws = [randn((tokens_of(s), k), 40 + s, dtype).abs().requires_grad_() for s in range(t)]
     ups = [randn((tokens_of(s), HID), 50 + s, dtype) for s in range(t)]
-    total = 0
+    return p, outs, ws, ups
+
+
+def combine_answer(fn, case, r, t, group):
+    p, outs, ws, ups = _combine_inputs(case, t)
+    eo, w = on_rank(outs[r].detach()).requires_grad_(), on_rank(ws[r].detach()).requires_grad_()
+    route = ref.Route(*(on_rank(x) for x in p.routes[r]))
+    given = (eo * 1, w * 1)
+    with trace() as tf:
+        y = fn(*given, route, group)
+    answer = {"y": y, "given": given, "forward": traffic(tf)}
+    if not forward_passed(combine_verdict, case, r, t, answer):
+        return answer
+    with trace() as tb:
+        (y * on_rank(ups[r])).sum().backward()
+    return {**answer, "grads": (eo.grad, w.grad), "backward": traffic(tb)}
+
+
+def combine_verdict(case, r, t, answer):
+    p, outs, ws, ups = _combine_inputs(case, t)
+    k, total = case["k"], 0
     for s in range(t):               # the reference: every rank's tokens, in one process
         y = outs[s].new_zeros(tokens_of(s), HID)
         for d in range(t):
@@ -215,23 +140,17 @@ def case_combine(fn, case, r, t, group):
         if s == r:
             want_y = y.detach()
         total = total + (y * ups[s]).sum()
+    errs = [err("the output", answer["y"], want_y), unchanged("expert_outputs", answer["given"][0], outs[r].detach()),
+            unchanged("weights", answer["given"][1], ws[r].detach())]
+    if any(errs) or "backward" not in answer:
+        return errs if any(errs) else [NO_BACKWARD]
     total.backward()
-    eo, w = _device(outs[r].detach()).requires_grad_(), _device(ws[r].detach()).requires_grad_()
-    route = ref.Route(*(_device(x) for x in p.routes[r]))
-    given = (eo * 1, w * 1)
-    with trace() as tf:
-        y = fn(*given, route, group)
-    errs = [err("the output", y, want_y), unchanged("expert_outputs", given[0], outs[r].detach()),
-            unchanged("weights", given[1], ws[r].detach())]
-    if any(errs):
-        return errs
-    with trace() as tb:
-        (y * _device(ups[r])).sum().backward()
-    errs += [err("expert_outputs.grad", eo.grad, outs[r].grad), err("weights.grad", w.grad, ws[r].grad)]
+    errs += [err("expert_outputs.grad", answer["grads"][0], outs[r].grad),
+             err("weights.grad", answer["grads"][1], ws[r].grad)]
     if t > 1 and not any(errs):
         el, sent, got = outs[r].element_size(), len(p.routes[r].order), len(p.src[r])
-        errs += [compare(tf, expected("ep_combine", sent, got, num_experts, t, el, "forward"), "forward"),
-                 compare(tb, expected("ep_combine", sent, got, num_experts, t, el, "backward"), "backward")]
+        errs += [compare(answer, phase, expected("ep_combine", sent, got, case["E"], t, el, phase))
+                 for phase in ("forward", "backward")]
     return errs
 
 
@@ -246,21 +165,52 @@ def _moe_inputs(case, t):
     return w.to(dtype), [x.to(dtype) for x in xs]
 
 
-def case_moe(fn, case, r, t, group):
+_MOE_RAISES = {"split": "{E} experts do not split over {t} ranks", "k": "k > E = {E}",
+               "capacity": "capacity_factor = {cf}", "shape": "router_weight has a row more than the tokens' size"}
+
+
+def moe_answer(fn, case, r, t, group):
     num_experts, k, dtype, cf = case["E"], case["k"], case["dtype"], case.get("capacity")
     w, xs = _moe_inputs(case, t)
     local = max(1, num_experts // t)
     experts = make_experts(num_experts, seed=3, dtype=dtype)[r * local:(r + 1) * local]
     if case.get("raises"):
         bad = case["raises"]
-        args = (_device(xs[r]), _device(w if bad != "shape" else torch.cat([w, w[:1]])), experts,
+        args = (on_rank(xs[r]), on_rank(w if bad != "shape" else torch.cat([w, w[:1]])), experts,
                 k if bad != "k" else num_experts + 1, group)
-        what = {"split": f"{num_experts} experts do not split over {t} ranks", "k": f"k > E = {num_experts}",
-                "capacity": f"capacity_factor = {cf}", "shape": "router_weight has a row more than the tokens' size"}
-        return raises(fn, args, what[bad], dict(capacity_factor=cf))
+        return attempt(fn, args, dict(capacity_factor=cf))
+    x, wr = on_rank(xs[r]).requires_grad_(), on_rank(w).requires_grad_()
+    ups = [randn((tokens_of(s), HID), 80 + s, dtype) for s in range(t)]
+    given = (x * 1, wr * 1)
+    with trace() as tf:
+        result = fn(*given, experts, k, group, capacity_factor=cf)
+    ok = isinstance(result, (tuple, list)) and len(result) == 2
+    answer = {"shape": ok, "y": result[0] if ok else None, "aux": result[1] if ok else None, "given": given,
+              "forward": traffic(tf)}
+    if not forward_passed(moe_verdict, case, r, t, answer):
+        return answer
+    with trace() as tb:
+        ((result[0] * on_rank(ups[r])).sum() + AUX * result[1]).backward()
+    experts_grads = [[[name, param.grad] for name, param in expert.named_parameters()] for expert in experts]
+    return {**answer, "grads": (x.grad, wr.grad), "experts": experts_grads, "backward": traffic(tb)}
+
+
+def _moe_reference(case: dict, t: int):
+    """The layer of a case in one process, for every group rank s: (output, aux loss, x.grad,
+    router_weight.grad, choices kept) per s, and every expert's gradients. Computed once per
+    (case, t): a group's ranks share it, and a rank asks twice (forward, then the whole answer);
+    each caller gets its own copy, so no caller can change what the next one compares with."""
+    return copy.deepcopy(_moe_reference_once(tuple(sorted(case.items())), t))
+
+
+@functools.lru_cache(maxsize=4)
+def _moe_reference_once(items: tuple, t: int):
+    case = dict(items)
+    num_experts, k, dtype, cf = case["E"], case["k"], case["dtype"], case.get("capacity")
+    w, xs = _moe_inputs(case, t)
     reference = make_experts(num_experts, seed=3, dtype=dtype, device=CPU)
     ups = [randn((tokens_of(s), HID), 80 + s, dtype) for s in range(t)]
-    total, want = 0, None
+    total, per_rank = 0, []
     for s in range(t):
         x = xs[s].clone().requires_grad_()
         ws = w.clone().requires_grad_()
@@ -273,31 +223,34 @@ def case_moe(fn, case, r, t, group):
                 rows = ((idx[:, c] == j) & keep[:, c]).nonzero().flatten()
                 y = y.index_add(0, rows, reference[j](x[rows]) * weights[rows, c, None])
         total = total + (y * ups[s]).sum() + AUX * aux
-        if s == r:
-            want, sent = (y, aux, x, ws), int(keep.sum())
+        per_rank.append((y, aux, x, ws, int(keep.sum())))
     total.backward()
-    x, wr = _device(xs[r]).requires_grad_(), _device(w).requires_grad_()
-    given = (x * 1, wr * 1)
-    with trace() as tf:
-        result = fn(*given, experts, k, group, capacity_factor=cf)
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
+    return ([(y.detach(), aux.detach(), x.grad, ws.grad, sent) for y, aux, x, ws, sent in per_rank],
+            [[p.grad for p in expert.parameters()] for expert in reference])
+
+
+def moe_verdict(case, r, t, answer):
+    num_experts, k, cf = case["E"], case["k"], case.get("capacity")
+    if case.get("raises"):
+        return raise_verdict(answer, _MOE_RAISES[case["raises"]].format(E=num_experts, t=t, cf=cf))
+    if not answer["shape"]:
         return ["moe_layer must return (output, load-balancing loss)"]
-    y, aux = result
-    errs = [err("the output", y, want[0].detach()), err("the load-balancing loss", aux, want[1].detach()),
-            unchanged("x", given[0], xs[r]), unchanged("router_weight", given[1], w)]
-    if any(errs):
-        return errs
-    with trace() as tb:
-        ((y * _device(ups[r])).sum() + AUX * aux).backward()
-    errs += [err("x.grad", x.grad, want[2].grad), err("router_weight.grad", wr.grad, want[3].grad)]
-    for j, expert in enumerate(experts):
-        for (name, param), theirs in zip(expert.named_parameters(), reference[r * local + j].parameters()):
-            errs.append(err(f"local expert {j} (expert {r * local + j}) {name}.grad", param.grad, theirs.grad))
+    w, xs = _moe_inputs(case, t)
+    local = max(1, num_experts // t)
+    per_rank, expert_grads = _moe_reference(case, t)
+    y, aux, x_grad, w_grad, sent = per_rank[r]
+    errs = [err("the output", answer["y"], y), err("the load-balancing loss", answer["aux"], aux),
+            unchanged("x", answer["given"][0], xs[r]), unchanged("router_weight", answer["given"][1], w)]
+    if any(errs) or "backward" not in answer:
+        return errs if any(errs) else [NO_BACKWARD]
+    errs += [err("x.grad", answer["grads"][0], x_grad), err("router_weight.grad", answer["grads"][1], w_grad)]
+    for j, grads in enumerate(answer["experts"]):
+        for (name, grad), theirs in zip(grads, expert_grads[r * local + j]):
+            errs.append(err(f"local expert {j} (expert {r * local + j}) {name}.grad", grad, theirs))
     if t > 1 and not any(errs):
-        el = xs[r].element_size()
         got = _received(case, xs, w, t, r, k, cf)
-        errs += [compare(tf, expected("moe_layer", sent, got, num_experts, t, el, "forward"), "forward"),
-                 compare(tb, expected("moe_layer", sent, got, num_experts, t, el, "backward"), "backward")]
+        errs += [compare(answer, phase, expected("moe_layer", sent, got, num_experts, t, xs[r].element_size(), phase))
+                 for phase in ("forward", "backward")]
     return errs
 
 
@@ -311,4 +264,6 @@ def _received(case, xs, w, t, r, k, cf) -> int:
     return got
 
 
-CASE_RUNNERS = {"ep_dispatch": case_dispatch, "ep_combine": case_combine, "moe_layer": case_moe}
+CASE_RUNNERS = {"ep_dispatch": RankRunner(dispatch_answer, dispatch_verdict),
+                "ep_combine": RankRunner(combine_answer, combine_verdict),
+                "moe_layer": RankRunner(moe_answer, moe_verdict)}

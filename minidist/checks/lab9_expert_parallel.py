@@ -19,7 +19,7 @@ the counts first, then the rows. Loads are uneven on purpose: group rank s holds
 and hidden cases send every token to one rank, starve an expert, or drop every choice of a rank.
 The lab's other functions are stood in for by the lab's reference inside the ranks
 (:mod:`minidist.checks.lab9_reference`); ``minidist.expert_parallel`` is refused while graded code
-runs. The runners are in :mod:`minidist.checks.lab9_cases`.
+runs. The runners are in :mod:`minidist.checks.lab9_cases`, their data in :mod:`minidist.checks.lab9_data`.
 """
 from __future__ import annotations
 
@@ -32,8 +32,9 @@ from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_
                                     report_passed, stand_in_lab_functions)
 from minidist.checks.docket import Judged, judged, outcome
 from minidist.checks.returned import require_plain
-from minidist.checks.groups import describe_case, raise_first_group_problem, run_cases_in_groups
-from minidist.checks.lab9_cases import CASE_RUNNERS, F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
+from minidist.checks.groups import describe_case, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.lab9_cases import CASE_RUNNERS
+from minidist.checks.lab9_data import F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
 from minidist.checks.quiet import passes_quietly
 from minidist.cost import expert_parallel as cost
 from minidist.trace import trace
@@ -215,15 +216,12 @@ PURE_COVERED = {"top_k_router": lambda hidden: "indices, weights and their gradi
                 "capacity dropping and dropless, fp32/fp64" + (", bad k and capacity" if hidden else ""),
                 "load_balancing_loss": lambda hidden: "value and gradient; k = 1, 2, 3, fp32/fp64"
                 + (", an expert nobody chose, probs that do not match E" if hidden else "")}
-JUDGED_PURE = Judged(__name__, "pure", lambda name, hidden: [(name, c) for c in PURE[name][0](hidden)] if name in PURE
-                     else [], lambda case, answer: PURE[case[0]][2](case[1], answer), params=("name", "hidden"))
-
-
-def _check_pure(name, fn, hidden):
-    params = dict(name=name, hidden=hidden)
-    for i, case in enumerate(JUDGED_PURE.cases(**params)):
-        JUDGED_PURE.require(params, i, case, PURE[name][1](fn, case[1]))
-    report_passed(name, PURE_COVERED[name](hidden), hidden)
+#: every graded function's verdicts, given again by the grader's judge: the pure ones per case, the
+#: others per (case, rank)
+JUDGED = Judged.of_functions(__name__, "check_function", {
+    **{name: (cases, verdict) for name, (cases, _, verdict) in PURE.items()},
+    **{name: judged_on_ranks(name, lambda hidden, name=name: _cases(name, hidden), runner, WORLD)
+       for name, runner in CASE_RUNNERS.items()}})
 
 
 COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
@@ -231,18 +229,20 @@ COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
            "moe_layer": "output, aux loss, x/router/expert gradients and traced bytes"}
 
 
-@judged(JUDGED_PURE)
+@judged(JUDGED)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = EP_CHECK_TIMEOUT) -> None:
     """Lab 9's graded function ``name``. The router and the loss in this process; the others on 4
     ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): outputs and every gradient equal
     one process, the caller's tensors unchanged, the traced all-to-alls equal the cost model.
     Hidden cases: k = 1, fp64, uneven and empty loads, dropped choices, capacity, bad input."""
+    params = dict(name=name, hidden=hidden)
     if name in PURE:
-        return _check_pure(name, fn, hidden)
+        JUDGED.run(params, lambda case: PURE[name][1](fn, case))
+        return report_passed(name, PURE_COVERED[name](hidden), hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
-    raise_first_group_problem(name, cases, out, WORLD)
+    raise_first_group_problem(name, cases, out, WORLD, JUDGED, params)
     ts = sorted({c["t"] for c in cases})
     extra = "; k = 2, fp32"
     if hidden:
