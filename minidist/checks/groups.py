@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.common import mark_case, one_thread
+from minidist.checks.docket import outcome
 from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
+from minidist.trace import trace
 
 
 class RankRunner(NamedTuple):
@@ -148,3 +150,24 @@ def wrong_group_hint(got, group_value, world_value, t: int, world_size: int, rto
         return (f" It equals the sum over all {world_size} ranks (the world), not over the {t} ranks of its "
                 f"group: a collective ran without group= (the default group is the world).")
     return ""
+
+
+def attempt(fn, args, kwargs=None) -> dict:
+    """The answer to a case whose call must raise ValueError before any message: what the call did
+    (:func:`minidist.checks.docket.outcome`) and the operations it traced."""
+    with trace() as tr:
+        done = outcome(lambda: fn(*args, **(kwargs or {})))
+    return {**done, "communicated": sorted({e.op for e in tr.comm()})}
+
+
+def raise_verdict(answer: dict, what: str) -> list:
+    """The verdict on an :func:`attempt`: a ValueError, raised before any message, because ``what``."""
+    if answer.get("raised") == "ValueError":
+        return [None if not answer["communicated"] else
+                f"raised ValueError only after communicating ({', '.join(answer['communicated'])}): check {what} "
+                "first, before any message (the other ranks would wait for you)"]
+    if "raised" in answer:
+        return [f"raised {answer['raised']} ({str(answer.get('message'))[:120]}) although {what}; the lab asks for "
+                "a ValueError with a clear message, before any message"]
+    return [f"returned although {what}; the lab asks for a ValueError"]
+

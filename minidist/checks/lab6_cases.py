@@ -4,163 +4,31 @@ attention computed in one process (fp64), and the communication it traced agains
 Jacobs et al. 2023 (DeepSpeed-Ulysses, Sec. 3: the all-to-alls and their bytes); Liu et al. 2023
 (Ring Attention, Sec. 3: K/V blocks to the next rank only, P−1 passes); Brandon et al. 2023 and
 Zhu's ring-flash-attention (zigzag: chunks r and 2P−1−r of 2P); :mod:`minidist.cost.context_parallel`
-the bytes. A runner takes (fn, case, group rank r, group size t, group) and returns a list of
-problems (None where all is well). References are built from torch alone (SDPA and a log-sum-exp
-in fp64): minidist's own context parallelism is refused while these run.
+the bytes. A runner is judged (:class:`minidist.checks.groups.RankRunner`): its ``answer`` runs the
+student's function on group rank r of t and returns what it did as plain data (results, traffic,
+timings); its ``verdict`` lists the problems from the case and the answer alone, so the grader's
+judge gives it again. References are built from torch alone (SDPA and a log-sum-exp in fp64,
+:mod:`minidist.checks.lab6_data`): minidist's own context parallelism is refused while these run.
 Used by :mod:`minidist.checks.lab6_context_parallel`, which launches, stands in and reports.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections import Counter
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from minidist import cost
-from minidist.checks.common import TOL
-from minidist.checks.returned import not_plain_tensor
+from minidist.checks.docket import digest
+from minidist.checks.groups import RankRunner, attempt, raise_verdict
+from minidist.checks.lab6_data import (B, D, F32, F64, LATE_S, S, SEQ, compare_all_to_alls, err, H, on_rank, part,
+                                       randn, reference_attention, ring_traffic, traffic, unchanged, zigzag_part)
 from minidist.runtime.device import device as rank_device
 from minidist.runtime.strict_async import blocking_p2p
 from minidist.trace import P2P_RECV, P2P_SEND, trace
-
-WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
-SEQ, HEADS = 1, 2                       # (batch, seq, heads, head_dim)
-F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
-LATE_S = 0.6                            # the late peer of the overlap case starts this much after the others
-# Relative tolerances by dtype: fp32 vs fp64 within TOL; fp64 computed in fp64 (a merge or ring that
-# rounds fp64 through fp32 is off by ~1e-7); bf16 outputs rounded once (2^-8) after an fp32 computation.
-TOLS = {F64: 1e-9, BF16: 2e-2}
-
-
-def tol(dtype) -> float:
-    return TOLS.get(dtype, TOL)
-
-
-# ----------------------------------------------------------------------------- data, references
-def randn(shape, seed, dtype=F64) -> torch.Tensor:
-    """Drawn on the CPU (references are computed there), the same numbers on every rank."""
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64, device="cpu").to(dtype)
-
-
-def on_rank(x: torch.Tensor) -> torch.Tensor:
-    """A CPU-built input moved to this rank's device (``minidist.device()``): the student's code sees it there."""
-    return x.to(rank_device())
-
-
-def part(x, dim, r, t):
-    return x.tensor_split(t, dim=dim)[r]
-
-
-def zigzag_part(x, r, t, dim=SEQ):
-    """Chunks r and 2t−1−r of 2t along ``dim``."""
-    chunks = x.tensor_split(2 * t, dim=dim)
-    return torch.cat([chunks[r], chunks[2 * t - 1 - r]], dim=dim)
-
-
-def reference_attention(q, k, v, causal):
-    """Full attention in fp64 on (b, s, h, d) leaves: (out, lse (b, h, s)); q, k, v get .grad."""
-    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
-    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal, enable_gqa=True).transpose(1, 2)
-    with torch.no_grad():
-        kr = kh.repeat_interleave(q.size(2) // k.size(2), dim=1)        # query head i reads kv head i·h_kv/h
-        s = qh @ kr.transpose(-2, -1) / math.sqrt(q.size(-1))
-        if causal:
-            s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)
-    return out, lse
-
-
-def err(what, got, want, slack: float = 0.0, dtype=None) -> str | None:
-    """Why ``got`` is not ``want`` (None if it is, within ``tol(dtype)`` relative to its scale, +
-    ``slack``), compared on the CPU. ``dtype``: the dtype ``got`` must have exactly (default: ``want``'s)."""
-    if got is None:
-        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if problem := not_plain_tensor(what, got, want.shape):
-        return problem
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
-    dtype = dtype or want.dtype
-    if got.dtype != dtype:
-        return f"{what} has dtype {got.dtype}, expected {dtype} exactly"
-    got, want = got.detach().cpu(), want.detach().cpu()
-    if not dtype.is_floating_point:
-        return None if torch.equal(got, want.to(dtype)) else f"{what} holds other elements than expected"
-    got, want = got.to(F64), want.to(F64)
-    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
-    diff = (got - want).abs().max().item() if want.numel() else 0.0
-    if not diff <= tol(dtype) * scale + slack:           # NaN fails too
-        return f"{what} differs from one process (max |error| {diff:.3g}, scale {scale:.3g})"
-    return None
-
-
-# ----------------------------------------------------------------------------- traffic
-FAMILY = {"all_to_all_single": "all-to-all", "all_to_all": "all-to-all"}
-
-
-def traffic(tr) -> Counter:
-    return Counter((FAMILY.get(e.op, e.op), e.nbytes) for e in tr.comm())
-
-
-def show(c: Counter) -> str:
-    return ", ".join(f"{n} x {k} of {b} B" for (k, b), n in sorted(c.items())) or "nothing"
-
-
-def compare_all_to_alls(got: Counter, want: Counter, phase: str) -> str | None:
-    """Equal multisets, or (qkv packed into fewer calls) only all-to-alls with the same total bytes."""
-    total = lambda c: sum(b * n for (_, b), n in c.items())        # noqa: E731
-    if got == want or ({k for k, _ in got} == {"all-to-all"} and total(got) == total(want)):
-        return None
-    return f"{phase} communicated {show(got)}; expected {show(want)}"
-
-
-def ring_traffic(tr, r, t, group, block_bytes) -> str | None:
-    """K/V go to the next rank only, come from the previous only: P−1 blocks (k and v together or apart)."""
-    to_global = (lambda g: g) if group is None else (lambda g: dist.get_global_rank(group, g))
-    nxt, prv = to_global((r + 1) % t), to_global((r - 1) % t)
-    events = tr.comm()
-    other = sorted({e.op for e in events if e.op not in P2P_SEND | P2P_RECV})
-    if other:
-        return f"ring attention passes K/V with isend/irecv (or send/recv) only; it called {', '.join(other)}"
-    sends = [e for e in events if e.op in P2P_SEND]
-    recvs = [e for e in events if e.op in P2P_RECV]
-    if {e.peer for e in sends} - {nxt} or {e.peer for e in recvs} - {prv}:
-        return (f"ring attention talks to its ring neighbours only: send to rank {nxt}, receive from rank {prv}; "
-                f"it sent to {sorted({e.peer for e in sends})} and received from {sorted({e.peer for e in recvs})}")
-    want = (t - 1) * block_bytes
-    sent, got = sum(e.nbytes for e in sends), sum(e.nbytes for e in recvs)
-    if sent != want or got != want or len(sends) not in (t - 1, 2 * (t - 1)):
-        return (f"forward sent {len(sends)} messages of {sent} B in all and received {got} B; expected the K/V block "
-                f"({block_bytes} B) passed on P−1 = {t - 1} times (k and v together or in two messages)")
-    return None
-
-
-def _raises(fn, args, what) -> list:
-    """The call must raise ValueError before any communication."""
-    try:
-        with trace() as tr:
-            fn(*args)
-    except ValueError:
-        return [None if not tr.comm() else f"raised ValueError only after communicating ({show(traffic(tr))}): "
-                f"raise it before any message when {what} (the other ranks would wait for you)"]
-    return [f"returned although {what}; the lab asks for a ValueError"]
-
-
-def unchanged(inputs, before) -> str | None:
-    """The caller's tensors must come back as they went in (no in-place edit of an input)."""
-    for name, x, was in zip(("the 1st", "the 2nd", "the 3rd", "the 4th"), inputs, before):
-        if not torch.equal(x.detach().cpu(), was):
-            return (f"{name} input was modified in place: a graded function must leave the caller's tensors "
-                    "unchanged (work on a copy, or use out-of-place operations)")
-    return None
-
-
-def _snapshot(inputs):
-    return [x.detach().cpu().clone() for x in inputs]
 
 
 class FirstCompute(TorchFunctionMode):
@@ -180,27 +48,38 @@ class FirstCompute(TorchFunctionMode):
 
 
 # ----------------------------------------------------------------------------- one runner per function
-def case_all_to_all(fn, case, r, t, group):
-    sd, gd, dtype = case["scatter"], case["gather"], case["dtype"]
+def _a2a_inputs(case, t):
     shape = list(case["local"])
-    shape[gd] *= t
-    full = randn(shape, 1, dtype)
+    shape[case["gather"]] *= t
+    return shape, randn(shape, 1, case["dtype"]), randn(shape, 2, case["dtype"])
+
+
+def a2a_answer(fn, case, r, t, group):
+    sd, gd = case["scatter"], case["gather"]
+    shape, full, up = _a2a_inputs(case, t)
     if case.get("raises"):
-        return _raises(fn, (on_rank(part(full, gd, r, t)), sd, gd, group), f"dim {sd} of size {shape[sd]} does "
-                       f"not split into {t} equal chunks")
-    up = randn(shape, 2, dtype)
+        return attempt(fn, (on_rank(part(full, gd, r, t)), sd, gd, group))
     x = on_rank(part(full, gd, r, t)).requires_grad_()
     given = x * 1
-    before = _snapshot([given])
     with trace() as tf:
         out = fn(given, sd, gd, group)
-    changed = unchanged([given], before)
+    answer = {"given": digest(given), "out": out, "forward": traffic(tf)}
     with trace() as tb:
         (out * on_rank(part(up, sd, r, t))).sum().backward()
-    errs = [err("the output", out, part(full, sd, r, t)), err("x.grad", x.grad, part(up, gd, r, t)), changed]
+    return {**answer, "grad": x.grad, "backward": traffic(tb)}
+
+
+def a2a_verdict(case, r, t, answer):
+    sd, gd = case["scatter"], case["gather"]
+    shape, full, up = _a2a_inputs(case, t)
+    if case.get("raises"):
+        return raise_verdict(answer, f"dim {sd} of size {shape[sd]} does not split into {t} equal chunks")
+    errs = [err("the output", answer["out"], part(full, sd, r, t)), err("x.grad", answer["grad"], part(up, gd, r, t)),
+            unchanged([answer["given"]], [part(full, gd, r, t)])]
     if t > 1 and not any(errs):
+        x = part(full, gd, r, t)
         one = Counter({("all-to-all", x.numel() * x.element_size()): 1})
-        errs += [compare_all_to_alls(traffic(tf), one, "forward"), compare_all_to_alls(traffic(tb), one, "backward")]
+        errs += [compare_all_to_alls(answer[phase], one, phase) for phase in ("forward", "backward")]
     return errs
 
 
@@ -211,43 +90,56 @@ def _qkv(case, t):
     return [x.to(dtype).to(F64) for x in (q, k, v, w)], h, h_kv, dtype
 
 
-def case_ulysses(fn, case, r, t, group):
+def ulysses_answer(fn, case, r, t, group):
     (q, k, v, w), h, h_kv, dtype = _qkv(case, t)
     cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
     if case.get("raises") and not (h % t or h_kv % t):
-        return [None]                           # the rank left alone by t = 3: its group of one splits anything
+        return {"alone": True}                  # the rank left alone by t = 3: its group of one splits anything
+    if case.get("raises"):
+        return attempt(fn, tuple(on_rank(cut(x)) for x in (q, k, v)) + (case["causal"], group))
+    mine = [on_rank(cut(x)).requires_grad_() for x in (q, k, v)]
+    with trace() as tf:
+        out = fn(*mine, case["causal"], group)
+    answer = {"given": [digest(x) for x in mine], "out": out, "forward": traffic(tf)}
+    with trace() as tb:
+        (out * on_rank(cut(w))).sum().backward()
+    return {**answer, "grads": [x.grad for x in mine], "backward": traffic(tb)}
+
+
+def ulysses_verdict(case, r, t, answer):
+    (q, k, v, w), h, h_kv, dtype = _qkv(case, t)
+    cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
+    if case.get("raises") and not (h % t or h_kv % t):
+        return [None]
     if case.get("raises"):
         bad = " and ".join(f"the {c} {n} heads" for n, c in (("query", h), ("kv", h_kv)) if c % t)
-        return _raises(fn, tuple(on_rank(cut(x)) for x in (q, k, v)) + (case["causal"], group),
-                       f"{bad} do not split over P = {t} ranks")
+        return raise_verdict(answer, f"{bad} do not split over P = {t} ranks")
     full = [x.clone().requires_grad_() for x in (q, k, v)]
     ref, _ = reference_attention(*full, case["causal"])
     (ref * w).sum().backward()
-    mine = [on_rank(cut(x)).requires_grad_() for x in (q, k, v)]
-    before = _snapshot(mine)
-    with trace() as tf:
-        out = fn(*mine, case["causal"], group)
-    changed = unchanged(mine, before)
-    with trace() as tb:
-        (out * on_rank(cut(w))).sum().backward()
-    errs = [err("the output", out, cut(ref.detach()))]
-    errs += [err(f"{n}.grad", x.grad, cut(f.grad)) for n, x, f in zip("qkv", mine, full)] + [changed]
+    errs = [err("the output", answer["out"], cut(ref.detach()))]
+    errs += [err(f"{n}.grad", g, cut(f.grad)) for n, g, f in zip("qkv", answer["grads"], full)]
+    errs.append(unchanged(answer["given"], [cut(x) for x in (q, k, v)]))
     if t > 1 and not any(errs):
-        want = cost.ulysses_collectives(B, S, h, D, t, h_kv, elem_bytes=mine[0].element_size())
-        for phase, tr in (("forward", tf), ("backward", tb)):
-            errs.append(compare_all_to_alls(traffic(tr), Counter(("all-to-all", c.nbytes) for c in want
-                                                                 if c.phase == phase), phase))
+        want = cost.ulysses_collectives(B, S, h, D, t, h_kv, elem_bytes=torch.empty(0, dtype=dtype).element_size())
+        errs += [compare_all_to_alls(answer[phase], Counter(("all-to-all", c.nbytes) for c in want if c.phase == phase),
+                                     phase) for phase in ("forward", "backward")]
     return errs
 
 
-def _overlap(r, group, start, first) -> str | None:
-    """The overlap case: group rank 0 started ``LATE_S`` late; rank 1, which receives its next K/V
-    block from rank 0, must have begun its own block's compute before rank 0 even started (so
-    before the late message can land)."""
+def _overlap_times(r, group, start, first) -> list:
+    """The overlap case: group rank 0 started ``LATE_S`` late; [rank 0's start, rank 1's first
+    compute], exchanged outside the trace (rank 1 judges them)."""
     times = torch.tensor([start if r == 0 else 0.0, (first or 0.0) if r == 1 else 0.0], dtype=F64,
                          device=rank_device())
-    dist.all_reduce(times, group=group)         # rank 0's start and rank 1's first compute, outside the trace
-    late_start, first = times.tolist()
+    dist.all_reduce(times, group=group)
+    return times.tolist()
+
+
+def _overlap(r, times) -> str | None:
+    """Rank 1, which receives its next K/V block from rank 0, must have begun its own block's compute
+    before rank 0 even started (so before the late message can land)."""
+    late_start, first = times
     if r != 1:
         return None
     if first == 0.0:
@@ -259,12 +151,22 @@ def _overlap(r, group, start, first) -> str | None:
     return None
 
 
-def case_ring(fn, case, r, t, group):
+def _ring_events(tr, group) -> list:
+    """[send/recv (or the operation), bytes, the peer's rank in the group (None outside it)] per operation."""
+    def in_group(peer):
+        if group is None or peer is None:
+            return peer
+        try:
+            return dist.get_group_rank(group, peer)
+        except (ValueError, RuntimeError):
+            return None
+    return [["send" if e.op in P2P_SEND else "recv" if e.op in P2P_RECV else e.op, e.nbytes, in_group(e.peer)]
+            for e in tr.comm()]
+
+
+def ring_answer(fn, case, r, t, group):
     (q, k, v, _), h, h_kv, dtype = _qkv(case, t)
-    cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
-    ref, lse = reference_attention(q, k, v, case["causal"])
-    mine = [on_rank(cut(x)) for x in (q, k, v)]
-    before = _snapshot(mine)
+    mine = [on_rank(part(x, SEQ, r, t).to(dtype)) for x in (q, k, v)]
     blocking = blocking_p2p() if case.get("blocking") else contextlib.nullcontext()
     seen = FirstCompute() if case.get("late") else contextlib.nullcontext()
     if case.get("late"):
@@ -274,55 +176,57 @@ def case_ring(fn, case, r, t, group):
     start = time.time()
     with blocking, trace() as tf, seen:
         result = fn(*mine, case["causal"], group)
-    late = _overlap(r, group, start, seen.first) if case.get("late") else None
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
+    late = _overlap_times(r, group, start, seen.first) if case.get("late") else None
+    ok = isinstance(result, (tuple, list)) and len(result) == 2
+    return {"shape": ok, "out": result[0] if ok else None, "lse": result[1] if ok else None,
+            "given": [digest(x) for x in mine], "events": _ring_events(tf, group), "late": late}
+
+
+def ring_verdict(case, r, t, answer):
+    (q, k, v, _), h, h_kv, dtype = _qkv(case, t)
+    cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
+    if not answer["shape"]:
         return ["ring_attention_forward must return (out, lse)"]
-    out, my_lse = result
+    ref, lse = reference_attention(q, k, v, case["causal"])
     lse_dtype = F64 if dtype == F64 else F32                    # the helper's: float32 at least
-    errs = [err("the output", out, cut(ref), dtype=dtype),
-            err("the lse", my_lse, part(lse, 2, r, t), dtype=lse_dtype), unchanged(mine, before), late]
+    errs = [err("the output", answer["out"], cut(ref), dtype=dtype),
+            err("the lse", answer["lse"], part(lse, 2, r, t), dtype=lse_dtype),
+            unchanged(answer["given"], [cut(x) for x in (q, k, v)]),
+            _overlap(r, answer["late"]) if case.get("late") else None]
     if t > 1 and not any(errs):
-        block = cost.ring_attention_messages(B, S, h_kv, D, t, elem_bytes=mine[0].element_size())[0].nbytes
-        errs.append(ring_traffic(tf, r, t, group, block))
+        elem = torch.empty(0, dtype=dtype).element_size()
+        block = cost.ring_attention_messages(B, S, h_kv, D, t, elem_bytes=elem)[0].nbytes
+        errs.append(ring_traffic(answer["events"], r, t, block))
     return errs
 
 
-def case_zigzag(fn, case, r, t, group):
-    shape, dtype = case["shape"], case["dtype"]
-    x = torch.arange(math.prod(shape), device="cpu").view(shape).to(dtype)
-    if shape[SEQ] % (2 * t):
-        return _raises(fn, (on_rank(x), group), f"a sequence of {shape[SEQ]} does not cut into 2P = {2 * t} chunks")
+def _zigzag_input(case):
+    shape = case["shape"]
+    return torch.arange(torch.Size(shape).numel(), device="cpu").view(shape).to(case["dtype"])
+
+
+def zigzag_answer(fn, case, r, t, group):
+    x = _zigzag_input(case)
+    if case["shape"][SEQ] % (2 * t):
+        return attempt(fn, (on_rank(x), group))
     given = on_rank(x)
     with trace() as tr:
         out = fn(given, group)
-    errs = [err("the shard", out, zigzag_part(x, r, t)), unchanged([given], [x])]
-    if tr.comm():
-        errs.append(f"zigzag_shard communicated ({show(traffic(tr))}): every rank holds the full tensor already")
+    return {"out": out, "given": digest(given), "traffic": traffic(tr)}
+
+
+def zigzag_verdict(case, r, t, answer):
+    x, seq = _zigzag_input(case), case["shape"][SEQ]
+    if seq % (2 * t):
+        return raise_verdict(answer, f"a sequence of {seq} does not cut into 2P = {2 * t} chunks")
+    errs = [err("the shard", answer["out"], zigzag_part(x, r, t)), unchanged([answer["given"]], [x])]
+    if answer["traffic"]:
+        ops = ", ".join(f"{k} of {b} B" for k, b in answer["traffic"])
+        errs.append(f"zigzag_shard communicated ({ops}): every rank holds the full tensor already")
     return errs
 
 
-CASE_RUNNERS = {"all_to_all": case_all_to_all, "ulysses_attention": case_ulysses,
-                "ring_attention_forward": case_ring, "zigzag_shard": case_zigzag}
-
-
-# ----------------------------------------------------------------------------- the merge, in this process
-def merge_cases(hidden: bool) -> list[dict]:
-    cases = [dict(shape=(2, 3, 5, 4), dtype=F32, spread=3.0, offset=0.0)]
-    if hidden:          # far-apart lse's (one side negligible), and lse's where exp overflows without the max
-        cases += [dict(shape=(2, 3, 5, 4), dtype=F64, spread=3.0, offset=0.0),
-                  dict(shape=(4, 7, 8), dtype=F32, spread=60.0, offset=0.0),
-                  dict(shape=(2, 3, 5, 4), dtype=F32, spread=5.0, offset=400.0),
-                  dict(shape=(2, 3, 5, 4), dtype=F64, spread=5.0, offset=1000.0),
-                  dict(shape=(2, 3, 5, 4), dtype=BF16, spread=3.0, offset=0.0)]
-    return cases
-
-
-def merge_inputs(case: dict):
-    shape, dtype = case["shape"], case["dtype"]
-    out_a, out_b = randn(shape, 40, dtype), randn(shape, 41, dtype)
-    lse_a = (case["offset"] + case["spread"] * randn(shape[:-1], 42)).to(dtype)
-    lse_b = (case["offset"] + case["spread"] * randn(shape[:-1], 43)).to(dtype)
-    lse = torch.logaddexp(lse_a.double(), lse_b.double())
-    out = ((lse_a.double() - lse).exp()[..., None] * out_a.double()
-           + (lse_b.double() - lse).exp()[..., None] * out_b.double())
-    return (out_a, lse_a, out_b, lse_b), (out, lse)
+CASE_RUNNERS = {"all_to_all": RankRunner(a2a_answer, a2a_verdict),
+                "ulysses_attention": RankRunner(ulysses_answer, ulysses_verdict),
+                "ring_attention_forward": RankRunner(ring_answer, ring_verdict),
+                "zigzag_shard": RankRunner(zigzag_answer, zigzag_verdict)}

@@ -21,7 +21,8 @@ blocking; and, with one peer starting late, the first block computed before that
 message can land: the pass overlaps the compute). ``merge_partial_attention`` has no communication and is checked in this process, on
 inputs whose exp overflows without the max. The lab's other functions are stood in for by
 minidist's own inside the ranks (``STAND_INS``); minidist's implementation of the graded one is
-refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.checks.lab6_cases`.
+refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.checks.lab6_cases`, their
+data and comparisons in :mod:`minidist.checks.lab6_data`.
 """
 from __future__ import annotations
 
@@ -30,11 +31,13 @@ import torch
 from minidist import cost
 from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
                                     report_passed, stand_in_lab_functions)
-from minidist.checks.docket import Judged, judged
+from minidist.checks.docket import Judged, digest, judged
 from minidist.checks.returned import require_plain
-from minidist.checks.groups import consecutive_groups, describe_case, raise_first_group_problem, run_cases_in_groups
-from minidist.checks.lab6_cases import (B, BF16, CASE_RUNNERS, D, F32, F64, H, S, WORLD, err, merge_cases,
-                                        merge_inputs, on_rank, part, randn, unchanged)
+from minidist.checks.groups import (consecutive_groups, describe_case, judged_on_ranks, raise_first_group_problem,
+                                    run_cases_in_groups)
+from minidist.checks.lab6_cases import CASE_RUNNERS
+from minidist.checks.lab6_data import (B, BF16, D, F32, F64, H, S, WORLD, err, merge_cases, merge_inputs, on_rank,
+                                       part, randn, unchanged)
 from minidist.checks.quiet import passes_quietly
 from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.merge import merge_partial_attention
@@ -131,7 +134,7 @@ def _merge_answer(fn, case):
     given = [a.clone() for a in args]
     result = graded_call(_refusal(MERGE), MERGE, fn, *given)
     require_plain(f"{MERGE} ({describe_case(case)})", result)
-    return {"result": result, "given": given}
+    return {"result": result, "given": [digest(g) for g in given]}
 
 
 def _merge_verdict(case, answer) -> str | None:
@@ -154,10 +157,15 @@ def _merge_verdict(case, answer) -> str | None:
 
 
 MERGE = "merge_partial_attention"
-JUDGED_MERGE = Judged.of_functions(__name__, "check_function", {MERGE: (merge_cases, _merge_verdict)})
+#: every graded function's verdicts, given again by the grader's judge: the merge's per case, the
+#: others' per (case, rank)
+JUDGED = Judged.of_functions(__name__, "check_function", {
+    MERGE: (merge_cases, _merge_verdict),
+    **{name: judged_on_ranks(name, lambda hidden, name=name: _cases(name, hidden), runner, WORLD)
+       for name, runner in CASE_RUNNERS.items()}})
 
 
-@judged(JUDGED_MERGE)
+@judged(JUDGED)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHECK_TIMEOUT) -> None:
     """Lab 6's graded function ``name``: on 4 ranks cut into groups of t (visible t = 2, 4; hidden
@@ -169,11 +177,11 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
     (the ring's first block computed before the late message can land), sequences that do not cut
     into 2P chunks. Prints the ✓ line when it passes."""
     if name == MERGE:
-        JUDGED_MERGE.run(dict(name=name, hidden=hidden), lambda case: _merge_answer(fn, case))
+        JUDGED.run(dict(name=name, hidden=hidden), lambda case: _merge_answer(fn, case))
         return report_passed(name, _covered(name, merge_cases(hidden), hidden), hidden)
     cases = _cases(name, hidden)
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
-    raise_first_group_problem(name, cases, out, WORLD)
+    raise_first_group_problem(name, cases, out, WORLD, JUDGED, dict(name=name, hidden=hidden))
     report_passed(name, _covered(name, cases, hidden), hidden)
 
 

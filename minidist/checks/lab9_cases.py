@@ -19,9 +19,10 @@ import functools
 import torch
 
 from minidist.checks import lab9_reference as ref
-from minidist.checks.groups import RankRunner, first_problem
-from minidist.checks.lab9_data import (AUX, CPU, HID, attempt, choices, compare, err, expected, make_experts,
-                                       on_rank, raise_verdict, randn, tokens_of, traffic, unchanged)
+from minidist.checks.docket import digest
+from minidist.checks.groups import RankRunner, attempt, first_problem, raise_verdict
+from minidist.checks.lab9_data import (AUX, CPU, HID, choices, compare, err, expected, make_experts, on_rank, randn,
+                                       tokens_of, traffic, unchanged)
 from minidist.trace import trace
 
 
@@ -61,8 +62,8 @@ def dispatch_answer(fn, case, r, t, group):
     with trace() as tf:
         result = fn(given, idx, case["E"], group)
     ok = isinstance(result, (tuple, list)) and len(result) == 2
-    answer = {"rows": result[0] if ok else None, "shape": ok, "idx": idx, "given": given, "forward": traffic(tf),
-              "route": {f: getattr(result[1], f, None) for f in ref.Route._fields} if ok else None}
+    answer = {"rows": result[0] if ok else None, "shape": ok, "idx": digest(idx), "given": digest(given),
+              "forward": traffic(tf), "route": {f: getattr(result[1], f, None) for f in ref.Route._fields} if ok else None}
     if not forward_passed(dispatch_verdict, case, r, t, answer):
         return answer
     ups = [randn((len(p.src[d]), HID), 20 + d, case["dtype"]) for d in range(t)]
@@ -120,7 +121,7 @@ def combine_answer(fn, case, r, t, group):
     given = (eo * 1, w * 1)
     with trace() as tf:
         y = fn(*given, route, group)
-    answer = {"y": y, "given": given, "forward": traffic(tf)}
+    answer = {"y": y, "given": [digest(g) for g in given], "forward": traffic(tf)}
     if not forward_passed(combine_verdict, case, r, t, answer):
         return answer
     with trace() as tb:
@@ -185,8 +186,8 @@ def moe_answer(fn, case, r, t, group):
     with trace() as tf:
         result = fn(*given, experts, k, group, capacity_factor=cf)
     ok = isinstance(result, (tuple, list)) and len(result) == 2
-    answer = {"shape": ok, "y": result[0] if ok else None, "aux": result[1] if ok else None, "given": given,
-              "forward": traffic(tf)}
+    answer = {"shape": ok, "y": result[0] if ok else None, "aux": result[1] if ok else None,
+              "given": [digest(g) for g in given], "forward": traffic(tf)}
     if not forward_passed(moe_verdict, case, r, t, answer):
         return answer
     with trace() as tb:

@@ -14,10 +14,9 @@ import torch
 
 import minidist
 from minidist.checks.common import TOL
-from minidist.checks.docket import outcome
+from minidist.checks.docket import digest
 from minidist.checks.returned import not_plain_tensor
 from minidist.cost import expert_parallel as cost
-from minidist.trace import trace
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
 AUX = 0.5                                # weight of the load-balancing loss in the moe_layer checks' loss
@@ -98,8 +97,9 @@ def err(what, got, want) -> str | None:
     return None
 
 
-def unchanged(what, tensor, original) -> str | None:
-    if not torch.equal(tensor.detach().to(CPU), original):
+def unchanged(what, got: str, original: torch.Tensor) -> str | None:
+    """``got``: the digest (:func:`minidist.checks.docket.digest`) of the caller's tensor after the call."""
+    if got != digest(original):
         return f"{what} was modified in place: the caller's tensor must stay as it was"
     return None
 
@@ -119,22 +119,6 @@ def compare(answer: dict, phase: str, want: list) -> str | None:
     return None if got == want else f"{phase} communicated {show(got)}; expected {show(want)}"
 
 
-def attempt(fn, args, kwargs=None) -> dict:
-    """The answer to a case that must raise ValueError before any communication."""
-    with trace() as tr:
-        done = outcome(lambda: fn(*args, **(kwargs or {})))
-    return {"outcome": done, "communicated": bool(tr.comm())}
-
-
-def raise_verdict(answer: dict, what: str) -> list:
-    done = answer["outcome"]
-    if done.get("raised") == "ValueError":
-        return [None if not answer["communicated"] else f"raised ValueError only after communicating: check {what} "
-                "first, before any message (the other ranks would wait for you)"]
-    if "raised" in done:
-        return [f"raised {done['raised']} ({str(done.get('message'))[:120]}) although {what}; the lab asks for a "
-                "ValueError with a clear message, before any message"]
-    return [f"returned although {what}; the lab asks for a ValueError"]
 # ----------------------------------------------------------------------------- expected traffic
 def expected(name, sent, received, num_experts, t, elem_bytes, phase) -> list:
     """Payload bytes of ``name``'s all-to-alls in ``phase``, from :func:`cost.ep_collectives` (a layer's five:
