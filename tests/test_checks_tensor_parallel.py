@@ -3,7 +3,6 @@ case and rank (a g that reduces into the caller's tensor, SP hooks that pile up 
 buffer in the default dtype). Answers written with torch's functional collectives are graded by the
 bank's alternatives (``selftest``): importing them here would load torch._dynamo into the test run."""
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -96,24 +95,17 @@ def test_g_over_the_world_in_a_group_of_two_is_diagnosed_as_a_missing_group():
         L5.check_function("reduce_from_tp", lambda x, group=None: _WorldG.apply(x, group))
 
 
-class _Phase:
-    """What ``trace().comm()`` gives for one phase of one call: events with an op and a payload."""
-
-    def __init__(self, *events):
-        self.events = [SimpleNamespace(op=op, nbytes=nbytes) for op, nbytes in events]
-
-    def comm(self):
-        return self.events
-
-
 def test_a_traffic_problem_names_the_call_it_was_found_in():
     """A module called twice: a problem on the first call is reported as it is; one that only the
     second call has says so."""
+    from minidist.checks.lab5_data import _with_traffic
     want = {"forward": Counter(), "backward": Counter({("all-reduce", 64): 1})}
-    good = {"forward": _Phase(), "backward": _Phase(("all_reduce", 64))}
-    bad = {"forward": _Phase(("all_reduce", 64)), "backward": _Phase(("all_reduce", 64))}
-    assert L5._traffic_problem("tp_mlp", [good, good], want, None, 2) is None
-    first = L5._traffic_problem("tp_mlp", [bad, bad], want, None, 2)
-    assert first == "forward communicated 1 x all-reduce of 64 B; expected nothing"
-    second = L5._traffic_problem("tp_mlp", [good, bad], want, None, 2)
-    assert second == first + " (second call on the same module)"
+    good = {"forward": [], "backward": [["all-reduce", 64]]}
+    bad = {"forward": [["all-reduce", 64]], "backward": [["all-reduce", 64]]}
+    assert _with_traffic([None], 2, [good, good], want) == [None]
+    first = _with_traffic([None], 2, [bad, bad], want)
+    assert first == ["forward communicated 1 x all-reduce of 64 B; expected nothing"]
+    second = _with_traffic([None], 2, [good, bad], want)
+    assert second == [first[0] + " (second call on the same module)"]
+    assert _with_traffic(["wrong output"], 2, [bad], want) == ["wrong output"]     # values first
+    assert _with_traffic([None], 1, [bad], want) == [None]                         # no traffic in a group of one

@@ -18,8 +18,9 @@ for t > 1, the collectives traced in forward and in backward with
 out-of-place alike). The lab's other functions are stood in for by minidist's own inside
 the ranks (the notebook's names are rebound there), so a wrong f costs f's points, not
 those of every layer built on it; minidist's implementation of the graded function itself
-is refused (:mod:`minidist.checks.common`). The cases themselves (one runner per function)
-are in :mod:`minidist.checks.lab5_cases`.
+is refused (:mod:`minidist.checks.common`). The cases themselves (one runner per kind of
+function, judged again by the grader's judge) are in :mod:`minidist.checks.lab5_cases`, their
+data and comparisons in :mod:`minidist.checks.lab5_data`.
 """
 from __future__ import annotations
 
@@ -30,9 +31,10 @@ import torch
 from minidist import cost
 from minidist.checks.common import (Refusal, check_timeout, launch_named, mark_case, one_thread, report_passed,
                                     stand_in_lab_functions)
-from minidist.checks.groups import raise_first_group_problem, run_cases_in_groups
-from minidist.checks.lab5_cases import (B, CASE_RUNNERS, CFG, S, SEQ, WORLD, _compare_traffic, _dev, _groups, _part,
-                                        _randn, _traffic)
+from minidist.checks.docket import Judged, judged
+from minidist.checks.groups import judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.lab5_cases import CASE_RUNNERS
+from minidist.checks.lab5_data import B, CFG, S, SEQ, WORLD, _dev, _groups, _part, _randn
 from minidist.checks.quiet import passes_quietly
 from minidist.memory import ActivationMeter
 from minidist.models import TinyGPT
@@ -78,29 +80,9 @@ def _refusal(name: str) -> Refusal:
     return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + tuple(dict.fromkeys(allow)), REFUSED.checks)
 
 
-def _traffic_problem(name, traces, want, extra, t) -> str | None:
-    """What the traced forward and backward traffic got wrong, call by call, or None."""
-    problem = _compare_traffic(extra, want) if name == "vocab_parallel_cross_entropy" else None
-    for call, tr in enumerate(traces):
-        if problem:
-            break
-        problem = _compare_traffic({p: _traffic(tr[p], t) for p in ("forward", "backward")}, want, extra)
-        if problem and call:
-            problem += " (second call on the same module)"
-    return problem
-
-
 def _body(progress, fn, name, cases):
     stand_in_lab_functions(fn, {other: ref for other, (ref, _, _) in STAND_INS.items() if other != name})
-
-    def run_case(fn, case, r, t, group):
-        errs, traces, want, extra = CASE_RUNNERS[name](fn, name, case, r, t, group)
-        problem = next((e for e in errs if e), None)
-        if problem is None and t > 1 and want is not None:
-            problem = _traffic_problem(name, traces, want, extra, t)
-        return [problem]
-
-    return run_cases_in_groups(progress, run_case, fn, cases, WORLD)
+    return run_cases_in_groups(progress, CASE_RUNNERS[name], fn, cases, WORLD)
 
 
 # ----------------------------------------------------------------------------- cases
@@ -163,6 +145,13 @@ def _load_dynamo_if_functional_collectives():
         import torch._dynamo  # noqa: F401
 
 
+#: every graded function's verdicts per (case, rank), given again by the grader's judge
+JUDGED = Judged.of_functions(__name__, "check_function", {
+    name: judged_on_ranks(name, lambda hidden, name=name: _cases(name, hidden), runner, WORLD)
+    for name, runner in CASE_RUNNERS.items()})
+
+
+@judged(JUDGED)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = TP_CHECK_TIMEOUT) -> None:
     """Lab 5's graded function ``name`` on 4 ranks cut into groups of t: output, input and
@@ -174,7 +163,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = TP_CHEC
     cases = _cases(name, hidden)
     _load_dynamo_if_functional_collectives()
     out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=_refusal(name))
-    raise_first_group_problem(name, cases, out, WORLD)
+    raise_first_group_problem(name, cases, out, WORLD, JUDGED, dict(name=name, hidden=hidden))
     report_passed(name, _covered(name, cases), hidden)
 
 
