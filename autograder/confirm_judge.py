@@ -99,21 +99,21 @@ def verdict(calls, docket) -> str | None:
     """The first problem the judged checks find in the docket's answers, or None."""
     for module, name, args, kwargs in calls:
         check = getattr(importlib.import_module(module), name)
-        judged = check.judged
         if "*" in kwargs:
-            return f"{judged.name}: the judge cannot read the test cell's call (unpacked arguments)"
+            return f"{name}: the judge cannot read the test cell's call (unpacked arguments)"
         try:
             bound = inspect.signature(check).bind(*args, **kwargs)
         except TypeError as err:
-            return f"{judged.name}: the test cell's call does not fit the check ({err})"
+            return f"{name}: the test cell's call does not fit the check ({err})"
         bound.apply_defaults()
-        params = {p: bound.arguments[p] for p in judged.params}
-        unread = [p for p, v in params.items() if isinstance(v, NotConstant)]
-        if unread:
-            return f"{judged.name}: the test cell does not give {', '.join(unread)} as a constant"
-        problem = judged.judge(params, docket)
-        if problem:
-            return problem
+        for judged in check.judged:
+            params = {p: bound.arguments[p] for p in judged.params}
+            unread = [p for p, v in params.items() if isinstance(v, NotConstant)]
+            if unread:
+                return f"{judged.name}: the test cell does not give {', '.join(unread)} as a constant"
+            problem = judged.judge(params, docket)
+            if problem:
+                return problem
     return None
 
 

@@ -184,3 +184,13 @@ def test_the_judge_gives_every_ranks_verdict_again(monkeypatch):
 def test_an_honest_rank_answer_is_confirmed_by_the_judge(tmp_path):
     # the answers of 4 ranks, filed by the child and judged again
     assert confirm_one(tmp_path, "lab9_expert_parallel", "ep_combine", also=("ep_dispatch",))["error"] is None
+
+
+def test_a_check_run_here_and_on_ranks_is_judged_by_both_parts():
+    from minidist.checks import lab8_memory as lab8
+    assert lab8.check_function.judged == (lab8.JUDGED_HERE, lab8.JUDGED_RANKS)
+    visible = dict(name="DynamicLossScaler", hidden=False)
+    # 2 group sizes x 2 cases of unscale_, each answered by 4 ranks; the bookkeeping's cases here
+    assert "no answer was filed for 16 of its 16 cases" in lab8.JUDGED_RANKS.judge(visible, [])
+    assert "no answer was filed" in lab8.JUDGED_HERE.judge(visible, [])
+    assert lab8.JUDGED_RANKS.judge(dict(name="recompute_blocks", hidden=False), []) is None   # nothing on ranks

@@ -131,10 +131,11 @@ def entries() -> list:
     return _entries
 
 
-def judged(judged_check: Judged):
-    """Mark a check function as judged by ``judged_check`` (the grader's judge finds it there)."""
+def judged(*judged_checks: Judged):
+    """Mark a check function as judged by ``judged_checks`` (the grader's judge finds them there and
+    asks each for its verdict: a check whose cases run partly here, partly on ranks has two)."""
     def mark(check):
-        check.judged = judged_check
+        check.judged = judged_checks
         return check
     return mark
 

@@ -23,7 +23,9 @@ in this process: output, input and parameter gradients equal the blocks run plai
 random state, the random state afterwards is the same too, the caller's input and weights are
 untouched, and the bytes saved for backward (:class:`minidist.memory.ActivationMeter`) equal the
 formula of ``lab8_cases.block_activation_bytes`` to the byte. minidist's own implementation
-(``minidist.memory_techniques``) is refused while a graded function runs.
+(``minidist.memory_techniques``) is refused while a graded function runs. Every verdict is
+given again by the grader's judge: the cases here by :mod:`minidist.checks.lab8_here`, those on
+ranks by :mod:`minidist.checks.lab8_ranks`.
 """
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_
 from minidist.checks.docket import Judged, judged
 from minidist.checks.lab8_here import (SCALER, recompute_answer, recompute_cases, recompute_verdict, scaler_answer,
                                        scaler_cases, scaler_verdict)
-from minidist.checks.groups import consecutive_groups, raise_first_group_problem, run_cases_in_groups
-from minidist.checks.lab8_cases import (CASE_RUNNERS, TOL, VS_FP32, WORLD, ReferenceScaler, expected_saved,
-                                        shard_bounds)
+from minidist.checks.groups import consecutive_groups, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.lab8_cases import TOL, VS_FP32, WORLD, ReferenceScaler, expected_saved, shard_bounds
+from minidist.checks.lab8_ranks import CASE_RUNNERS
 from minidist.checks.quiet import passes_quietly
 from minidist import cost
 from minidist.memory import ActivationMeter, model_state, model_state_bytes
@@ -99,9 +101,13 @@ HERE = {SCALER: (scaler_cases, scaler_answer, scaler_verdict),
         "recompute_blocks": (recompute_cases, recompute_answer, recompute_verdict)}
 JUDGED_HERE = Judged.of_functions(__name__, "check_function",
                                   {name: (cases, verdict) for name, (cases, _, verdict) in HERE.items()})
+#: the cases on ranks, per (case, rank): the scaler's unscale_ and the steps
+JUDGED_RANKS = Judged.of_functions(__name__, "check_function on ranks", {
+    name: judged_on_ranks(name, lambda hidden, name=name: _cases(name, hidden), runner, WORLD)
+    for name, runner in CASE_RUNNERS.items()})
 
 
-@judged(JUDGED_HERE)
+@judged(JUDGED_HERE, JUDGED_RANKS)
 @passes_quietly
 def check_function(name: str, fn, hidden: bool = False, timeout: float = MEM_CHECK_TIMEOUT) -> None:
     """Lab 8's graded function ``name``: the steps and the scaler's unscale_ on 4 ranks cut into
@@ -113,7 +119,7 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = MEM_CHE
     if name != "recompute_blocks":
         cases = _cases(name, hidden)
         out = launch_named(_body, WORLD, fn, name, cases, name=name, timeout=timeout, refuse=REFUSED)
-        raise_first_group_problem(name, cases, out, WORLD)
+        raise_first_group_problem(name, cases, out, WORLD, JUDGED_RANKS, dict(name=name, hidden=hidden))
     report_passed(name, COVERED[name][hidden], hidden)
 
 
