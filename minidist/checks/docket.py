@@ -140,6 +140,21 @@ def judged(*judged_checks: Judged):
     return mark
 
 
+def from_raising(compare: Callable[[object, object], None]) -> Callable[[object, object], str | None]:
+    """A verdict from a comparison that raises AssertionError with its problem (a check that
+    launches: ``compare(run, results)`` on every rank's results as plain data). An answer the
+    comparison cannot read (a KeyError on a forged one) is a problem too, never a crash."""
+    def verdict(case, answer) -> str | None:
+        try:
+            compare(case, answer)
+        except AssertionError as err:
+            return str(err)
+        except Exception as err:      # noqa: BLE001  (a malformed answer: it fails, it does not stop the judge)
+            return f"the results could not be judged ({type(err).__name__}: {str(err)[:200]})"
+        return None
+    return verdict
+
+
 def digest(x: torch.Tensor) -> str:
     """An answer's record of a tensor that must come back unchanged (an input): its dtype, shape and
     bytes, hashed. The verdict compares it with the digest of the input it rebuilds."""

@@ -21,10 +21,10 @@ import math
 import torch
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
-from minidist.checks.docket import Judged, judged, outcome
+from minidist.checks.docket import Judged, from_raising, judged, outcome
 from minidist.checks.returned import require_plain
 from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
-from minidist.checks.training import _train_body, check_equal, describe_case, train_student
+from minidist.checks.training import _train_body, check_equal, describe_case
 from minidist.checks.quiet import passes_quietly
 from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp
 
@@ -41,11 +41,21 @@ def _train_and_probe(progress, cases, kind, impl):
     return _train_body(progress, cases, kind, impl), rank_dependent_grads(progress, kind, impl)
 
 
-def _train_checked(name, kind, impl, n, cases, timeout):
-    """Train ``cases`` and probe the rank-dependent model on ``n`` ranks; check both."""
-    out = launch_named(_train_and_probe, n, cases, kind, impl, name=name, timeout=timeout, refuse=REFUSED)
-    check_equal(name, n, cases, [o[0] for o in out])
-    check_rank_dependent(name, n, [o[1] for o in out])
+def _trained(name):
+    """The comparison of a run (n, cases) of ``_train_and_probe``: training equals one process, the
+    rank-dependent model's gradients are the mean. Judged (minidist.checks.docket): the child files
+    every rank's results; the grader's judge compares them again."""
+    def compare(run, out):
+        n, cases = run
+        check_equal(name, n, cases, [o[0] for o in out])
+        check_rank_dependent(name, n, [o[1] for o in out])
+    return compare
+
+
+def _launched(judged_check, params, body, kind, impl, name, timeout, *extra):
+    """Every run (n, cases) of a judged check launched on n ranks: results filed and compared."""
+    judged_check.run(params, lambda run: launch_named(body, run[0], run[1], kind, impl, *extra, name=name,
+                                                      timeout=timeout, refuse=REFUSED))
 
 
 # ----------------------------------------------------------------------------- lab 2: split
@@ -126,40 +136,57 @@ def check_split_batch(split_batch, hidden: bool = False) -> None:
 
 
 # ----------------------------------------------------------------------------- lab 2: naive DDP
+def _average_runs(hidden: bool) -> list[tuple]:
+    return [(n, _cases(list(MODELS) if hidden else ["plain", "frozen"])) for n in ((3, 4) if hidden else (2,))]
+
+
+JUDGED_AVERAGE = Judged(__name__, "average_gradients", _average_runs, from_raising(_trained("average_gradients")))
+
+
+@judged(JUDGED_AVERAGE)
 @passes_quietly
 def check_average_gradients(average_gradients, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Training with ``average_gradients(model)`` after every backward equals single-process
     training on the whole batch (SGD with momentum, 3 steps)."""
     sizes = (3, 4) if hidden else (2,)
     models = list(MODELS) if hidden else ["plain", "frozen"]
-    for n in sizes:
-        _train_checked("average_gradients", "average_gradients", average_gradients, n, _cases(models), timeout)
+    _launched(JUDGED_AVERAGE, dict(hidden=hidden), _train_and_probe, "average_gradients", average_gradients,
+              "average_gradients", timeout)
     report_passed("average_gradients", f"N={', '.join(map(str, sizes))}, models {', '.join(models)}: parameters vs "
                                        f"one process on the whole batch, a rank-dependent model", hidden)
 
 
+def _average_traffic(run, out) -> None:
+    n, cases = run
+    for i, case in enumerate(cases):
+        for r in range(n):
+            res = out[r][i]
+            what = f"average_gradients (world_size={n}, {describe_mlp(case['model_kwargs'])}), rank {r}"
+            ops = sorted({op for op, _ in res["events"]})
+            if ops != ["all_reduce"]:
+                raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
+            n_params = len([p for p in TinyMLP(**case["model_kwargs"]).parameters() if p.requires_grad])
+            total = sum(b for _, b in res["events"])
+            if total != 4 * res["numel"]:
+                raise AssertionError(f"{what}: all-reduced {total} bytes of gradients per step; expected "
+                                     f"Ψ·4 = {4 * res['numel']} (every trainable parameter's gradient once; "
+                                     f"frozen parameters have none, a tied weight counts once)")
+            if len(res["events"]) != n_params:
+                raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step; expected one per "
+                                     f"trainable parameter ({n_params})")
+
+
+JUDGED_AVERAGE_TRAFFIC = Judged(__name__, "average_gradients traffic",
+                                lambda: [(n, _cases(["frozen", "tied"])) for n in (2, 3)],
+                                from_raising(_average_traffic), params=())
+
+
+@judged(JUDGED_AVERAGE_TRAFFIC)
 @passes_quietly
 def check_average_gradients_traffic(average_gradients, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """One all-reduce per trainable parameter, Ψ·4 bytes of payload in all, nothing else."""
-    for n in (2, 3):
-        cases = _cases(["frozen", "tied"])
-        out = train_student("average_gradients", average_gradients, n, cases, "average_gradients", timeout, REFUSED)
-        for i, case in enumerate(cases):
-            for r in range(n):
-                res = out[r][i]
-                what = f"average_gradients (world_size={n}, {describe_mlp(case['model_kwargs'])}), rank {r}"
-                ops = sorted({op for op, _ in res["events"]})
-                if ops != ["all_reduce"]:
-                    raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
-                n_params = len([p for p in TinyMLP(**case["model_kwargs"]).parameters() if p.requires_grad])
-                total = sum(b for _, b in res["events"])
-                if total != 4 * res["numel"]:
-                    raise AssertionError(f"{what}: all-reduced {total} bytes of gradients per step; expected "
-                                         f"Ψ·4 = {4 * res['numel']} (every trainable parameter's gradient once; "
-                                         f"frozen parameters have none, a tied weight counts once)")
-                if len(res["events"]) != n_params:
-                    raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step; expected one per "
-                                         f"trainable parameter ({n_params})")
+    _launched(JUDGED_AVERAGE_TRAFFIC, {}, _train_body, "average_gradients", average_gradients, "average_gradients",
+              timeout)
     report_passed("average_gradients traffic", "N=2, 3: one all-reduce per trainable parameter, Ψ·4 bytes")
 
 
@@ -245,56 +272,65 @@ def check_make_buckets(make_buckets, hidden: bool = False) -> None:
                   + ": the greedy buckets in reverse order", hidden)
 
 
+def _bucketed_runs(hidden: bool) -> list[tuple]:
+    cases = [dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=700),
+             dict(model_kwargs=MODELS["unused"], steps=3, batch=24, cap=700)]
+    if hidden:
+        cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
+                  dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
+                  dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
+    return [(n, cases) for n in ((3, 4) if hidden else (2,))]
+
+
+JUDGED_BUCKETED = Judged(__name__, "BucketedDDP", _bucketed_runs, from_raising(_trained("BucketedDDP")))
+
+
+@judged(JUDGED_BUCKETED)
 @passes_quietly
 def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Training with ``BucketedDDP(model, bucket_cap_bytes)`` (``finish_gradient_sync()``
     after every backward) equals single-process training on the whole batch."""
-    sizes = (3, 4) if hidden else (2,)
-    for n in sizes:
-        cases = [dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=700),
-                 dict(model_kwargs=MODELS["unused"], steps=3, batch=24, cap=700)]
-        if hidden:
-            cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
-                      dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
-                      dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
-        _train_checked("BucketedDDP", "bucketed_ddp", BucketedDDP, n, cases, timeout)
-    report_passed("BucketedDDP", f"N={', '.join(map(str, sizes))}, {len(cases)} models and caps: parameters vs one "
-                                 f"process, a rank-dependent model", hidden)
+    runs = _bucketed_runs(hidden)
+    _launched(JUDGED_BUCKETED, dict(hidden=hidden), _train_and_probe, "bucketed_ddp", BucketedDDP, "BucketedDDP",
+              timeout)
+    report_passed("BucketedDDP", f"N={', '.join(str(n) for n, _ in runs)}, {len(runs[0][1])} models and caps: "
+                                 f"parameters vs one process, a rank-dependent model", hidden)
 
 
+def _bucketed_traffic(run, out) -> None:
+    n, cases = run
+    for i, case in enumerate(cases):
+        for r in range(n):
+            res = out[r][i]
+            what = f"BucketedDDP (world_size={n}, {describe_case(case)}), rank {r}"
+            ops = sorted({op for op, _ in res["events"]})
+            if ops != ["all_reduce"]:
+                raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
+            total = sum(b for _, b in res["events"])
+            if total != 4 * res["numel"]:
+                raise AssertionError(f"{what}: all-reduced {total} bytes per step; expected Ψ·4 = "
+                                     f"{4 * res['numel']} (each gradient exactly once)")
+            if len(res["events"]) != res["buckets"]:
+                raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step for "
+                                     f"{res['buckets']} buckets; expected one all-reduce per bucket "
+                                     f"(that is the point of bucketing: fewer, bigger messages)")
+
+
+JUDGED_BUCKETED_TRAFFIC = Judged(__name__, "BucketedDDP traffic", lambda: [
+    (n, [dict(model_kwargs=MODELS["plain"], steps=2, batch=24, cap=700),
+         dict(model_kwargs={"unused": True, "frozen": True}, steps=2, batch=24, cap=2000)]) for n in (2, 3)],
+    from_raising(_bucketed_traffic), params=())
+
+
+@judged(JUDGED_BUCKETED_TRAFFIC)
 @passes_quietly
 def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Per step: one all-reduce per bucket (not per parameter), Ψ·4 bytes of payload in all."""
-    for n in (2, 3):
-        cases = [dict(model_kwargs=MODELS["plain"], steps=2, batch=24, cap=700),
-                 dict(model_kwargs={"unused": True, "frozen": True}, steps=2, batch=24, cap=2000)]
-        out = train_student("bucketed_ddp", BucketedDDP, n, cases, "BucketedDDP", timeout, REFUSED)
-        for i, case in enumerate(cases):
-            for r in range(n):
-                res = out[r][i]
-                what = f"BucketedDDP (world_size={n}, {describe_case(case)}), rank {r}"
-                ops = sorted({op for op, _ in res["events"]})
-                if ops != ["all_reduce"]:
-                    raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
-                total = sum(b for _, b in res["events"])
-                if total != 4 * res["numel"]:
-                    raise AssertionError(f"{what}: all-reduced {total} bytes per step; expected Ψ·4 = "
-                                         f"{4 * res['numel']} (each gradient exactly once)")
-                if len(res["events"]) != res["buckets"]:
-                    raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step for "
-                                         f"{res['buckets']} buckets; expected one all-reduce per bucket "
-                                         f"(that is the point of bucketing: fewer, bigger messages)")
+    _launched(JUDGED_BUCKETED_TRAFFIC, {}, _train_body, "bucketed_ddp", BucketedDDP, "BucketedDDP", timeout)
     report_passed("BucketedDDP traffic", "N=2, 3: one all-reduce per bucket, Ψ·4 bytes per step")
 
 
-@passes_quietly
-def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
-    """The first bucket's all-reduce starts from a gradient hook, before backward has
-    produced its last gradient, and backward never waits for it: rank 0 produces its last
-    gradient before rank 1 has started (lab2_cases.overlap_probe), which only asynchronous
-    all-reduces allow (communication overlaps the rest of backward)."""
-    out = launch_named(overlap_probe, 2, BucketedDDP, 2048, name="BucketedDDP overlap", timeout=timeout,
-                       refuse=REFUSED)
+def _overlapped(run, out) -> None:
     if out[1]["waited_out"]:
         raise AssertionError(
             "BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048): rank 0's backward could not produce its "
@@ -310,5 +346,19 @@ def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
                 f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: no all-reduce started "
                 f"before backward produced its last gradient. Launch a bucket's all-reduce with async_op=True "
                 f"from the gradient hook as soon as the bucket is full, not after backward.")
+
+
+JUDGED_OVERLAP = Judged(__name__, "BucketedDDP overlap", lambda: [2048], from_raising(_overlapped), params=())
+
+
+@judged(JUDGED_OVERLAP)
+@passes_quietly
+def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """The first bucket's all-reduce starts from a gradient hook, before backward has
+    produced its last gradient, and backward never waits for it: rank 0 produces its last
+    gradient before rank 1 has started (lab2_cases.overlap_probe), which only asynchronous
+    all-reduces allow (communication overlaps the rest of backward)."""
+    JUDGED_OVERLAP.run({}, lambda cap: launch_named(overlap_probe, 2, BucketedDDP, cap, name="BucketedDDP overlap",
+                                                    timeout=timeout, refuse=REFUSED))
     report_passed("BucketedDDP overlap", "N=2: the first bucket's all-reduce starts before backward ends, backward "
                                          "never waits for it")
