@@ -5,7 +5,8 @@ after two calls with per-rank, per-micro-batch gradients, ``unit.shard.grad`` on
 
 with a missing gradient counted as zeros at its place, every ``p.grad`` dropped, the parameters
 untouched, and one ``reduce_scatter_tensor`` of the whole padded flat gradient per call. The
-ranks return what they hold; this process computes the expected shards and compares.
+ranks return what they hold; this process computes the expected shards and compares, and so
+does the grader's judge (the check is judged: :mod:`minidist.checks.docket`).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn as nn
 
 from minidist.checks import lab3_grading as grading
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.docket import Judged, from_raising, judged
 from minidist.checks.quiet import passes_quietly
 from minidist.runtime import device
 from minidist.trace import trace
@@ -56,73 +58,91 @@ def _unit_body(progress, cases, reduce_scatter_gradients, ShardedUnit):
     return out
 
 
+F32, F64 = torch.float32, torch.float64
+
+
+def _unit_cases(hidden: bool) -> list[tuple]:
+    """(shapes, index of the parameter without a gradient: last, in the middle, none, first; dtype)"""
+    return [([(3, 5), (7,)], 1, F32), ([(4,), (2, 2), (5,)], 1, F32)] + (
+        [([(1,)], None, F32), ([(6, 7), (6,), (9,)], 0, F32), ([(5, 3), (4,)], None, F64)] if hidden else [])
+
+
+def _compare(run, out) -> None:
+    """Every rank's results of a run (n, cases) against the shards this process computes."""
+    n, cases = run
+    for i, (shapes, missing, dtype) in enumerate(cases):
+        what = (f"reduce_scatter_gradients (world_size={n}, parameters {shapes}"
+                + ("" if dtype == F32 else f" in {dtype}")
+                + (f", parameter {missing} without a gradient)" if missing is not None else ")"))
+        flats = []
+        for r in range(n):
+            for micro in range(2):
+                flat = torch.cat([torch.zeros(s, dtype=dtype).reshape(-1) if k == missing else
+                                  _local_grad(s, r, k, micro, dtype).reshape(-1) for k, s in enumerate(shapes)])
+                flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel(), dtype=dtype)]))
+        mean = 2 * torch.stack(flats).mean(0)          # the sum over the micro-batches of the rank mean
+        S = out[0][i]["shard_numel"]
+        for r in range(n):
+            res = out[r][i]
+            if res["shard_grad"] is None:
+                raise AssertionError(f"{what}: rank {r}: unit.shard.grad is None after the call")
+            if not res["params_kept"]:
+                raise AssertionError(f"{what}: rank {r}: the parameters changed; reduce_scatter_gradients must "
+                                     f"leave them (and unit.flat, unit.shard) untouched: write the reduce-scatter's "
+                                     f"output into a new tensor")
+            want = mean[r * S:(r + 1) * S]
+            if res["shard_grad"].dtype != dtype:
+                raise AssertionError(f"{what}: rank {r}: unit.shard.grad is {res['shard_grad'].dtype}; the "
+                                     f"parameters are {dtype}: make buffers like the shard (torch.empty_like, "
+                                     f"like=unit.shard), not in the default dtype")
+            if res["shard_grad"].shape != want.shape or not torch.allclose(res["shard_grad"], want, atol=1e-5):
+                hint = ""
+                if res["shard_grad"].shape == want.shape:
+                    if torch.allclose(res["shard_grad"], n * want, atol=1e-5):
+                        hint = " It is N times too large: divide the sum by the world size."
+                    elif missing is not None and missing < len(shapes) - 1:
+                        hint = (f" Parameter {missing} has no gradient: it must count as zeros AT ITS PLACE "
+                                f"in the flat vector (unit.layout.flatten(..., like=unit.shard) does that).")
+                    elif torch.allclose(res["shard_grad"], torch.stack(flats[1::2]).mean(0)[r * S:(r + 1) * S],
+                                        atol=1e-5):
+                        hint = (" It holds the second micro-batch's average only: a second call must ADD to "
+                                "unit.shard.grad (gradient accumulation), not replace it.")
+                raise AssertionError(f"{what}: rank {r}: after two calls (two micro-batches with different "
+                                     f"gradients) unit.shard.grad should be the sum over both of the average over "
+                                     f"ranks of shard {r} of the flat padded gradient.{hint}")
+            if res["aliased"]:
+                raise AssertionError(f"{what}: rank {r}: unit.shard.grad shares memory with the parameters "
+                                     f"(unit.flat): the next call overwrites the parameters")
+            if any(res["grads_left"]):
+                raise AssertionError(f"{what}: rank {r}: p.grad is still set after the reduce-scatter; set it to "
+                                     f"None so that the full gradient's memory is released")
+            ops = [op for op, _ in res["events"]]
+            if ops != ["reduce_scatter_tensor"] * 2:
+                raise AssertionError(f"{what}: rank {r}: expected one reduce_scatter_tensor per call, saw {ops}")
+            nbytes = res["padded"] * want.element_size()
+            if any(b != nbytes for _, b in res["events"]):
+                raise AssertionError(f"{what}: rank {r}: each reduce-scatter should take the whole padded flat "
+                                     f"gradient ({nbytes} bytes), saw {[b for _, b in res['events']]}")
+
+
+#: Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+JUDGED = Judged(__name__, "reduce_scatter_gradients",
+                lambda hidden: [(n, _unit_cases(hidden)) for n in ((2, 3, 4) if hidden else (2,))],
+                from_raising(_compare))
+
+
+@judged(JUDGED)
 @passes_quietly
 def check_reduce_scatter_gradients(reduce_scatter_gradients, ShardedUnit, hidden: bool = False,
                                    timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """On each rank, ``unit.shard.grad`` becomes (accumulates) the average over ranks of this
     rank's shard of the flat, padded gradient (a missing gradient counts as zeros); every
     full ``p.grad`` is dropped; one reduce_scatter_tensor of the padded flat gradient per call."""
+    cases = _unit_cases(hidden)
     sizes = (2, 3, 4) if hidden else (2,)
-    f32, f64 = torch.float32, torch.float64
-    # (shapes, index of the parameter without a gradient: last, in the middle, none, first; dtype)
-    cases = [([(3, 5), (7,)], 1, f32), ([(4,), (2, 2), (5,)], 1, f32)] + (
-        [([(1,)], None, f32), ([(6, 7), (6,), (9,)], 0, f32), ([(5, 3), (4,)], None, f64)] if hidden else [])
-    for n in sizes:
-        out = launch_named(_unit_body, n, cases, reduce_scatter_gradients, ShardedUnit,
-                           name="reduce_scatter_gradients", timeout=timeout, refuse=grading.REFUSED)
-        for i, (shapes, missing, dtype) in enumerate(cases):
-            what = (f"reduce_scatter_gradients (world_size={n}, parameters {shapes}"
-                    + ("" if dtype == f32 else f" in {dtype}")
-                    + (f", parameter {missing} without a gradient)" if missing is not None else ")"))
-            flats = []
-            for r in range(n):
-                for micro in range(2):
-                    flat = torch.cat([torch.zeros(s, dtype=dtype).reshape(-1) if k == missing else
-                                      _local_grad(s, r, k, micro, dtype).reshape(-1) for k, s in enumerate(shapes)])
-                    flats.append(torch.cat([flat, torch.zeros(out[0][i]["padded"] - flat.numel(), dtype=dtype)]))
-            mean = 2 * torch.stack(flats).mean(0)          # the sum over the micro-batches of the rank mean
-            S = out[0][i]["shard_numel"]
-            for r in range(n):
-                res = out[r][i]
-                if res["shard_grad"] is None:
-                    raise AssertionError(f"{what}: rank {r}: unit.shard.grad is None after the call")
-                if not res["params_kept"]:
-                    raise AssertionError(f"{what}: rank {r}: the parameters changed; reduce_scatter_gradients must "
-                                         f"leave them (and unit.flat, unit.shard) untouched: write the reduce-scatter's "
-                                         f"output into a new tensor")
-                want = mean[r * S:(r + 1) * S]
-                if res["shard_grad"].dtype != dtype:
-                    raise AssertionError(f"{what}: rank {r}: unit.shard.grad is {res['shard_grad'].dtype}; the "
-                                         f"parameters are {dtype}: make buffers like the shard (torch.empty_like, "
-                                         f"like=unit.shard), not in the default dtype")
-                if res["shard_grad"].shape != want.shape or not torch.allclose(res["shard_grad"], want, atol=1e-5):
-                    hint = ""
-                    if res["shard_grad"].shape == want.shape:
-                        if torch.allclose(res["shard_grad"], n * want, atol=1e-5):
-                            hint = " It is N times too large: divide the sum by the world size."
-                        elif missing is not None and missing < len(shapes) - 1:
-                            hint = (f" Parameter {missing} has no gradient: it must count as zeros AT ITS PLACE "
-                                    f"in the flat vector (unit.layout.flatten(..., like=unit.shard) does that).")
-                        elif torch.allclose(res["shard_grad"], torch.stack(flats[1::2]).mean(0)[r * S:(r + 1) * S],
-                                            atol=1e-5):
-                            hint = (" It holds the second micro-batch's average only: a second call must ADD to "
-                                    "unit.shard.grad (gradient accumulation), not replace it.")
-                    raise AssertionError(f"{what}: rank {r}: after two calls (two micro-batches with different "
-                                         f"gradients) unit.shard.grad should be the sum over both of the average over "
-                                         f"ranks of shard {r} of the flat padded gradient.{hint}")
-                if res["aliased"]:
-                    raise AssertionError(f"{what}: rank {r}: unit.shard.grad shares memory with the parameters "
-                                         f"(unit.flat): the next call overwrites the parameters")
-                if any(res["grads_left"]):
-                    raise AssertionError(f"{what}: rank {r}: p.grad is still set after the reduce-scatter; set it to "
-                                         f"None so that the full gradient's memory is released")
-                ops = [op for op, _ in res["events"]]
-                if ops != ["reduce_scatter_tensor"] * 2:
-                    raise AssertionError(f"{what}: rank {r}: expected one reduce_scatter_tensor per call, saw {ops}")
-                nbytes = res["padded"] * want.element_size()
-                if any(b != nbytes for _, b in res["events"]):
-                    raise AssertionError(f"{what}: rank {r}: each reduce-scatter should take the whole padded flat "
-                                         f"gradient ({nbytes} bytes), saw {[b for _, b in res['events']]}")
+    JUDGED.run(dict(hidden=hidden), lambda run: launch_named(
+        _unit_body, run[0], run[1], reduce_scatter_gradients, ShardedUnit, name="reduce_scatter_gradients",
+        timeout=timeout, refuse=grading.REFUSED))
     report_passed("reduce_scatter_gradients", f"N={', '.join(map(str, sizes))}, {len(cases)} units"
                   + (" in fp32/fp64" if hidden else "") + ": the accumulated shard gradient, parameters unchanged, "
                   "one reduce-scatter per call", hidden)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.docket import Judged, from_raising, judged
 from minidist.checks.lab3_grading import (GRADED, REFUSED, WithStandIns, bound, graded,  # noqa: F401
                                           notebook_globals, refusal)
 from minidist.checks.lab3_reduce_scatter import check_reduce_scatter_gradients  # noqa: F401  (the lab's test cells)
@@ -32,19 +33,32 @@ from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 MEMORY_MODEL = {"hidden": 32, "n_hidden": 8}     # Ψ ≈ 8.8 k in 10 units: padding and Adam's step counters < 1%
 
 
+def _zero_runs(stage: int, hidden: bool) -> list[tuple]:
+    models = ["frozen", "unused"] if hidden else ["plain", "unused"]
+    cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
+             for m in models for o in ("adam", "sgd")]
+    return [(stage, n, cases) for n in ((3, 4) if hidden else (2,))]
+
+
+def _zero_equal(run, out) -> None:
+    stage, n, cases = run
+    check_equal(graded(stage), n, cases, out, diagnose=False)
+
+
+# Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+JUDGED_ZERO = Judged(__name__, "Zero", _zero_runs, from_raising(_zero_equal), params=("stage", "hidden"))
+
+
+@judged(JUDGED_ZERO)
 @passes_quietly
 def check_zero(Zero, stage: int, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """ZeRO stage ``stage`` trains exactly like one process on the whole batch (Adam, and SGD
     with momentum to catch a wrong gradient scale)."""
-    sizes = (3, 4) if hidden else (2,)
-    models = ["frozen", "unused"] if hidden else ["plain", "unused"]
-    for n in sizes:
-        cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
-                 for m in models for o in ("adam", "sgd")]
-        out = train_student("zero", WithStandIns(Zero, stage), n, cases, graded(stage), timeout, refusal(stage))
-        check_equal(graded(stage), n, cases, out, diagnose=False)
-    report_passed(f"Zero(stage={stage})", f"N={', '.join(map(str, sizes))}, {len(cases)} models × Adam/SGD: parameters "
-                                         f"vs one process on the whole batch", hidden)
+    runs = _zero_runs(stage, hidden)
+    JUDGED_ZERO.run(dict(stage=stage, hidden=hidden), lambda run: train_student(
+        "zero", WithStandIns(Zero, stage), run[1], run[2], graded(stage), timeout, refusal(stage)))
+    report_passed(f"Zero(stage={stage})", f"N={', '.join(str(n) for _, n, _ in runs)}, {len(runs[0][2])} models × "
+                                         f"Adam/SGD: parameters vs one process on the whole batch", hidden)
 
 
 _MEMORY_RUN = dict(model_kwargs=MEMORY_MODEL, steps=2, batch=24)     # measured: the second step
@@ -106,6 +120,55 @@ LIVE_SLACK = 0.5
 STEP_SLACK = 0.5
 
 
+def _zero_memory(run, out) -> None:
+    stage, n, slack = run
+    live = n == 2
+    for r in range(n):
+        ref, res = out[r]
+        formula = zero_memory_bytes_fp32(stage, res["numel"], n)
+        checks = [("optimizer", "memory", "optimizer states (Adam's two moments)")]
+        if stage >= 2:
+            checks.append(("grads", "memory_after_backward", "gradients after backward"))
+        if stage >= 3:
+            checks.append(("params", "memory", "parameters after the step"))
+            checks.append(("params", "memory_after_forward", "parameters between forward and backward"))
+        for key, when, label in checks:
+            got, want = res[when][key], formula[key]
+            if got > (1 + slack) * want:
+                full = {"optimizer": 8, "grads": 4, "params": 4}[key] * res["numel"]
+                raise AssertionError(
+                    f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
+                    f"the formula says {want:.0f} (1/{n} of {full}), measured from live storages. "
+                    + {"optimizer": "Is the optimizer built over the shards only?",
+                       "grads": "Full gradients must be dropped (p.grad = None) once reduce-scattered.",
+                       "params": "Gathered parameters must be freed (storage resized to 0) after use: after "
+                                 "each unit's forward, and again after its backward."}[key])
+        psi_bytes = 4 * res["numel"]
+        temporaries = res["step_temporaries"]
+        if temporaries is not None and temporaries > psi_bytes / n + STEP_SLACK * psi_bytes:
+            raise AssertionError(
+                f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: sharded_step created "
+                f"{temporaries} bytes of tensors that were alive at once ({temporaries / psi_bytes:.2f}× the "
+                f"parameters' {psi_bytes} bytes), outside optimizer.step(); at most a copy of this rank's "
+                f"shards (1/{n}) + {STEP_SLACK}× is allowed. All-gather unit by unit straight into unit.flat: "
+                f"one buffer for every unit's parameters (a coalesced all-gather), or a full-size buffer per "
+                f"unit kept to the end, is a second full copy of the model, the memory ZeRO removes.")
+        extra = res["live_bytes"] - ref if live else 0
+        if extra > LIVE_SLACK * psi_bytes:
+            raise AssertionError(
+                f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: throughout a training step "
+                f"(forward, backward, optimizer step) the rank holds {extra} bytes more than the lab's reference "
+                f"({extra / psi_bytes:.2f}× the parameters' {psi_bytes} bytes; at most {LIVE_SLACK}× is allowed), "
+                f"counting every live tensor on the rank's device. Something model-sized is kept from one step to the next: a "
+                f"buffer of full size per unit (of gradients or parameters, kept for reuse) is the unsharded "
+                f"copy ZeRO removes.")
+
+
+JUDGED_MEMORY = Judged(__name__, "Zero memory", lambda stage, slack: [(stage, n, slack) for n in (2, 4)],
+                       from_raising(_zero_memory), params=("stage", "slack"))
+
+
+@judged(JUDGED_MEMORY)
 @passes_quietly
 def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT, slack: float = 0.05) -> None:
     """Measured model-state bytes per rank (live storages, minidist.memory) within ``slack``
@@ -124,92 +187,63 @@ def check_zero_memory(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT,
     step, outside ``optimizer.step()`` (:class:`minidist.memory.CreatedBytes`): at most a copy
     of this rank's shards plus ``STEP_SLACK`` of the parameters' bytes alive at once, so the
     all-gathers rebuild the parameters unit by unit, never through a second copy of the model."""
-    for n in (2, 4):
-        live = n == 2
-        out = launch_named(_memory_body, n, Zero, stage, name=graded(stage) + ", memory",
-                           timeout=2 * timeout if live else timeout, refuse=refusal(stage), outputs_at_wait=False,
-                           reference=_reference_live if live else None)
-        for r in range(n):
-            ref, res = out[r]
-            formula = zero_memory_bytes_fp32(stage, res["numel"], n)
-            checks = [("optimizer", "memory", "optimizer states (Adam's two moments)")]
-            if stage >= 2:
-                checks.append(("grads", "memory_after_backward", "gradients after backward"))
-            if stage >= 3:
-                checks.append(("params", "memory", "parameters after the step"))
-                checks.append(("params", "memory_after_forward", "parameters between forward and backward"))
-            for key, when, label in checks:
-                got, want = res[when][key], formula[key]
-                if got > (1 + slack) * want:
-                    full = {"optimizer": 8, "grads": 4, "params": 4}[key] * res["numel"]
-                    raise AssertionError(
-                        f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: {label} hold {got} bytes; "
-                        f"the formula says {want:.0f} (1/{n} of {full}), measured from live storages. "
-                        + {"optimizer": "Is the optimizer built over the shards only?",
-                           "grads": "Full gradients must be dropped (p.grad = None) once reduce-scattered.",
-                           "params": "Gathered parameters must be freed (storage resized to 0) after use: after "
-                                     "each unit's forward, and again after its backward."}[key])
-            psi_bytes = 4 * res["numel"]
-            temporaries = res["step_temporaries"]
-            if temporaries is not None and temporaries > psi_bytes / n + STEP_SLACK * psi_bytes:
-                raise AssertionError(
-                    f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: sharded_step created "
-                    f"{temporaries} bytes of tensors that were alive at once ({temporaries / psi_bytes:.2f}× the "
-                    f"parameters' {psi_bytes} bytes), outside optimizer.step(); at most a copy of this rank's "
-                    f"shards (1/{n}) + {STEP_SLACK}× is allowed. All-gather unit by unit straight into unit.flat: "
-                    f"one buffer for every unit's parameters (a coalesced all-gather), or a full-size buffer per "
-                    f"unit kept to the end, is a second full copy of the model, the memory ZeRO removes.")
-            extra = res["live_bytes"] - ref if live else 0
-            if extra > LIVE_SLACK * psi_bytes:
-                raise AssertionError(
-                    f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}: throughout a training step "
-                    f"(forward, backward, optimizer step) the rank holds {extra} bytes more than the lab's reference "
-                    f"({extra / psi_bytes:.2f}× the parameters' {psi_bytes} bytes; at most {LIVE_SLACK}× is allowed), "
-                    f"counting every live tensor on the rank's device. Something model-sized is kept from one step to the next: a "
-                    f"buffer of full size per unit (of gradients or parameters, kept for reuse) is the unsharded "
-                    f"copy ZeRO removes.")
+    JUDGED_MEMORY.run(dict(stage=stage, slack=slack), lambda run: launch_named(
+        _memory_body, run[1], Zero, stage, name=graded(stage) + ", memory",
+        timeout=2 * timeout if run[1] == 2 else timeout, refuse=refusal(stage), outputs_at_wait=False,
+        reference=_reference_live if run[1] == 2 else None))
     report_passed(f"Zero(stage={stage}) memory", "N=2, 4: model states vs the ZeRO formula"
                   + (", the step's temporaries" if "sharded_step" in GRADED[stage] else "")
                   + ", bytes held through a step vs the lab's reference")
 
 
+def _traffic_runs(stage: int) -> list[tuple]:
+    return [(stage, n, dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam"))
+            for n in (2, 3)]
+
+
+def _zero_traffic(run, out) -> None:
+    stage, n, case = run
+    for r in range(n):
+        res = out[r][0]
+        psi = 4 * res["numel"]
+        traced: dict = {}
+        for op, b in res["events"]:
+            # either all-gather fills the flat buffer: the tensor form, or the list form into its chunk
+            # views (the tracer counts the input shard of both)
+            op = "all_gather_into_tensor" if op == "all_gather" else op
+            traced[op] = traced.get(op, 0) + b
+        what = f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
+        if set(traced) != {"reduce_scatter_tensor", "all_gather_into_tensor"}:
+            raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all-gathers "
+                                 f"(all_gather_into_tensor or all_gather), saw "
+                                 f"{sorted({op for op, _ in res['events']}) or 'no communication'}")
+        rs, ag = traced["reduce_scatter_tensor"], traced["all_gather_into_tensor"]
+        gathers = 2 if stage == 3 else 1
+        pad = 4 * 16 * n                     # at most N-1 padding elements per unit
+        if not psi <= rs <= psi + pad:
+            raise AssertionError(f"{what}: reduce-scattered {rs} bytes; expected the padded gradient, "
+                                 f"Ψ·4 = {psi} (+ padding), once per step")
+        if abs(ag * n - gathers * rs) > 0:
+            raise AssertionError(f"{what}: all-gathered {ag} bytes of shards (= {ag * n} bytes of parameters); "
+                                 f"expected {gathers}× the parameters ({gathers * rs} bytes)"
+                                 + (": once before forward and once before backward" if stage == 3 else
+                                    ": once, after the sharded optimizer step"))
+        wire = sum(ring_wire_bytes(op, b, n) for op, b in traced.items())
+        factor = 3 if stage == 3 else 2
+        if abs(wire / psi - factor * (n - 1) / n) > 0.05:
+            raise AssertionError(f"{what}: {wire:.0f} wire bytes; expected {factor}(N−1)/N·Ψ·4")
+
+
+JUDGED_TRAFFIC = Judged(__name__, "Zero traffic", _traffic_runs, from_raising(_zero_traffic), params=("stage",))
+
+
+@judged(JUDGED_TRAFFIC)
 @passes_quietly
 def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     """Stages 1-2: reduce-scatter + all-gather of Ψ, no all-reduce, the same wire volume as
     DDP (2(N−1)/N·Ψ); stage 3: two all-gathers (forward, backward) and one reduce-scatter,
     3(N−1)/N·Ψ, 1.5x DDP."""
-    for n in (2, 3):
-        case = dict(stage=stage, model_kwargs=MEMORY_MODEL, steps=2, batch=24, optimizer="adam")
-        out = train_student("zero", WithStandIns(Zero, stage), n, [case], graded(stage) + ", traffic", timeout,
-                            refusal(stage))
-        for r in range(n):
-            res = out[r][0]
-            psi = 4 * res["numel"]
-            traced: dict = {}
-            for op, b in res["events"]:
-                # either all-gather fills the flat buffer: the tensor form, or the list form into its chunk
-                # views (the tracer counts the input shard of both)
-                op = "all_gather_into_tensor" if op == "all_gather" else op
-                traced[op] = traced.get(op, 0) + b
-            what = f"{graded(stage)} (world_size={n}, Ψ={res['numel']}), rank {r}, one step"
-            if set(traced) != {"reduce_scatter_tensor", "all_gather_into_tensor"}:
-                raise AssertionError(f"{what}: expected only reduce_scatter_tensor and all-gathers "
-                                     f"(all_gather_into_tensor or all_gather), saw "
-                                     f"{sorted({op for op, _ in res['events']}) or 'no communication'}")
-            rs, ag = traced["reduce_scatter_tensor"], traced["all_gather_into_tensor"]
-            gathers = 2 if stage == 3 else 1
-            pad = 4 * 16 * n                     # at most N-1 padding elements per unit
-            if not psi <= rs <= psi + pad:
-                raise AssertionError(f"{what}: reduce-scattered {rs} bytes; expected the padded gradient, "
-                                     f"Ψ·4 = {psi} (+ padding), once per step")
-            if abs(ag * n - gathers * rs) > 0:
-                raise AssertionError(f"{what}: all-gathered {ag} bytes of shards (= {ag * n} bytes of parameters); "
-                                     f"expected {gathers}× the parameters ({gathers * rs} bytes)"
-                                     + (": once before forward and once before backward" if stage == 3 else
-                                        ": once, after the sharded optimizer step"))
-            wire = sum(ring_wire_bytes(op, b, n) for op, b in traced.items())
-            factor = 3 if stage == 3 else 2
-            if abs(wire / psi - factor * (n - 1) / n) > 0.05:
-                raise AssertionError(f"{what}: {wire:.0f} wire bytes; expected {factor}(N−1)/N·Ψ·4")
+    JUDGED_TRAFFIC.run(dict(stage=stage), lambda run: train_student(
+        "zero", WithStandIns(Zero, stage), run[1], [run[2]], graded(stage) + ", traffic", timeout, refusal(stage)))
     report_passed(f"Zero(stage={stage}) traffic", f"N=2, 3: reduce-scatter + all-gather{' ×2' if stage == 3 else ''}, "
                                                  f"{3 if stage == 3 else 2}(N−1)/N·Ψ·4 wire bytes")
