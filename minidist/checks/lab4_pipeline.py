@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from minidist.checks.common import (TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, mark_case,
                                     report_passed)
-from minidist.checks.docket import Judged, judged
+from minidist.checks.docket import Judged, from_raising, judged
 from minidist.checks.returned import require_plain
 from minidist.checks.lab4_cases import (EXECUTOR_CASES, WIDTH, Case, _compare_step, _inputs, _rank_grads,  # noqa: F401
                                         _schedule)
@@ -150,6 +150,32 @@ def check_schedule(fn, kind: str, hidden: bool = False, name: str | None = None)
 
 
 # ----------------------------------------------------------------------------- executor
+def _executor_equal(run, answer) -> None:
+    """Every rank's losses and gradients of a run (world, cases) against single-process autograd."""
+    (world, cases), name, results = run, answer["name"], answer["results"]
+    for i, case in enumerate(cases):
+        kind, m, batch, p = case.kind, case.m, case.batch, case.p or world
+        where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (
+            "" if case.dtype == torch.float32 else f" in {case.dtype}")
+        model, x, y = _inputs(p, case)
+        ref_loss = F.mse_loss(model(x), y)
+        ref_loss.backward()
+        stages = partition(model, p)
+        for r in range(p):
+            for step, (loss, grads, changed) in enumerate(results[r][i]):
+                at = where if step == 0 else f"{where}, step 2 (the same schedule object again)"
+                if changed:
+                    raise AssertionError(f"{at}: on rank {r}, {changed}")
+                want = [q.grad for q in rank_chunks(stages, p, r)[0].parameters()]
+                _compare_step(at, r, p, m, loss, grads, want, ref_loss.item())
+
+
+# Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+JUDGED_EXECUTOR = Judged(__name__, "executor", lambda hidden: list(EXECUTOR_CASES[hidden].items()),
+                         from_raising(_executor_equal))
+
+
+@judged(JUDGED_EXECUTOR)
 @passes_quietly
 def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
     """``fn(schedule, chunks, x, y)`` runs one step's forwards and backwards of the library's
@@ -159,24 +185,13 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
     and the weights stay as the caller gave them. Hidden: p = 3, m not a multiple of p, fp64, and p = 1 (one stage,
     run on rank 0 of the 3-rank launch)."""
     name = name or getattr(fn, "__name__", "executor")
-    for world, cases in EXECUTOR_CASES[hidden].items():
+
+    def launched(run):
+        world, cases = run
         schedules = {(c.kind, c.m, c.p or world): _schedule(c.kind, c.p or world, c.m) for c in cases}   # outside the refusal
-        results = launch_named(_rank_grads, world, fn, cases, schedules, name=name, timeout=timeout, refuse=REFUSED)
-        for i, case in enumerate(cases):
-            kind, m, batch, p = case.kind, case.m, case.batch, case.p or world
-            where = f"{name} with {kind}(p={p}, m={m}), batch of {batch}" + (
-                "" if case.dtype == torch.float32 else f" in {case.dtype}")
-            model, x, y = _inputs(p, case)
-            ref_loss = F.mse_loss(model(x), y)
-            ref_loss.backward()
-            stages = partition(model, p)
-            for r in range(p):
-                for step, (loss, grads, changed) in enumerate(results[r][i]):
-                    at = where if step == 0 else f"{where}, step 2 (the same schedule object again)"
-                    if changed:
-                        raise AssertionError(f"{at}: on rank {r}, {changed}")
-                    want = [q.grad for q in rank_chunks(stages, p, r)[0].parameters()]
-                    _compare_step(at, r, p, m, loss, grads, want, ref_loss.item())
+        return {"name": name, "results": launch_named(_rank_grads, world, fn, cases, schedules, name=name,
+                                                      timeout=timeout, refuse=REFUSED)}
+    JUDGED_EXECUTOR.run(dict(hidden=hidden), launched)
     sizes = sorted({c.p or w for w, cs in EXECUTOR_CASES[hidden].items() for c in cs})
     dtypes = "fp32/fp64" if any(c.dtype != torch.float32 for cs in EXECUTOR_CASES[hidden].values() for c in cs) else "fp32"
     report_passed(name, f"p = {', '.join(map(str, sizes))}, GPipe and 1F1B, {dtypes}: gradients and loss vs one "
@@ -225,9 +240,19 @@ def measure_executor(fn, p: int, cases, costs: Costs = SLEEP, repeats: int = 1, 
     Outputs land as the backend writes them here (no ``outputs_at_wait``: its handles would keep the
     receive buffers alive); :func:`check_executor` checks the waits."""
     name = name or getattr(fn, "__name__", "executor")
+    return _measured_rows(_launch_memory(fn, p, cases, costs, repeats, sleep, timeout, name), p, cases, costs,
+                          repeats, sleep)
+
+
+def _launch_memory(fn, p, cases, costs, repeats, sleep, timeout, name) -> list:
+    """Every rank's :func:`_rank_memory` results for ``cases``, on p ranks."""
     schedules = {(kind, m): _schedule(kind, p, m) for kind, m, _ in cases}       # built outside the refusal
-    results = launch_named(_rank_memory, p, fn, cases, costs if sleep else None, repeats, schedules, name=name,
-                           timeout=timeout, refuse=REFUSED, outputs_at_wait=False)
+    return launch_named(_rank_memory, p, fn, cases, costs if sleep else None, repeats, schedules, name=name,
+                        timeout=timeout, refuse=REFUSED, outputs_at_wait=False)
+
+
+def _measured_rows(results, p, cases, costs: Costs, repeats: int, sleep: bool) -> list[dict]:
+    """:func:`measure_executor`'s rows from every rank's results (as plain data)."""
     rows = []
     for i, (kind, m, batch) in enumerate(cases):
         measured, timelines, replayed = [], [], None
@@ -272,17 +297,15 @@ def _check_kept(where, row, p, m):
                 f"once its backward has run.")
 
 
-@passes_quietly
-def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
-    """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
-    rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's; each
-    time a backward begins, at most ``KEPT_SLACK`` finished micro-batches still have their stage
-    input (a receive buffer) or output alive; and the run's traced order, replayed at fixed costs, has the schedule's simulated
-    bubble (p-1)/(m+p-1) exactly, whatever the load on the machine."""
-    name = name or getattr(fn, "__name__", "executor")
-    p, m = 4, 8
-    rows = measure_executor(fn, p, [("gpipe", m, 4 * m), ("1f1b", m, 4 * m)], timeout=timeout, name=name,
-                            sleep=False)
+def _memory_cases(m: int) -> list[tuple]:
+    return [("gpipe", m, 4 * m), ("1f1b", m, 4 * m)]
+
+
+def _executor_memory(run, answer) -> None:
+    """The activations, what is kept and the replayed bubble of every rank's run (p = 4, m = 8)."""
+    p, m = run
+    name = answer["name"]
+    rows = _measured_rows(answer["results"], p, _memory_cases(m), SLEEP, 1, False)
     for row in rows:
         where = f"{name} with {row['schedule']}(p={p}, m={m})"
         if row["peak_microbatches"] != row["theory_microbatches"]:
@@ -305,5 +328,22 @@ def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str
                                  f"and free messages, has a bubble of {row['replayed']:.3f}; the schedule's is "
                                  f"{row['simulated']:.3f}. Do ranks wait for messages they do not need yet, "
                                  f"synchronise more than the schedule asks, or compute out of the schedule's order?")
+
+
+JUDGED_MEMORY = Judged(__name__, "executor memory", lambda: [(4, 8)], from_raising(_executor_memory), params=())
+
+
+@judged(JUDGED_MEMORY)
+@passes_quietly
+def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
+    """On 4 ranks with m = 8: the activations autograd holds peak at m micro-batches per
+    rank for GPipe and at min(p - rank, m) for 1F1B, each the size of one micro-batch's; each
+    time a backward begins, at most ``KEPT_SLACK`` finished micro-batches still have their stage
+    input (a receive buffer) or output alive; and the run's traced order, replayed at fixed costs, has the schedule's simulated
+    bubble (p-1)/(m+p-1) exactly, whatever the load on the machine."""
+    name = name or getattr(fn, "__name__", "executor")
+    p, m = 4, 8
+    JUDGED_MEMORY.run({}, lambda run: {"name": name, "results": _launch_memory(fn, p, _memory_cases(m), SLEEP, 1, False,
+                                                                             timeout, name)})
     report_passed(name, f"p = {p}, m = {m}, GPipe and 1F1B: activations per rank = theory, nothing kept "
                         f"after its backward, replayed bubble = the schedule's")
