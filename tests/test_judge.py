@@ -59,11 +59,12 @@ def test_answers_that_are_not_plain_data_fail():
 def test_the_judge_reads_which_checks_a_test_cell_calls_and_how():
     modules = confirm_judge.checks_modules(["from minidist.checks import lab7_3d_parallel as checks\n"], [str(ROOT)])
     assert modules["checks"][0] == "minidist.checks.lab7_3d_parallel"
-    assert {"check_mesh_groups", "check_stage_parameters", "check_predict_memory"} <= modules["checks"][1]
-    assert "check_train_step" not in modules["checks"][1]          # compares in the ranks: not judged (yet)
+    assert {"check_mesh_groups", "check_stage_parameters", "check_predict_memory",
+            "check_train_step"} <= modules["checks"][1]
+    assert "measure" not in modules["checks"][1]                   # a demo, not a check
     cell = ("checks.check_stage_parameters(stage_parameters)\n"
             "checks.check_stage_parameters(stage_parameters, hidden=True)\n"
-            "checks.check_train_step(train_step_3d)\n")
+            "print(checks.measure(train_step_3d))\n")
     calls = confirm_judge.judged_calls(cell, modules)
     assert [(c[1], c[3].get("hidden")) for c in calls] == [("check_stage_parameters", None),
                                                            ("check_stage_parameters", True)]

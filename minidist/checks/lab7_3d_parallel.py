@@ -28,9 +28,10 @@ handed-out ``stage_activation_bytes`` (one micro-batch's saved bytes on one stag
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread, report_passed
-from minidist.checks.docket import Judged, judged, outcome
+from minidist.checks.docket import Judged, from_raising, judged, outcome
 from minidist.checks.returned import require_plain
 from minidist.checks.lab7_cases import BATCH, CFG, LR, OPTIMIZER, STEPS, WORLD, Layout, step_body, step_failure
 from minidist.checks.quiet import passes_quietly
@@ -124,26 +125,39 @@ STEP_LAYOUTS = [Layout(2, 2, 2, "1f1b", 2), Layout(1, 2, 4, "gpipe", 2)]
 STEP_HIDDEN = [Layout(2, 4, 1, "1f1b", 4), Layout(4, 1, 2, "gpipe", 2)]
 
 
+@functools.lru_cache(maxsize=1)
 def _reference():
+    """One process on the full batch: (losses, final state dict); the same for every layout."""
     with one_thread():
         return reference_run(CFG, STEPS, BATCH, optimizer=OPTIMIZER, lr=LR)
 
 
+def _step_equal(layout, rows) -> None:
+    """Every rank's run of ``layout`` (its row as plain data) against one process."""
+    ref_losses = _reference()[0]
+    for rank in range(WORLD):
+        problem = step_failure("train_step_3d", layout, rank, rows[rank], ref_losses, TOL)
+        if problem:
+            raise AssertionError(problem)
+
+
+#: Judged (minidist.checks.docket): the child files every rank's rows per layout; the judge compares again
+JUDGED_STEP = Judged(__name__, "train_step_3d", lambda hidden: STEP_HIDDEN if hidden else STEP_LAYOUTS,
+                     from_raising(_step_equal))
+
+
+@judged(JUDGED_STEP)
 @passes_quietly
 def check_train_step(fn, hidden: bool = False, timeout: float = STEP_CHECK_TIMEOUT) -> None:
     """``fn(stage, optimizer, ids, targets, mesh, micro_batches, schedule)`` on 8 ranks: per layout,
     2 SGD steps of the tiny GPT; every rank's returned loss and its stage's weights equal one
     process's within ``TOL``; the traced step's traffic by axis equals ``cost.parallel3d``.
     Visible: 2×2×2 1F1B and 1×2×4 GPipe (m = 2); hidden: 2×4×1 1F1B (m = 4), 4×1×2 GPipe."""
-    layouts = STEP_HIDDEN if hidden else STEP_LAYOUTS
-    ref_losses, ref_state = _reference()
-    out = launch_named(step_body, WORLD, fn, "train_step_3d", layouts, ref_state, _MESH, name="train_step_3d",
+    layouts = JUDGED_STEP.cases(hidden=hidden)
+    out = launch_named(step_body, WORLD, fn, "train_step_3d", layouts, _reference()[1], _MESH, name="train_step_3d",
                        timeout=timeout)
     for i, layout in enumerate(layouts):
-        for rank in range(WORLD):
-            problem = step_failure("train_step_3d", layout, rank, out[rank][i], ref_losses, TOL)
-            if problem:
-                raise AssertionError(problem)
+        JUDGED_STEP.require(dict(hidden=hidden), i, layout, [out[rank][i] for rank in range(WORLD)])
     report_passed("train_step_3d", ", ".join(x.name for x in layouts) + ": losses, weights, traffic by axis, "
                   "the schedule's F/B order, inputs unchanged", hidden)
 

@@ -6,20 +6,23 @@ Narayanan et al. 2021 (Megatron-LM, PTD-P), Sec. 3. Every layout of a check shar
 every rank builds torch's ``init_device_mesh`` (dims "dp", "pp", "tp"), its
 :class:`minidist.mesh.GPTStage` (handed out), SGD with momentum (Adam's update hardly
 depends on a gradient's scale, so a gradient not divided by d would slip through), and
-calls the student's step ``STEPS`` times with library answers refused, the last step traced:
-the schedule it ran (the executor's F/B spans, in order) must be the one it was given, and the
-caller's ids and targets must come back unchanged. Tensors live on ``minidist.device()`` and the
-mesh on its device type; the weights are compared with one process's cut the same way.
+calls the student's step ``STEPS`` times with library answers refused, the last step traced.
+A rank returns what it did (losses, the last step's trace, digests of the caller's ids and
+targets after each step) and its weights' error against one process's cut the same way (the
+one comparison made in the rank: the cut needs the rank's groups); :func:`step_failure` judges
+the rest from that, in the check and in the grader's judge alike: the losses, the schedule it
+ran (the executor's F/B spans, in order) and its traffic by axis. Tensors live on
+``minidist.device()`` and the mesh on its device type.
 """
 from __future__ import annotations
 
 from collections import Counter
 
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from minidist.checks.common import Refusal, mark_case, one_thread, refusing
+from minidist.checks.docket import digest
 from minidist.cost.parallel3d import step_collectives
 from minidist.harness.parallel3d import TINY, Layout, axis_of
 from minidist.memory import model_state_bytes
@@ -122,22 +125,18 @@ def step_body(progress, fn, name, layouts, ref_state, refusal: Refusal | None, m
         tp_group = mesh.get_group("tp")
         stage = GPTStage(TinyGPT(CFG), i_pp, layout.pp, tp_group)
         optimizer = make_optimizer([p for p in stage.parameters() if p.requires_grad], OPTIMIZER, LR)
-        losses, peaks = [], []
+        losses, peaks, inputs = [], [], []
         with one_thread():
             for step in range(STEPS):
                 ids, targets = gpt_batch(step, BATCH, CFG.seq_len, CFG.vocab, device=rank_device())
-                given = (ids.cpu().clone(), targets.cpu().clone())
                 with trace() as t, refusing(refusal, name), _activation_peak(fn, peaks if measure else None):
                     loss = fn(stage, optimizer, ids, targets, mesh, layout.micro_batches, layout.schedule)
                 losses.append(float(loss) if loss is not None else float("nan"))
-                changed = not (torch.equal(ids.cpu(), given[0]) and torch.equal(targets.cpu(), given[1]))
-        traffic = _traffic(t.comm(), rank, layout)
-        problem = ("the step modified the caller's ids or targets in place (slice or copy them instead)"
-                   if changed else schedule_problem(t.events, layout, i_pp) or traffic_problem(traffic, layout, i_pp))
+                inputs.append([digest(ids), digest(targets)])        # the caller's, as the step left them
         row = {"losses": losses, "weight_err": _weight_err(stage, ref_state, layout, i_pp, tp_group),
-               "problem": problem, "stage": i_pp}
+               "stage": i_pp, "inputs": inputs, "trace": t}
         if measure:
-            row |= {"traffic": traffic, "activations": peaks[-1] if peaks else None,
+            row |= {"traffic": _traffic(t.comm(), rank, layout), "activations": peaks[-1] if peaks else None,
                     "model_states": model_state_bytes([p for p in stage.parameters()], optimizer)}
         out.append(row)
     return out
@@ -170,7 +169,10 @@ class _activation_peak:
 
 
 def step_failure(name: str, layout: Layout, rank: int, row: dict, ref_losses, tol: float) -> str | None:
-    """The first thing wrong with one rank's run of one layout, in words."""
+    """The first thing wrong with one rank's run of one layout (its row, as plain data), in words:
+    its losses against one process's, its weights' error (measured in the rank, against one
+    process's weights cut the same way), the caller's ids and targets, the schedule it ran and
+    its traffic by axis (from the last step's trace)."""
     where = (f"{name}, layout dp={layout.dp} x pp={layout.pp} x tp={layout.tp} ({layout.schedule}, "
              f"m={layout.micro_batches}), rank {rank} at (dp, pp, tp) = "
              f"{coordinate(rank, layout.dp, layout.pp, layout.tp)}")
@@ -181,10 +183,15 @@ def step_failure(name: str, layout: Layout, rank: int, row: dict, ref_losses, to
                     " (step 0 matched: the update differs, i.e. the gradients were reduced over the wrong "
                     "group or scaled wrong)")
             return f"{where}: loss at step {step} is {got:.6f}, one process gets {want:.6f}{hint}"
+    if len(row["losses"]) != len(ref_losses):
+        return f"{where}: {len(row['losses'])} losses for {len(ref_losses)} steps"
     if not row["weight_err"] <= tol:
         return (f"{where}: after {len(ref_losses)} steps the weights differ from one process's by up to "
                 f"{row['weight_err']:.2e} (gradients reduced over the wrong group, or not averaged: "
                 "mean over the global batch = sum over DP / d)")
-    if row["problem"]:
-        return f"{where}: {row['problem']}"
-    return None
+    given = [[digest(x) for x in gpt_batch(step, BATCH, CFG.seq_len, CFG.vocab, device="cpu")]
+             for step in range(len(ref_losses))]
+    problem = ("the step modified the caller's ids or targets in place (slice or copy them instead)"
+               if row["inputs"] != given else schedule_problem(row["trace"].events, layout, row["stage"])
+               or traffic_problem(_traffic(row["trace"].comm(), rank, layout), layout, row["stage"]))
+    return f"{where}: {problem}" if problem else None
