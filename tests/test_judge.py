@@ -1,5 +1,6 @@
-"""The confirmation's judge: a pure check's verdict given again by a process that never ran student
-code (minidist/checks/docket.py, autograder/confirm_judge.py; issue 27, item 2).
+"""The confirmation's judge: a check's verdict given again by a process that never ran student code
+(minidist/checks/docket.py, autograder/confirm_judge.py; issue 27, item 2), whether the check
+compares in the child, launches and compares every rank's results, or compared inside the ranks.
 
 The child that runs a submission's cells files the student's answers as plain data; the judge takes
 the cases from the pristine checks, computes the references and gives each verdict again. So a
@@ -195,3 +196,16 @@ def test_a_check_run_here_and_on_ranks_is_judged_by_both_parts():
     assert "no answer was filed for 16 of its 16 cases" in lab8.JUDGED_RANKS.judge(visible, [])
     assert "no answer was filed" in lab8.JUDGED_HERE.judge(visible, [])
     assert lab8.JUDGED_RANKS.judge(dict(name="recompute_blocks", hidden=False), []) is None   # nothing on ranks
+
+
+def test_a_launched_check_is_judged_from_every_ranks_results():
+    from minidist.checks import lab2_data_parallel as lab2
+    from minidist.checks.docket import from_raising
+    run = lab2.JUDGED_AVERAGE_TRAFFIC.cases()[0]                     # (n = 2, the frozen and tied models)
+    res = {"events": [["all_reduce", 4]], "numel": 1}
+    assert "expected only all_reduce calls, saw ['broadcast']" in lab2.JUDGED_AVERAGE_TRAFFIC.verdict(
+        run, [[{**res, "events": [["broadcast", 4]]}] * 2] * 2)
+    assert "per step; expected one per trainable parameter" in lab2.JUDGED_AVERAGE_TRAFFIC.verdict(run, [[res] * 2] * 2)
+    # a forged answer the comparison cannot read is a problem, never a crash of the judge
+    assert "could not be judged (KeyError" in lab2.JUDGED_AVERAGE_TRAFFIC.verdict(run, [[{}] * 2] * 2)
+    assert from_raising(lambda case, answer: None)(None, None) is None

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from minidist.checks.collectives import P2P_ONLY, collective_cases, collective_problem, run_collective_cases
 from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case, report_passed
-from minidist.checks.docket import Judged, judged
+from minidist.checks.docket import Judged, from_raising, judged
 from minidist.checks.quiet import passes_quietly
 from minidist.runtime import device
 from minidist.trace import guard
@@ -107,15 +107,25 @@ def _rejects_body(progress, fn):
     return ("returned", None)
 
 
+def _rejected(run, out) -> None:
+    name, n = run
+    silent = [r for r, (what, _) in enumerate(out) if what != "ValueError"]
+    if silent:
+        raise AssertionError(f"{name} (world_size={n}): ranks {silent} returned instead of raising ValueError; "
+                             f"the lab asks for a ValueError that says N must be a power of two")
+
+
+#: Judged (minidist.checks.docket): every rank's outcome is filed; the grader's judge reads it again
+JUDGED_REJECTS = Judged(__name__, "rejects world size", lambda name, world_sizes: [(name, n) for n in world_sizes],
+                        from_raising(_rejected), params=("name", "world_sizes"))
+
+
+@judged(JUDGED_REJECTS)
 @passes_quietly
 def check_rejects_world_size(name: str, fn, world_sizes=(3, 6), timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """The lab's promise for ``name`` (recursive halving): on a world size that is not a
     power of two it raises ``ValueError`` on every rank, before it communicates (a rank
     that goes ahead and waits for a partner that raised would hang)."""
-    for n in world_sizes:
-        out = launch_named(_rejects_body, n, fn, name=name, timeout=timeout, refuse=REFUSED)
-        silent = [r for r, (what, _) in enumerate(out) if what != "ValueError"]
-        if silent:
-            raise AssertionError(f"{name} (world_size={n}): ranks {silent} returned instead of raising ValueError; "
-                                 f"the lab asks for a ValueError that says N must be a power of two")
+    JUDGED_REJECTS.run(dict(name=name, world_sizes=world_sizes), lambda run: launch_named(
+        _rejects_body, run[1], fn, name=name, timeout=timeout, refuse=REFUSED))
     report_passed(f"{name} rejects N={_sizes(world_sizes)}", "ValueError on every rank before any message", True)
