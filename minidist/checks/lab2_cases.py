@@ -17,6 +17,7 @@ all-reduce that backward waits for (no ``async_op``, or ``wait()`` in the hook) 
 complete without rank 1, so rank 0's backward cannot get that far first: caught on every
 run, not when a race happens to show. (Waiting at the very end of backward, as torch's DDP
 does from an autograd callback, is fine: every gradient has been produced by then.)
+:func:`overlapped` compares both ranks' probes (in the check and in the grader's judge).
 """
 from __future__ import annotations
 
@@ -161,3 +162,22 @@ def overlap_probe(progress, BucketedDDP, cap: int, hold: float = 4.0) -> dict:
         ddp.finish_gradient_sync()
     starts = sorted(e.start for e in t.comm() if e.op == "all_reduce")
     return {"starts": starts, "last": marks.get("last"), "buckets": len(ddp.buckets), "waited_out": waited_out}
+
+
+def overlapped(cap, out) -> None:
+    """The overlap check's comparison of both ranks' :func:`overlap_probe` results (``cap``: its bucket size)."""
+    if out[1]["waited_out"]:
+        raise AssertionError(
+            f"BucketedDDP overlap (world_size=2, bucket_cap_bytes={cap}): rank 0's backward could not produce its "
+            "last gradient while rank 1 had not started yet: backward waited for an all-reduce to complete (a blocking all_reduce, "
+            "or wait() inside the hook). Launch with async_op=True and wait only in finish_gradient_sync, so "
+            "that communication runs while backward keeps computing.")
+    for r, res in enumerate(out):
+        if len(res["starts"]) < 2:
+            raise AssertionError(f"BucketedDDP overlap (world_size=2, bucket_cap_bytes={cap}), rank {r}: "
+                                 f"{len(res['starts'])} all-reduce(s) for {res['buckets']} buckets")
+        if res["last"] is None or not res["starts"][0] < res["last"]:
+            raise AssertionError(
+                f"BucketedDDP overlap (world_size=2, bucket_cap_bytes={cap}), rank {r}: no all-reduce started "
+                f"before backward produced its last gradient. Launch a bucket's all-reduce with async_op=True "
+                f"from the gradient hook as soon as the bucket is full, not after backward.")

@@ -23,10 +23,11 @@ import torch
 from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
 from minidist.checks.docket import Judged, from_raising, judged, outcome
 from minidist.checks.returned import require_plain
-from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, rank_dependent_grads
-from minidist.checks.training import _train_body, check_equal, describe_case
+from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, overlapped, rank_dependent_grads
+from minidist.checks.lab2_traffic import average_traffic, bucketed_traffic
+from minidist.checks.training import _train_body, check_equal
 from minidist.checks.quiet import passes_quietly
-from minidist.models import TINY_MLP_VARIANTS as MODELS, TinyMLP, describe_mlp
+from minidist.models import TINY_MLP_VARIANTS as MODELS
 
 #: minidist's data parallelism (NaiveDDP, BucketedDDP, make_buckets, ...) is refused in graded code.
 REFUSED = Refusal("data parallelism", ("minidist.data_parallel",), checks=__name__)
@@ -156,29 +157,9 @@ def check_average_gradients(average_gradients, hidden: bool = False, timeout: fl
                                        f"one process on the whole batch, a rank-dependent model", hidden)
 
 
-def _average_traffic(run, out) -> None:
-    n, cases = run
-    for i, case in enumerate(cases):
-        for r in range(n):
-            res = out[r][i]
-            what = f"average_gradients (world_size={n}, {describe_mlp(case['model_kwargs'])}), rank {r}"
-            ops = sorted({op for op, _ in res["events"]})
-            if ops != ["all_reduce"]:
-                raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
-            n_params = len([p for p in TinyMLP(**case["model_kwargs"]).parameters() if p.requires_grad])
-            total = sum(b for _, b in res["events"])
-            if total != 4 * res["numel"]:
-                raise AssertionError(f"{what}: all-reduced {total} bytes of gradients per step; expected "
-                                     f"Ψ·4 = {4 * res['numel']} (every trainable parameter's gradient once; "
-                                     f"frozen parameters have none, a tied weight counts once)")
-            if len(res["events"]) != n_params:
-                raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step; expected one per "
-                                     f"trainable parameter ({n_params})")
-
-
 JUDGED_AVERAGE_TRAFFIC = Judged(__name__, "average_gradients traffic",
                                 lambda: [(n, _cases(["frozen", "tied"])) for n in (2, 3)],
-                                from_raising(_average_traffic), params=())
+                                from_raising(average_traffic), params=())
 
 
 @judged(JUDGED_AVERAGE_TRAFFIC)
@@ -297,29 +278,10 @@ def check_bucketed_ddp(BucketedDDP, hidden: bool = False, timeout: float = TRAIN
                                  f"parameters vs one process, a rank-dependent model", hidden)
 
 
-def _bucketed_traffic(run, out) -> None:
-    n, cases = run
-    for i, case in enumerate(cases):
-        for r in range(n):
-            res = out[r][i]
-            what = f"BucketedDDP (world_size={n}, {describe_case(case)}), rank {r}"
-            ops = sorted({op for op, _ in res["events"]})
-            if ops != ["all_reduce"]:
-                raise AssertionError(f"{what}: expected only all_reduce calls, saw {ops or 'no communication'}")
-            total = sum(b for _, b in res["events"])
-            if total != 4 * res["numel"]:
-                raise AssertionError(f"{what}: all-reduced {total} bytes per step; expected Ψ·4 = "
-                                     f"{4 * res['numel']} (each gradient exactly once)")
-            if len(res["events"]) != res["buckets"]:
-                raise AssertionError(f"{what}: {len(res['events'])} all-reduces per step for "
-                                     f"{res['buckets']} buckets; expected one all-reduce per bucket "
-                                     f"(that is the point of bucketing: fewer, bigger messages)")
-
-
 JUDGED_BUCKETED_TRAFFIC = Judged(__name__, "BucketedDDP traffic", lambda: [
     (n, [dict(model_kwargs=MODELS["plain"], steps=2, batch=24, cap=700),
          dict(model_kwargs={"unused": True, "frozen": True}, steps=2, batch=24, cap=2000)]) for n in (2, 3)],
-    from_raising(_bucketed_traffic), params=())
+    from_raising(bucketed_traffic), params=())
 
 
 @judged(JUDGED_BUCKETED_TRAFFIC)
@@ -330,25 +292,7 @@ def check_bucketed_ddp_traffic(BucketedDDP, timeout: float = TRAINING_CHECK_TIME
     report_passed("BucketedDDP traffic", "N=2, 3: one all-reduce per bucket, Ψ·4 bytes per step")
 
 
-def _overlapped(run, out) -> None:
-    if out[1]["waited_out"]:
-        raise AssertionError(
-            "BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048): rank 0's backward could not produce its "
-            "last gradient while rank 1 had not started yet: backward waited for an all-reduce to complete (a blocking all_reduce, "
-            "or wait() inside the hook). Launch with async_op=True and wait only in finish_gradient_sync, so "
-            "that communication runs while backward keeps computing.")
-    for r, res in enumerate(out):
-        if len(res["starts"]) < 2:
-            raise AssertionError(f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: "
-                                 f"{len(res['starts'])} all-reduce(s) for {res['buckets']} buckets")
-        if res["last"] is None or not res["starts"][0] < res["last"]:
-            raise AssertionError(
-                f"BucketedDDP overlap (world_size=2, bucket_cap_bytes=2048), rank {r}: no all-reduce started "
-                f"before backward produced its last gradient. Launch a bucket's all-reduce with async_op=True "
-                f"from the gradient hook as soon as the bucket is full, not after backward.")
-
-
-JUDGED_OVERLAP = Judged(__name__, "BucketedDDP overlap", lambda: [2048], from_raising(_overlapped), params=())
+JUDGED_OVERLAP = Judged(__name__, "BucketedDDP overlap", lambda: [2048], from_raising(overlapped), params=())
 
 
 @judged(JUDGED_OVERLAP)
