@@ -51,15 +51,23 @@ def checks_modules(setup_sources, path) -> dict:
     return out
 
 
-def _judged_in_source(module: str, path) -> set:
+def _judged_in_source(module: str, path, seen=()) -> set:
+    """The names of the judged checks ``module`` defines (``@judged(...)`` on a top-level ``def``) or
+    takes by name from another module of minidist.checks (lab 3's checks re-export one)."""
     for root in path:
         file = os.path.join(root, *module.split(".")) + ".py"
         if os.path.isfile(file):
             with open(file, encoding="utf-8") as f:
                 tree = ast.parse(f.read())
-            return {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-                    and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "judged"
-                            for d in node.decorator_list)}
+            judged = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                      and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "judged"
+                              for d in node.decorator_list)}
+            for node in tree.body:
+                if (isinstance(node, ast.ImportFrom) and not node.level and node.module
+                        and node.module.startswith("minidist.checks.") and node.module not in seen):
+                    theirs = _judged_in_source(node.module, path, (*seen, module))
+                    judged |= {a.asname or a.name for a in node.names if a.name in theirs}
+            return judged
     return set()
 
 

@@ -209,3 +209,9 @@ def test_a_launched_check_is_judged_from_every_ranks_results():
     # a forged answer the comparison cannot read is a problem, never a crash of the judge
     assert "could not be judged (KeyError" in lab2.JUDGED_AVERAGE_TRAFFIC.verdict(run, [[{}] * 2] * 2)
     assert from_raising(lambda case, answer: None)(None, None) is None
+
+
+def test_the_judge_finds_a_judged_check_a_checks_module_takes_from_another():
+    lab3 = confirm_judge.checks_modules(["from minidist.checks import lab3_zero_fsdp as checks\n"], [str(ROOT)])
+    assert {"check_zero", "check_zero_memory", "check_zero_traffic",
+            "check_reduce_scatter_gradients"} <= lab3["checks"][1]            # the last defined in lab3_reduce_scatter
