@@ -52,7 +52,6 @@ class Judged:
                  verdict: Callable[[object, object], str | None], params: tuple[str, ...] = ("hidden",)):
         self.key, self.name, self.params = f"{module}.{name}", name, params
         self.cases, self.verdict = cases, verdict
-        self.by_name = False
 
     @classmethod
     def of_functions(cls, module: str, name: str, table: dict) -> "Judged":
@@ -61,16 +60,17 @@ class Judged:
         ``(graded name, case)``; a name missing from the table has none (nothing is judged)."""
         def cases(name, hidden):
             return [(name, case) for case in table[name][0](hidden)] if name in table else []
-        judged_check = cls(module, name, cases, lambda case, answer: table[case[0]][1](case[1], answer),
-                           params=("name", "hidden"))
-        judged_check.by_name = True
-        return judged_check
+        return _PerFunction(module, name, cases, lambda case, answer: table[case[0]][1](case[1], answer),
+                            params=("name", "hidden"))
 
     def run(self, params: dict, answer_of: Callable[[object], object]) -> None:
-        """Every case's answer, ``answer_of(case)``, filed and required in turn (a check made by
-        :meth:`of_functions` is given the case without its graded name)."""
+        """Every case's answer, ``answer_of(case)``, filed and required in turn."""
         for i, case in enumerate(self.cases(**params)):
-            self.require(params, i, case, answer_of(case[1] if self.by_name else case))
+            self.require(params, i, case, answer_of(self.graded_case(case)))
+
+    def graded_case(self, case):
+        """What the graded function is given for ``case``: the case itself."""
+        return case
 
     def require(self, params: dict, index: int, case, answer) -> None:
         """File the answer to case ``index`` and raise AssertionError with its verdict's problem."""
@@ -120,6 +120,14 @@ class Judged:
             return (f"{self.name}: no answer was filed for {len(missing)} of its {len(cases)} cases "
                     f"(the first: {cases[missing[0]]!r})")
         return None
+
+
+class _PerFunction(Judged):
+    """A check of several graded functions (:meth:`Judged.of_functions`): its cases are
+    ``(graded name, case)``, and the graded function is given the case without its name."""
+
+    def graded_case(self, case):
+        return case[1]
 
 
 def _params_key(params: dict) -> str:

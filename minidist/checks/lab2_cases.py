@@ -79,7 +79,7 @@ def rank_dependent_grads(progress, kind: str, impl, cap: int = PROBE_CAP) -> lis
     """Inside a rank: per step, this rank's local gradients (computed on a copy of the model
     that nobody syncs) and the gradients after the student's sync, on :class:`RankDependentNet`."""
     rank, n = dist.get_rank(), dist.get_world_size()
-    mark_case(progress, f"RankDependentNet (a layer used on even ranks only, branch order by rank)"
+    mark_case(progress, "RankDependentNet (a layer used on even ranks only, branch order by rank)"
                         + (f", bucket_cap_bytes={cap}" if kind == "bucketed_ddp" else ""))
     model = RankDependentNet(device=device())
     local = copy.deepcopy(model)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from minidist.checks.common import TOL
 from minidist.checks.docket import digest
-from minidist.checks.returned import not_plain_tensor
+from minidist.checks.returned import tensor_problem
 from minidist.runtime.device import device as rank_device
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
@@ -67,12 +67,8 @@ def reference_attention(q, k, v, causal):
 def err(what, got, want, slack: float = 0.0, dtype=None) -> str | None:
     """Why ``got`` is not ``want`` (None if it is, within ``tol(dtype)`` relative to its scale, +
     ``slack``), compared on the CPU. ``dtype``: the dtype ``got`` must have exactly (default: ``want``'s)."""
-    if got is None:
-        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if problem := not_plain_tensor(what, got, want.shape):
+    if problem := tensor_problem(what, got, want):
         return problem
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     dtype = dtype or want.dtype
     if got.dtype != dtype:
         return f"{what} has dtype {got.dtype}, expected {dtype} exactly"

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from minidist import cost
 from minidist.checks.common import TOL
-from minidist.checks.returned import not_plain_tensor
+from minidist.checks.returned import tensor_problem
 from minidist.runtime import device as rank_device
 
 WORLD, BATCH, D_IN, D_HID, D_OUT = 4, 12, 4, 5, 3      # Ψ = 4·5 + 5 + 5·3 + 3 = 43: uneven over 2, 3 and 4 ranks
@@ -119,10 +119,8 @@ def scale_history(flags, **kw) -> list[float]:
 # ----------------------------------------------------------------------------- comparisons
 def err(what, got, want, tol: float = TOL) -> str | None:
     """Why ``got`` is not ``want`` (None if it is, within ``tol`` relative to its scale above 1)."""
-    if problem := not_plain_tensor(what, got, want.shape):
+    if problem := tensor_problem(what, got, want):
         return problem
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     got, want = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
     if not torch.isfinite(want).all():
         return None if torch.equal(torch.isfinite(got), torch.isfinite(want)) else f"{what}: finite where it must not be"

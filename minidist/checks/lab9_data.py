@@ -15,7 +15,7 @@ import torch
 import minidist
 from minidist.checks.common import TOL
 from minidist.checks.docket import digest
-from minidist.checks.returned import not_plain_tensor
+from minidist.checks.returned import tensor_problem
 from minidist.cost import expert_parallel as cost
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
@@ -74,13 +74,9 @@ def choices(case: dict, s: int, t: int) -> torch.Tensor:
 def err(what, got, want) -> str | None:
     """Why ``got`` is not ``want`` (None if it is: exact for integers and booleans, else within TOL
     relative to the values' scale)."""
-    if got is None:
-        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if problem := not_plain_tensor(what, got, want.shape):
+    if problem := tensor_problem(what, got, want):
         return problem
     got = got.detach().to(CPU)
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     if want.dtype.is_floating_point != got.dtype.is_floating_point:
         return f"{what} has dtype {got.dtype}, expected {want.dtype}"
     if not want.dtype.is_floating_point:

@@ -9,8 +9,9 @@ refusal kept out of the graded call (the "always equal" trick of autograders).
 
 * :func:`own_tensor_subclass` finds a tensor of a subclass defined by student code in a returned
   value; :class:`~minidist.checks.refusal.refusing` fails every graded call that returns one.
-* :func:`not_plain_tensor` says why a value a check compares as a tensor is not a plain one (the
-  comparison helpers of labs 5, 6, 8 and 9 ask it first);
+* :func:`not_plain_tensor` says why a value a check compares as a tensor is not a plain one, and
+  :func:`tensor_problem` why it cannot be compared with a reference at all (None, not plain, another
+  shape): the comparison helpers of labs 5, 6, 8 and 9 ask it before their own tolerance;
 * :func:`foreign_part` finds anything that is not plain (numbers, strings, plain tensors,
   torch's dtypes and sizes, lists, tuples, dicts, and objects of minidist's own classes made of
   those); a pure check whose answer is such a value calls :func:`require_plain`.
@@ -95,3 +96,16 @@ def not_plain_tensor(what: str, got, shape=None) -> str | None:
     if isinstance(got, torch.Tensor):
         return f"{what} is a {type(got).__qualname__}, a torch.Tensor subclass: return a plain tensor"
     return f"{what} is a {type(got).__name__}, expected a tensor" + (f" of shape {tuple(shape)}" if shape else "")
+
+
+def tensor_problem(what: str, got, want) -> str | None:
+    """Why ``got`` cannot be compared element by element with the tensor ``want`` (None if it can):
+    it is None, not a plain tensor, or of another shape. Each lab's comparison then applies its
+    own rule on dtype and tolerance."""
+    if got is None:
+        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
+    if problem := not_plain_tensor(what, got, want.shape):
+        return problem
+    if tuple(got.shape) != tuple(want.shape):
+        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    return None
