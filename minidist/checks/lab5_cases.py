@@ -9,14 +9,12 @@ rank r of t and returns what it did as plain data (outputs, gradients, digests o
 tensors after each phase, the traffic of each phase); its ``verdict`` rebuilds the inputs and the
 reference from seeds (:mod:`minidist.checks.lab5_data`) and lists the problems, so the grader's
 judge gives it again. Every case proves the caller's tensors (arguments, a module's weights)
-unchanged and the output in the input's dtype; a module is used for two calls in a row (a second
-step). Group rank s draws its own data from seed ``base + s``.
+unchanged and the output in the input's dtype. Group rank s draws its own data from seed
+``base + s``. The modules' runners (used twice in a row) are in :mod:`minidist.checks.lab5_modules`.
 Used by :mod:`minidist.checks.lab5_tensor_parallel`, which launches, stands in and reports.
 """
 from __future__ import annotations
 
-import copy
-import dataclasses
 from collections import Counter
 
 import torch
@@ -24,27 +22,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.docket import digest
-from minidist.checks.groups import RankRunner, attempt, raise_verdict
-from minidist.checks.lab5_data import (B, CFG, S, SEQ, _dev, _err, _expected, _hinted, _masked, _part, _randn, _traffic,
-                                       _untouched, _with_traffic, _world, counted)
-from minidist.models import TinyGPT
-from minidist.runtime.device import device as rank_device
+from minidist.checks.groups import RankRunner
+from minidist.checks.lab5_data import (B, CFG, S, SEQ, _call, _dev, _err, _expected, _hinted, _part, _randn, _untouched,
+                                       _with_traffic, _world, counted)
+from minidist.checks.lab5_modules import module_answer, module_verdict, sp_block_answer, sp_block_verdict
 from minidist.tensor_parallel.comm import shard_range
-from minidist.trace import trace
-
-
-# ----------------------------------------------------------------------------- shared by the runners
-def _call(fn, args, upstream, held: dict, kwargs=None) -> dict:
-    """Forward, then backward of sum(out * upstream) (or out.backward()), each under the tracer: the
-    output, each phase's traffic, and digests of the caller's tensors ``held`` after each phase."""
-    with trace() as tf:
-        out = fn(*args, **(kwargs or {}))
-    after_forward = {n: digest(x) for n, x in held.items() if x is not None}
-    with trace() as tb:
-        (out * upstream).sum().backward() if upstream is not None else out.backward()
-    return {"out": out, "forward": _traffic(tf), "backward": _traffic(tb),
-            "held": [after_forward, {n: digest(x) for n, x in held.items() if x is not None}]}
 
 
 # ----------------------------------------------------------------------------- f and g (and SP's pair)
@@ -115,161 +97,47 @@ def sp_verdict(name, case, r, t, answer):
 
 
 # ----------------------------------------------------------------------------- column- and row-parallel linear
-def _linear_data(name, case, r, t):
-    """The layer, its slices on rank r, and the single-process reference's output and gradients."""
-    d_in, d_out, bias, dtype = case["d_in"], case["d_out"], case["bias"], case["dtype"]
+def _linear_layer(case):
+    """The single-process layer, its input and the upstream gradient of its output (seeds 3, 4, 5)."""
+    d_in, d_out, dtype = case["d_in"], case["d_out"], case["dtype"]
     torch.manual_seed(3)
-    lin = nn.Linear(d_in, d_out, bias=bias, dtype=dtype, device="cpu")
-    x = _randn((*case["lead"], d_in), 4, dtype).requires_grad_()
-    up = _randn((*case["lead"], d_out), 5, dtype)
-    (lin(x) * up).sum().backward()
-    y, column = lin(x).detach(), name == "column_parallel_linear"
-    cut = (lambda p, dim: _part(p, dim, r, t))
-    return dict(
-        x=x.detach() if column else cut(x.detach(), -1), weight=cut(lin.weight.detach(), 0 if column else 1),
-        bias=(cut(lin.bias.detach(), 0) if column else lin.bias.detach()) if bias else None,
-        up=cut(up, -1) if column else up, out=cut(y, -1) if column else y,
-        grads=[x.grad if column else cut(x.grad, -1), cut(lin.weight.grad, 0 if column else 1),
-               (cut(lin.bias.grad, 0) if column else lin.bias.grad) if bias else None],
-        colls=(cost.column_parallel_collectives if column else cost.row_parallel_collectives)(
-            x.numel() // d_in, d_in, d_out, t, elem_bytes=x.element_size()) if t > 1 else [])
+    lin = nn.Linear(d_in, d_out, bias=case["bias"], dtype=dtype, device="cpu")
+    return lin, _randn((*case["lead"], d_in), 4, dtype), _randn((*case["lead"], d_out), 5, dtype)
+
+
+def _linear_cuts(name, r, t) -> dict:
+    """Rank r's piece of each tensor: column-parallel splits the weight's rows (and the bias, the
+    output); row-parallel the weight's columns (and the input)."""
+    column, whole = name == "column_parallel_linear", (lambda v: v)
+    last = lambda v: _part(v, -1, r, t)                         # noqa: E731
+    return {"x": whole if column else last, "out": last if column else whole,
+            "weight": lambda v: _part(v, 0 if column else 1, r, t),
+            "bias": (lambda v: _part(v, 0, r, t)) if column else whole}
 
 
 def linear_answer(fn, name, case, r, t, group):
-    d = _linear_data(name, case, r, t)
-    xin, w = _dev(d["x"], grad=True), _dev(d["weight"], grad=True)
-    b = _dev(d["bias"], grad=True) if d["bias"] is not None else None
-    call = _call(fn, (xin, w, b, group), _dev(d["up"]), {"x": xin, "weight": w, "bias": b})
+    lin, x, up = _linear_layer(case)
+    cut = _linear_cuts(name, r, t)
+    xin, w = _dev(cut["x"](x), grad=True), _dev(cut["weight"](lin.weight.detach()), grad=True)
+    b = _dev(cut["bias"](lin.bias.detach()), grad=True) if case["bias"] else None
+    call = _call(fn, (xin, w, b, group), _dev(cut["out"](up)), {"x": xin, "weight": w, "bias": b})
     return {**call, "grads": [xin.grad, w.grad, b.grad if b is not None else None]}
 
 
 def linear_verdict(name, case, r, t, answer):
-    d = _linear_data(name, case, r, t)
-    originals = {n: d[n] for n in ("x", "weight", "bias") if d[n] is not None}
-    errs = [_untouched(answer, originals), _err("the output", answer["out"], d["out"])]
-    errs += [_err(f"{n}.grad", got, want) for n, got, want in zip(("x", "weight", "bias"), answer["grads"], d["grads"])
-             if want is not None]
-    return _with_traffic(errs, t, [answer], {p: _expected(d["colls"], p) for p in ("forward", "backward")})
-
-
-# ----------------------------------------------------------------------------- modules used twice
-def _two_calls(fn, args, names, up) -> list:
-    """``fn`` twice on the same module(s) (gradients cleared between), as two training steps would:
-    hooks registered on every call pile up, state kept from the first call shows in the second."""
-    modules = [a for a in args if isinstance(a, nn.Module)]
-    calls = []
-    for _ in range(2):
-        for q in (q for m in modules for q in m.parameters()):
-            q.grad = None
-        xin = _dev(args[0], grad=True)
-        held = {"x": xin, **{f"{n}.{p}": q for n, m in zip(names[1:], modules) for p, q in m.named_parameters()}}
-        call = _call(fn, (xin, *args[1:]), _dev(up), held)
-        calls.append({**call, "x_grad": xin.grad, "grads": [[q.grad for q in m.parameters()] for m in modules]})
-    return calls
-
-
-def _per_call(calls, check) -> list:
-    errs = []
-    for i, call in enumerate(calls):
-        found = check(call)
-        errs += found if i == 0 else [e and f"{e} (second call on the same module)" for e in found]
-    return errs
-
-
-def _originals(names, modules) -> dict:
-    return {f"{n}.{p}": q.detach() for n, m in zip(names, modules) for p, q in m.named_parameters()}
-
-
-ATTN_DIMS = {"q.weight": 0, "q.bias": 0, "k.weight": 0, "k.bias": 0, "v.weight": 0, "v.bias": 0, "o.weight": 1}
-MLP_DIMS = {"fc.weight": 0, "fc.bias": 0, "proj.weight": 1}
-
-
-def _sharded_grads(ref: nn.Module, grads: list, r, t, dims: dict) -> list:
-    """Each parameter's gradient on this rank: its chunk along dims[name] (None: replicated, whole)."""
-    errs = []
-    for (pname, p_ref), got in zip(ref.named_parameters(), grads):
-        dim = dims.get(pname)
-        errs.append(_err(f"{pname}.grad", got, p_ref.grad if dim is None else _masked(p_ref.grad, dim, r, t)))
-    return errs
-
-
-def _module_data(name, case):
-    cfg = dataclasses.replace(CFG, **case.get("cfg", {}))
-    dtype = case.get("dtype", torch.float32)
-    block = TinyGPT(cfg, device="cpu").blocks[0].to(dtype)
-    ref = block.mlp if name == "tp_mlp" else block.attn
-    return cfg, ref, _randn((B, S, cfg.d_model), 8, dtype).requires_grad_(), _randn((B, S, cfg.d_model), 9, dtype)
-
-
-def _heads_split(cfg, t) -> bool:
-    return not (cfg.n_heads % t or cfg.n_kv_heads % t)
-
-
-def module_answer(fn, name, case, r, t, group):
-    cfg, ref, x, up = _module_data(name, case)
-    mine = copy.deepcopy(ref).to(rank_device())
-    if case.get("raises") and not _heads_split(cfg, t):
-        return attempt(fn, (_dev(x, grad=True), mine, group))
-    return {"calls": _two_calls(fn, (x.detach(), mine, group), ("x", name.split("_")[1]), up)}
-
-
-def module_verdict(name, case, r, t, answer):
-    cfg, ref, x, up = _module_data(name, case)
-    if case.get("raises") and not _heads_split(cfg, t):
-        return raise_verdict(answer, f"{cfg.n_heads} query and {cfg.n_kv_heads} key/value heads do not both split "
-                             f"over t = {t} (attention is split by whole heads)")
-    originals = {"x": x.detach(), **_originals((name.split("_")[1],), (ref,))}
-    (ref(x) * up).sum().backward()
-    y, dims = ref(x).detach(), MLP_DIMS if name == "tp_mlp" else ATTN_DIMS
-    errs = _per_call(answer["calls"], lambda call: [
-        _untouched(call, originals), _err("the output", call["out"], y), _err("x.grad", call["x_grad"], x.grad),
-        *_sharded_grads(ref, call["grads"][0], r, t, dims)])
-    colls = cost.tp_layer_collectives(B, S, cfg.d_model, t, sublayers=1, elem_bytes=x.element_size()) if t > 1 else []
-    return _with_traffic(errs, t, answer["calls"], {p: _expected(colls, p) for p in ("forward", "backward")})
-
-
-def _sp_block_data(case):
-    dtype = case.get("dtype", torch.float32)
-    block = TinyGPT(CFG, device="cpu").blocks[0].to(dtype)
-    return block.ln_2, block.mlp, _randn((B, S, CFG.d_model), 31, dtype), _randn((B, S, CFG.d_model), 32, dtype)
-
-
-def sp_block_answer(fn, name, case, r, t, group):
-    ln, mlp, x, up = _sp_block_data(case)
-    ln_s, mlp_s = copy.deepcopy(ln).to(rank_device()), copy.deepcopy(mlp).to(rank_device())
-    return {"calls": _two_calls(fn, (_part(x, SEQ, r, t), ln_s, mlp_s, group), ("x", "ln", "mlp"), _part(up, SEQ, r, t))}
-
-
-def sp_block_verdict(name, case, r, t, answer):
-    ln, mlp, x, up = _sp_block_data(case)
-    originals = {"x": _part(x, SEQ, r, t), **_originals(("ln", "mlp"), (ln, mlp))}
-    x = x.requires_grad_()
-    y = x + mlp(ln(x))
+    lin, x, up = _linear_layer(case)
+    cut = _linear_cuts(name, r, t)
+    originals = {n: cut[n](v.detach()) for n, v in (("x", x), ("weight", lin.weight), ("bias", lin.bias))
+                 if v is not None}
+    y = lin(x.requires_grad_())
     (y * up).sum().backward()
-    errs = _per_call(answer["calls"], lambda call: (
-        [_untouched(call, originals), _err("the output", call["out"], _part(y.detach(), SEQ, r, t)),
-         _err("x.grad", call["x_grad"], _part(x.grad, SEQ, r, t))]
-        + [_err(f"ln.{n}.grad", got, p.grad) for (n, p), got in zip(ln.named_parameters(), call["grads"][0])]
-        + [f"mlp.{e}" if e else None for e in _sharded_grads(mlp, call["grads"][1], r, t, MLP_DIMS)]))
-    e = x.element_size()
-    colls = cost.tp_layer_collectives(B, S, CFG.d_model, t, sequence_parallel=True, sublayers=1,
-                                      elem_bytes=e) if t > 1 else []
-    want = {p: _expected(colls, p) for p in ("forward", "backward")}
-    regather = ("all-gather", B * S * CFG.d_model * e // t)
-    want["backward"][regather] -= 1         # the re-gather of the saved shard is optional (memory for traffic)
-    want["backward"] = +want["backward"]
-    partial = e * sum(p.numel() for p in (ln.weight, ln.bias, mlp.proj.bias))
-
-    def sums_partial_grads(phase, leftover):
-        """Backward may re-gather the input shard once, and must all-reduce the partial gradients of
-        LayerNorm and the output bias (3h numbers: one all-reduce or several)."""
-        if phase != "backward":
-            return False
-        leftover = Counter(leftover)
-        leftover[regather] -= min(1, leftover[regather])
-        ars = {k: n for k, n in (+leftover).items() if k[0] == "all-reduce"}
-        return set(+leftover) == set(ars) and sum(b * n for (_, b), n in ars.items()) == partial
-    return _with_traffic(errs, t, answer["calls"], want, sums_partial_grads)
+    errs = [_untouched(answer, originals), _err("the output", answer["out"], cut["out"](y.detach()))]
+    wants = [cut["x"](x.grad), cut["weight"](lin.weight.grad), cut["bias"](lin.bias.grad) if case["bias"] else None]
+    errs += [_err(f"{n}.grad", got, want) for n, got, want in zip(("x", "weight", "bias"), answer["grads"], wants)
+             if want is not None]
+    colls = (cost.column_parallel_collectives if name == "column_parallel_linear" else cost.row_parallel_collectives)(
+        x.numel() // case["d_in"], case["d_in"], case["d_out"], t, elem_bytes=x.element_size()) if t > 1 else []
+    return _with_traffic(errs, t, [answer], {p: _expected(colls, p) for p in ("forward", "backward")})
 
 
 # ----------------------------------------------------------------------------- vocab-parallel cross entropy

@@ -1,8 +1,10 @@
 """Lab 5's case data and comparisons: the groups, inputs drawn on the CPU from seeds (so one process
 rebuilds any rank's case), how a result is compared with the single-process module (within
 ``TOL``, ``TOLS`` for bf16; in the inputs' dtype), and the collectives the cost model expects
-(:mod:`minidist.cost.tensor_parallel`), kind and payload bytes in any order. Used by the runners
-in :mod:`minidist.checks.lab5_cases` and the measurements in :mod:`minidist.checks.lab5_tensor_parallel`.
+(:mod:`minidist.cost.tensor_parallel`), kind and payload bytes in any order; and ``_call``, how an
+answer runs the student's function (forward, then backward, each traced). Used by the runners in
+:mod:`minidist.checks.lab5_cases` and :mod:`minidist.checks.lab5_modules`, and the measurements in
+:mod:`minidist.checks.lab5_tensor_parallel`.
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ import torch
 from minidist.checks.common import TOL
 from minidist.checks.docket import digest
 from minidist.checks.groups import consecutive_groups, wrong_group_hint
+from minidist.checks.returned import tensor_problem
 from minidist.models import GPTConfig
-from minidist.checks.returned import not_plain_tensor
 from minidist.runtime.device import device as rank_device
 from minidist.tensor_parallel.comm import shard_range
+from minidist.trace import trace
 
 WORLD, B, S = 4, 2, 12                 # S divisible by 1, 2, 3 and 4 (sequence shards)
 CFG = GPTConfig(vocab=48, d_model=24, n_heads=12, d_ff=48, n_layers=1, seq_len=S)
@@ -53,12 +56,8 @@ def _masked(full, dim, r, t):
 
 
 def _err(what, got, want):
-    if got is None:
-        return f"{what} is None: no gradient reached it (was it detached, or built outside autograd?)"
-    if problem := not_plain_tensor(what, got, want.shape):
+    if problem := tensor_problem(what, got, want):
         return problem
-    if tuple(got.shape) != tuple(want.shape):
-        return f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}"
     if got.dtype != want.dtype:
         return (f"{what} is {str(got.dtype).replace('torch.', '')}, expected {str(want.dtype).replace('torch.', '')} "
                 f"(the inputs' dtype: make every buffer with the dtype of the tensor it holds)")
@@ -83,6 +82,18 @@ def _traffic(tr) -> list:
     """[kind, payload bytes] of every traced op, sorted (the tracer counts a list all_gather's input, as
     the tensor form's): an answer's record of its traffic."""
     return sorted([FAMILY.get(e.op, e.op), e.nbytes] for e in tr.comm())
+
+
+def _call(fn, args, upstream, held: dict, kwargs=None) -> dict:
+    """Forward, then backward of sum(out * upstream) (or out.backward()), each under the tracer: the
+    output, each phase's traffic, and digests of the caller's tensors ``held`` after each phase."""
+    with trace() as tf:
+        out = fn(*args, **(kwargs or {}))
+    after_forward = {n: digest(x) for n, x in held.items() if x is not None}
+    with trace() as tb:
+        (out * upstream).sum().backward() if upstream is not None else out.backward()
+    return {"out": out, "forward": _traffic(tf), "backward": _traffic(tb),
+            "held": [after_forward, {n: digest(x) for n, x in held.items() if x is not None}]}
 
 
 def counted(traffic: list) -> Counter:
