@@ -1,21 +1,18 @@
-"""Library answers refused while graded code runs (:class:`Refusal`, :class:`refusing`,
-:func:`graded_call`); :mod:`minidist.checks.common` launches checks under it and re-exports it.
+"""Library answers refused while graded code runs (:class:`refusing`, :func:`graded_call`; what a
+lab refuses, and how its code is recognised, is :mod:`minidist.checks.refused_code`);
+:mod:`minidist.checks.common` launches checks under it and re-exports it.
 """
 from __future__ import annotations
 
-import dataclasses
-import functools
-import importlib
 import os
-import pkgutil
 import re
 import sys
 import threading
-import types
 
 import torch
 
 from minidist.checks.bindings import Snapshot
+from minidist.checks.refused_code import NOTEBOOK_CELL, STUDENT_IMPORTS, Refusal, fingerprint, resolve  # noqa: F401
 from minidist.checks.returned import own_tensor_subclass
 from minidist.checks.student_code import is_student_code
 from minidist.trace import ForbiddenOperation
@@ -27,22 +24,14 @@ from minidist.trace import ForbiddenOperation
 # helper, another minidist module), or the graded object itself being (a subclass of) the
 # library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
 # callable, with whatever they call; checks build their references outside the refused region.
+# The library is recognised by its code (:mod:`minidist.checks.refused_code`).
 #
-# The library is recognised by its code, not by where the code says it comes from: a function of
-# the refused modules compiled again (the module's source exec'd under another file name, or one
-# function's source) has the same bytecode, names and variables, and is refused the same way.
-# This applies to code from neither a notebook cell (a solution may be written exactly as the
-# library or the lab's reference writes it) nor an installed file (minidist.models' MLP forward
-# is the tensor-parallel one's): code exec'd under such a name escapes.
 # The refusal holds on every thread the graded code starts (``threading``'s trace hook), on every
 # thread started since this module was imported (the lab's setup cell, before any student code),
 # including one already running when the graded code starts (a pool's worker waiting for work:
 # ``_thread``'s function is wrapped for good, see :class:`_Threads`), and on autograd's (backward
 # runs on the calling thread while graded code runs). Threads started before the import (the
 # kernel's own) are out of its reach (Python 3.11 cannot trace a running thread from another).
-
-#: What students may import from minidist in a lab (each lab adds its own checks module).
-STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
 
 
 class LibraryAnswer(ForbiddenOperation):
@@ -53,112 +42,6 @@ class ChecksTampered(LibraryAnswer):
     """Graded code changed what a check computes its verdict with: rebound it
     (:mod:`minidist.checks.bindings`), or returned a tensor subclass of its own, whose code would
     run in the comparison (:mod:`minidist.checks.returned`)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Refusal:
-    """minidist's implementation of the technique a lab grades, refused while graded code runs.
-
-    ``modules``: packages or modules whose code is refused (every file under a package);
-    ``allow``: qualified names of classes or functions inside them that the lab hands out
-    (their code, and whatever they call, stays allowed); ``checks``: the lab's checks module,
-    named in the message.
-    """
-    technique: str
-    modules: tuple[str, ...]
-    allow: tuple[str, ...] = ()
-    checks: str = ""
-
-    def rule(self) -> str:
-        allowed = ", ".join(STUDENT_IMPORTS + ((self.checks,) if self.checks else ()))
-        extra = f" (and the helpers this lab hands out: {', '.join(self.allow)})" if self.allow else ""
-        return (f"graded functions must implement {self.technique} themselves: from minidist they may use "
-                f"{allowed}{extra}; minidist's own implementation ({', '.join(self.modules)}) is refused "
-                f"while a graded function runs")
-
-
-MIN_FINGERPRINT_BYTES = 64
-#: code compiled from a notebook cell (the kernel's, the confirmation's) is the student's own, even
-#: where it equals the library's: a lab's solution may be written exactly as minidist writes it
-_NOTEBOOK_CELL = re.compile(r"ipykernel_\d+|<ipython-input|^<solution |^<grader |^<cell")
-
-
-def fingerprint(code: types.CodeType) -> tuple:
-    """What a function's code is, wherever it was compiled: the same source gives the same
-    fingerprint under any file name and at any line."""
-    return (code.co_name, code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount)
-
-
-def _codes(code: types.CodeType):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
-@functools.lru_cache(maxsize=None)
-def _fingerprints(files: frozenset) -> frozenset:
-    """The fingerprints of every function, class body and comprehension in ``files``."""
-    out = set()
-    for path in files:
-        if f"{os.sep}minidist{os.sep}checks{os.sep}" in path:
-            continue          # a lab's reference is its solution: by content, it is no library answer
-        try:
-            with open(path, encoding="utf-8") as f:
-                top = compile(f.read(), path, "exec", dont_inherit=True)
-        except (OSError, SyntaxError, ValueError):
-            continue
-        # tiny functions (a property, a one-line helper) could match a student's own by chance
-        out |= {fingerprint(c) for c in _codes(top) if c is not top and len(c.co_code) >= MIN_FINGERPRINT_BYTES}
-    return frozenset(out)
-
-
-@functools.lru_cache(maxsize=None)
-def resolve(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
-    """(files whose code is refused, code objects that stay allowed, the refused code's
-    fingerprints, the allowed code's fingerprints)."""
-    files = set()
-    for name in refusal.modules:
-        mod = importlib.import_module(name)
-        mods = [mod]
-        if hasattr(mod, "__path__"):
-            for info in pkgutil.walk_packages(mod.__path__, name + "."):
-                mods.append(importlib.import_module(info.name))
-        files |= {m.__file__ for m in mods if getattr(m, "__file__", None)}
-    allowed = set()
-
-    def add_code(code):
-        allowed.add(code)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                add_code(const)
-
-    def add_function(fn):
-        while fn is not None:
-            if isinstance(fn, (staticmethod, classmethod)):
-                fn = fn.__func__
-            if isinstance(fn, property):
-                for f in (fn.fget, fn.fset, fn.fdel):
-                    add_function(f)
-                return
-            code = getattr(fn, "__code__", None)
-            if code is not None:
-                add_code(code)
-            fn = getattr(fn, "__wrapped__", None)
-
-    for qualified in refusal.allow:
-        module, _, attr = qualified.rpartition(".")
-        obj = getattr(importlib.import_module(module), attr)
-        if isinstance(obj, type):
-            for klass in obj.__mro__:
-                if klass.__module__.startswith("minidist"):
-                    for value in vars(klass).values():
-                        add_function(value)
-        else:
-            add_function(obj)
-    files = frozenset(files)
-    allowed_prints = frozenset(fingerprint(c) for c in allowed)
-    return files, frozenset(allowed), _fingerprints(files) - allowed_prints, allowed_prints
 
 
 #: Whether graded calls are watched for rebinding the checks (:mod:`minidist.checks.bindings`) and for
@@ -230,7 +113,7 @@ class refusing:
         known = self.known.get(id(code))
         if known is None or known[0] is not code:
             refused = code.co_filename in self.files or (
-                is_student_code(code.co_filename) and not _NOTEBOOK_CELL.search(code.co_filename)
+                is_student_code(code.co_filename) and not NOTEBOOK_CELL.search(code.co_filename)
                 and fingerprint(code) in self.prints)
             # Student code, not code a library generated for itself (a dataclass's __init__ is
             # compiled from "<string>" too, but runs in its library module's namespace).
@@ -241,8 +124,9 @@ class refusing:
         return known
 
     def _trace(self, frame, event, arg):
-        known = self.known.get(id(frame.f_code))
-        if known is None or known[0] is not frame.f_code:
+        code = frame.f_code             # read once: an audited event in the grader's confirmation
+        known = self.known.get(id(code))
+        if known is None or known[0] is not code:
             known = self._known(frame)
         if known[1]:
             self._check(frame)
