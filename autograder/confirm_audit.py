@@ -40,6 +40,7 @@ _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "
          "os.spawn", "os.fork_exec"}
 
 _NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
+_WATCHED = frozenset(_BLOCK | _FLAG | {"object.__setattr__"})
 # Where a rank's launch keeps its result, status and progress files (``tempfile.mkdtemp(prefix=
 # "minidist-")`` in $TMPDIR): code the check launched can reach them, so student code may not; a
 # rank that wrote its own result could claim whatever the check compares inside the rank.
@@ -54,6 +55,10 @@ _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp 
 _OWNED = ("minidist", "torch", "confirm_audit", "confirm_runner")
 
 
+#: Set by the runner just before the first solution or test cell: until then no code of the student's
+#: exists (the lab's setup cells run, handed-in files are not importable yet), and every event passes
+#: at once (the imports of torch and minidist raise thousands, each a walk of a deep stack).
+STUDENT_CODE_LOADED = False
 STUDENT_FILES: list = []        # the working folder: files handed in next to the notebook are student code
 _STUDENT_CODE: dict = {}        # id -> code object student code exec'd, whatever its file name (a code
                                 # object's hash walks all of its constants: too slow for every event)
@@ -141,9 +146,15 @@ def _owned(obj) -> bool:
 
 
 def audit(event, args):
-    if getattr(_local, "busy", False):
+    # Called for every audited event of the process (ranks included): the common ones leave at once.
+    if not STUDENT_CODE_LOADED or (event not in _WATCHED and not event.startswith("ctypes.")):
         return
-    if event not in _BLOCK and event not in _FLAG and event != "object.__setattr__" and not event.startswith("ctypes."):
+    if event == "object.__getattr__" and args[1] == "f_code":
+        # Only a frame has an f_code, and every way to a frame (sys._getframe, tb_frame, gi_frame,
+        # cr_frame, ag_frame, gc, settrace) is refused above; the refusal's tracer reads it at every
+        # call (millions of events a lab, each a walk of the stack here: +50 % on lab 3's confirmation).
+        return
+    if getattr(_local, "busy", False):
         return
     _local.busy = True
     try:

@@ -140,6 +140,11 @@ def main():
     cells = spec.get("cells", [])
     modules = checks_modules([c["source"] for c in cells if c.get("kind") in ("setup", "given")], path)
     tests = {c["id"]: c["source"] for c in cells if c.get("kind") == "test"}
+    for module in sorted({m for m, _ in modules.values()}):
+        try:                 # now, while the child starts: the parent waits for each verdict
+            importlib.import_module(module)
+        except Exception:    # noqa: BLE001  (the same failure is the verdict of the tests that need it)
+            pass
     while True:
         msg = wire.recv(cmd)
         if not isinstance(msg, dict):

@@ -244,6 +244,7 @@ def main():
             from minidist.checks.bindings import Snapshot      # the pristine minidist's (standard library only)
             snapshot = Snapshot()                 # the pristine state: before any student code
             docket = _docket()                    # the list the judged checks file answers in
+            audit.STUDENT_CODE_LOADED = True      # from now on, events are checked for student code
             finder = handed_in.install(workdir, audit._is_student)     # handed-in files: importable from now on
         audit.PROGRAMS_REFUSED = kind == "test"
         if kind == "test":

@@ -522,11 +522,14 @@ sys.path.insert(0, sys.argv[1])
 import torch, minidist.checks.common
 import confirm_audit as audit
 sys.addaudithook(audit.audit)
+audit.STUDENT_CODE_LOADED = True      # as the runner sets it before the first solution cell
 out = {}
 for label, code in [("import", "import torch.distributed._functional_collectives as funcol\nfuncol.all_reduce"),
                     ("code", "import minidist.checks.common as c\n"
                              "c.report_passed.__code__ = (lambda *a, **k: None).__code__"),
-                    ("frame", "import sys\nsys._getframe()")]:
+                    ("frame", "import sys\nsys._getframe()"),
+                    ("tb_frame", "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    e.__traceback__.tb_frame"),
+                    ("gi_frame", "g = (i for i in range(1))\ng.gi_frame")]:
     try:
         exec(compile(code, f"<solution {label}>", "exec"), {})
         out[label] = "ok"
@@ -545,7 +548,8 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["import"] == "ok", out
-    assert "refused in graded code" in out["code"] and "refused in graded code" in out["frame"], out
+    # every way to a frame: the hook does not check a frame's f_code, only a frame has one
+    assert all("refused in graded code" in out[k] for k in ("code", "frame", "tb_frame", "gi_frame")), out
 
 
 def test_a_lab_is_named_by_its_number_or_prefix_and_an_unknown_one_lists_the_labs():
