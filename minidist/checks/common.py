@@ -21,9 +21,9 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from minidist.checks.refusal import (STUDENT_IMPORTS, ChecksTampered, LibraryAnswer, Refusal,  # noqa: F401
-                                     StudentAssertion, graded_call, is_student_code, present_bindings, refusing,
-                                     resolve)
+from minidist.checks.refusal import (ChecksTampered, LibraryAnswer, StudentAssertion, graded_call,  # noqa: F401
+                                     is_student_code, present_bindings, refusing)
+from minidist.checks.refused_code import STUDENT_IMPORTS, Refusal, resolve  # noqa: F401
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from minidist.checks.bindings import Snapshot
-from minidist.checks.refused_code import NOTEBOOK_CELL, STUDENT_IMPORTS, Refusal, fingerprint, resolve  # noqa: F401
+from minidist.checks.refused_code import NOTEBOOK_CELL, Refusal, fingerprint, resolve
 from minidist.checks.returned import own_tensor_subclass
 from minidist.checks.student_code import is_student_code
 from minidist.trace import ForbiddenOperation
