@@ -102,8 +102,12 @@ def cmd_bench(a) -> int:
 
 def cmd_doctor(a) -> int:
     from autograder import REPO
-    from autograder.sandbox import probe
-    backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder")])
+    from autograder.sandbox import JobsCannotReach, probe
+    try:
+        backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder")])
+    except JobsCannotReach as err:
+        print(err)
+        return 1
     who = "root (each job drops to its own unprivileged uid)" if os.geteuid() == 0 else f"uid {os.getuid()}"
     print(f"grader: {who}")
     print(f"sandbox: {what}" if backend else f"sandbox: NONE: {what}")

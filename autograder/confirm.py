@@ -197,6 +197,11 @@ def copy_pristine(dest: Path) -> Path:
     shutil.copytree(src, dest / "minidist", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in FILES:
         shutil.copy2(PARENT.with_name(name), dest / name)
+    # readable by the jobs' uids whatever the checkout's modes (a clone made under a 0077 umask)
+    for root, dirs, files in os.walk(dest):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
     return dest
 
 

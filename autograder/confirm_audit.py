@@ -43,13 +43,17 @@ _NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new_
 _WATCHED = frozenset(_BLOCK | _FLAG | {"object.__setattr__"})
 # Where a rank's launch keeps its result, status and progress files (``tempfile.mkdtemp(prefix=
 # "minidist-")`` in $TMPDIR): code the check launched can reach them, so student code may not; a
-# rank that wrote its own result could claim whatever the check compares inside the rank.
+# rank that wrote its own result could claim whatever the check compares inside the rank. The
+# folder holding this run's own working folder is never one (the grader's area may be named
+# ``minidist-sandbox-...`` in the same $TMPDIR: a helper module handed in lives there).
 _LAUNCH_FILES = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod", "os.link", "os.symlink",
                  "os.truncate", "os.mkdir", "os.rmdir", "os.chown", "os.utime", "os.listxattr", "shutil.copyfile",
                  "shutil.copytree", "shutil.move"}
 # a program run from student code would be outside this hook (it could write the files above)
 _PROGRAMS = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork_exec"}
-LAUNCH_DIRS: list = []          # realpath($TMPDIR)/minidist- (set by the runner)
+LAUNCH_ROOT = ""                # realpath($TMPDIR) + "/": launches make their folders right in it (set by the runner)
+LAUNCH_PREFIX = "minidist-"     # ... named so
+OWN_FOLDERS: frozenset = frozenset()   # the folders right in LAUNCH_ROOT that hold the working folder (set by the runner)
 PROGRAMS_REFUSED = False        # while a test runs (set by the runner); a solution cell may run one
 _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages
 _OWNED = ("minidist", "torch", "confirm_audit", "confirm_runner")
@@ -192,7 +196,7 @@ def audit(event, args):
         if event in _PROGRAMS and PROGRAMS_REFUSED:
             events.append(("a program started from graded code (refused)", f"{args[0] if args else ''} at {where}"[:200]))
             raise RuntimeError(f"refused in graded code: {event} (no program may run during grading)")
-        if event in _LAUNCH_FILES and LAUNCH_DIRS and any(_in_launch_dir(a) for a in args[:2]):
+        if event in _LAUNCH_FILES and LAUNCH_ROOT and any(_in_launch_dir(a) for a in args[:2]):
             events.append(("a launch's own files touched (refused)", f"{event} at {where}"))
             raise RuntimeError(f"refused in graded code: {event} on the files of a rank's launch")
         if event in _BLOCK or event.startswith("ctypes."):
@@ -211,13 +215,24 @@ ALLOWED_ROOTS: list = []
 
 
 def _in_launch_dir(arg) -> bool:
+    """Whether ``arg`` lies in a launch's folder: a folder right in $TMPDIR named ``minidist-...`` that
+    does not hold this run's working folder."""
     if not isinstance(arg, (str, bytes, os.PathLike)):
         return False
     try:
         p = os.path.realpath(os.fsdecode(arg))
     except Exception:
         return True
-    return p.startswith(tuple(LAUNCH_DIRS))
+    if not p.startswith(LAUNCH_ROOT):
+        return False
+    top = p[len(LAUNCH_ROOT):].split("/", 1)[0]
+    return top.startswith(LAUNCH_PREFIX) and top not in OWN_FOLDERS
+
+
+def own_folders(root: str, workdir: str) -> frozenset:
+    """The folder right in ``root`` (the launches' $TMPDIR, ending in "/") that holds ``workdir``, if any."""
+    work = os.path.realpath(workdir) + "/"
+    return frozenset([work[len(root):].split("/", 1)[0]]) if work.startswith(root) else frozenset()
 
 
 def _outside(path) -> bool:

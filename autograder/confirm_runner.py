@@ -221,7 +221,8 @@ def main():
         [sys.prefix + "/", sys.base_prefix + "/"]
     os.environ.update(spec.get("env", {}))
     import tempfile
-    audit.LAUNCH_DIRS[:] = [os.path.join(os.path.realpath(tempfile.gettempdir()), "minidist-")]
+    audit.LAUNCH_ROOT = os.path.realpath(tempfile.gettempdir()).rstrip("/") + "/"
+    audit.OWN_FOLDERS = audit.own_folders(audit.LAUNCH_ROOT, workdir)
     notebook = types.ModuleType("__main__")    # `import __main__` is the notebook, not this runner
     sys.modules["__main__"] = notebook
     for name in ("confirm_audit", "confirm_wire", "handed_in"):

@@ -186,7 +186,7 @@ def run_all(todo: list, jobs: int, env: dict, run, slots: list[str] | None = Non
             yield futs[f], f
 
 
-def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) -> dict:
+def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path, kernel: str) -> dict:
     """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
     a home whose matplotlib font cache is built."""
     from autograder import confirm as confirm_mod
@@ -198,8 +198,13 @@ def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path) ->
     if sandbox is False:
         backend, what = None, "sandbox turned off (--no-sandbox)"
     else:
-        backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
-                                         str(solutions_dir())], area=area)
+        try:
+            backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
+                                             str(solutions_dir())], area=area,
+                                     pristine=str(pristine), programs=[kernel])
+        except sb.JobsCannotReach as err:      # before the first job: nothing graded, nothing written
+            shutil.rmtree(area, ignore_errors=True)
+            raise SystemExit(str(err)) from None
         if backend is None and sandbox is True:
             shutil.rmtree(area, ignore_errors=True)
             raise SystemExit(f"--sandbox: {what}")
@@ -224,7 +229,8 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         raise SystemExit(f"no such directory: {submissions}")
     stream = stream if stream is not None else sys.stderr
     slots = gpu_slots(max(1, jobs), gpus_per_job, visible_gpu_ids()) if gpus_per_job else None
-    kernel_argv()
+    kernel = kernel_argv()[0]
+    kernel = shutil.which(kernel) or kernel        # the kernel's interpreter: a job must reach it too
     ctimeout = int(cell_timeout_s or cell_timeout())
     wall = float(wall_s or SUBMISSION_TIMEOUT)
     entries, graded, ignored = discover(submissions, labs, students)
@@ -237,7 +243,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
             shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
     threading.Thread(target=warm_forkserver, daemon=True).start()
-    batch = prepare_batch(work, confirm, sandbox, out)
+    batch = prepare_batch(work, confirm, sandbox, out, kernel)
     if batch["sandbox"] is None:
         print(f"autograder: {batch['sandbox_text']}: kernels run with the grading user's access "
               f"(see autograder/README.md, security)", file=stream)

@@ -105,12 +105,20 @@ def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_fla
     return out
 
 
-def failure_reason(log: str, records: list[dict]) -> str:
-    """One line: why nbgrader could not finish, and in which cell."""
+def failure_reason(log: str, records: list[dict], sandbox_errors: list[str] = ()) -> str:
+    """One line: why nbgrader could not finish, and in which cell. ``sandbox_errors``: what the sandbox
+    said while starting the kernel (its ``sandbox: ...`` lines); a kernel that died before its first
+    cell with one of those never ran the submission at all."""
     last = last_started(records)
     where = f" while running cell {last!r}" if last else ""
     low = log.lower()
-    if "kernel died" in low or "deadkernel" in low or "dead kernel" in low:
+    died = "kernel died" in low or "deadkernel" in low or "dead kernel" in low
+    if (died or sandbox_errors) and not any(valid_record(r) and r["event"] == "start" for r in records):
+        # no cell had been sent to it: nothing of the submission ran (a kernel's start is the grader's)
+        return ("the kernel could not start (a problem of the grading machine, not of the submission; "
+                "`python -m autograder doctor` checks the sandbox)" +
+                (f": {sandbox_errors[-1][:200]}" if sandbox_errors else ""))
+    if died:
         return f"the kernel died (crash, os._exit or killed){where}"
     if "timeout" in low:
         return f"the kernel stopped responding after the cell timeout{where}"

@@ -178,7 +178,9 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env, devices, root: bool):
     # map the sandbox to root): the drop step inside switches to the job's uid instead
     ns = (["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if root else
           ["--unshare-all", "--unshare-user", "--uid", str(INNER_ID), "--gid", str(INNER_ID), "--cap-drop", "ALL"])
-    cmd = [exe, *ns, "--die-with-parent", "--tmpfs", "/", "--tmpfs", "/tmp"]
+    # /tmp writable by the job's uid, as with unshare (a root-owned 0755 tmpfs otherwise: tempfile would
+    # fall back to the working folder, and the two backends would keep a launch's files in different places)
+    cmd = [exe, *ns, "--die-with-parent", "--tmpfs", "/", "--perms", "01777", "--tmpfs", "/tmp"]
     links = [p for p in ro if os.path.islink(p)]
     for d in _parents([p for p in ro if p not in links] + [dest for _, dest in rw]):
         cmd += ["--perms", "0755", "--dir", d]
@@ -263,19 +265,32 @@ def install_tools(area: Path) -> str:
     """Copies of ``sandbox_init.py`` and ``sandbox_drop.py`` the jobs' uids can read (the
     repository may be private), in ``area/bin``."""
     dest = Path(area) / "bin"
-    dest.mkdir(mode=0o755, exist_ok=True)
+    dest.mkdir(exist_ok=True)
+    os.chmod(dest, 0o755)                   # whatever the grader's umask
     for f in (INIT, DROP):
         shutil.copyfile(f, dest / f.name)
         os.chmod(dest / f.name, 0o644)
     return str(dest)
 
 
-def probe(hidden: list[str] = (), area: Path | None = None) -> tuple[Backend | None, str]:
+class JobsCannotReach(Exception):
+    """The sandbox works here, but a job's uid cannot reach what it needs (:mod:`autograder.sandbox_reach`):
+    grading would only lose every submission's points, so the grader stops before the first job."""
+
+
+def probe(hidden: list[str] = (), area: Path | None = None, pristine: str | None = None,
+          programs: list[str] = ()) -> tuple[Backend | None, str]:
     """The first backend that isolates here: (backend, what it guarantees) or (None, why not).
 
     A candidate must start a process that sees none of ``hidden`` (e.g. the repository), can use
     loopback, has no other network, is an early PID of its own namespace, and has no privilege:
-    not uid 0, no capability, ``/proc/sys``, ``/sys`` and ``/dev`` not writable, a minimal ``/dev``."""
+    not uid 0, no capability, ``/proc/sys``, ``/sys`` and ``/dev`` not writable, a minimal ``/dev``.
+    First, as a job's uid inside it, a shell checks that the interpreter, its packages, ``programs``
+    (the kernel's interpreter) and the ``pristine`` minidist (bound read-only, as for a job) are
+    within reach; a backend that works but leaves them out of reach raises
+    :class:`JobsCannotReach` with the message for the instructor (falling back to no sandbox would
+    run every kernel with the grader's privileges)."""
+    from autograder import sandbox_reach
     if os.environ.get("MINIDIST_SANDBOX", "").lower() in ("0", "off", "none", "no"):
         return None, "sandbox turned off (MINIDIST_SANDBOX=off)"
     if not sys.platform.startswith("linux"):
@@ -286,29 +301,47 @@ def probe(hidden: list[str] = (), area: Path | None = None) -> tuple[Backend | N
     try:
         tools = install_tools(area)
         uid = job_uid(uuid.uuid4().hex)
+        bound = [str(pristine)] if pristine else []
+        inside = [os.path.join(tools, f.name) for f in (DROP, INIT)] if os.geteuid() == 0 else []   # see command()
+        wanted = sandbox_reach.needs([os.path.join(p, "minidist", "__init__.py") for p in bound] + inside, programs)
         for name in _backends():
             exe = shutil.which(name)
             if not exe:
                 reasons.append(f"{name}: not installed")
                 continue
             backend = Backend(name, exe)
-            hidden = [str(h) for h in hidden]
-            argv = command(backend, [sys.executable, "-I", "-S", "-c", _PROBE, ",".join(sorted(DEV_ENTRIES)), *hidden],
-                           rw=[], cwd="/tmp",
-                           env={"PATH": "/usr/bin:/bin"}, uid=uid, tools=tools)
-            try:
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-            except (OSError, subprocess.TimeoutExpired) as err:
-                reasons.append(f"{name}: {err}")
+            walked = _run_inside(backend, ["/bin/sh", "-c", sandbox_reach.WALK, "sh", *wanted], uid, tools, bound)
+            found = sandbox_reach.blocked(walked.stdout) if isinstance(walked, subprocess.CompletedProcess) else None
+            if found is None:                      # the backend itself does not work here
+                reasons.append(f"{name}: {_why(walked)}")
                 continue
-            if r.returncode == 0 and r.stdout.strip() == "ok":
+            if found:
+                raise JobsCannotReach(sandbox_reach.explain(found, uid))
+            r = _run_inside(backend, [sys.executable, "-I", "-S", "-c", _PROBE, ",".join(sorted(DEV_ENTRIES)),
+                                      *map(str, hidden)], uid, tools, bound)
+            if isinstance(r, subprocess.CompletedProcess) and r.returncode == 0 and r.stdout.strip() == "ok":
                 return backend, describe(backend)
-            reasons.append(f"{name}: " + ([r.stdout.strip()] if r.stdout.strip() else
-                                           r.stderr.strip().splitlines()[-1:] or ["failed"])[0][:160])
+            reasons.append(f"{name}: {_why(r)}")
     finally:
         if own_area:
             shutil.rmtree(area, ignore_errors=True)
     return None, "no sandbox possible here (" + "; ".join(reasons) + ")"
+
+
+def _why(r) -> str:
+    """Why a sandboxed probe did not say ok, in a line."""
+    if not isinstance(r, subprocess.CompletedProcess):
+        return str(r)[:160]
+    return ([r.stdout.strip()] if r.stdout.strip() else r.stderr.strip().splitlines()[-1:] or ["failed"])[0][:160]
+
+
+def _run_inside(backend: Backend, argv: list[str], uid, tools, ro_extra=()):
+    """``argv`` run in a sandbox of ``backend`` as a job's uid: the finished process, or the error."""
+    try:
+        return subprocess.run(command(backend, argv, rw=[], cwd="/tmp", env={"PATH": "/usr/bin:/bin"}, uid=uid,
+                                      tools=tools, ro_extra=ro_extra), capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return err
 
 
 def _backends() -> list[str]:

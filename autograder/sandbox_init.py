@@ -6,7 +6,8 @@ It builds the sandbox's file system and then runs the command it was given:
 
 * a new root on a tmpfs holding only what the spec names: read-only binds (the interpreter,
   the installed packages, the pristine minidist copy, system libraries) and read-write binds
-  (the kernel's private working folder, its connection folder), each ``[source, seen at]``;
+  (the kernel's private working folder, its connection folder), each ``[source, seen at]``; the
+  folders above them are new, 0755, whatever the machine's are (a course in a 0700 home);
 * every read-only bind is read-only all the way down (``/sys``'s cgroup and other sub-mounts
   included), and so are ``/proc/sys`` and ``/proc/sysrq-trigger`` of the fresh ``/proc``;
 * a fresh minimal ``/dev`` on a tmpfs, the same entries as bubblewrap's: null, zero, full, random,
@@ -138,6 +139,16 @@ def become_unprivileged():
 
 
 def build(spec):
+    # the folders made above each bind are 0755 whatever the grader's umask (a 0077 one would leave the
+    # job's uid unable to reach the interpreter, the pristine minidist or its own working folder)
+    umask = os.umask(0o022)
+    try:
+        _build(spec)
+    finally:
+        os.umask(umask)
+
+
+def _build(spec):
     root = spec["root"]
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     os.makedirs(root, exist_ok=True)

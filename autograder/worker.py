@@ -218,7 +218,8 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             if r["success"]:
                 result["graded"] = True
             else:
-                result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), records)
+                result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), records,
+                                                   _sandbox_errors(job / "worker.log"))
         if result["graded"]:
             result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
                                              spec["cell_timeout"])
@@ -260,6 +261,17 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             (job / "feedback.log").write_text(fr.get("log", "") + "\n" + fr.get("error", ""))
     shutil.rmtree(box, ignore_errors=True)
     return result
+
+
+def _sandbox_errors(log: Path) -> list[str]:
+    """What the sandbox wrote while failing to start a kernel (``sandbox: could not ...``: its tools write
+    to the worker's log, which the kernel inherits)."""
+    try:
+        sys.stderr.flush()
+        text = log.read_text(errors="replace")[-200_000:]
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.startswith("sandbox: ")]
 
 
 def retry_timeouts(cells: dict, course, lab, student, cells_meta, unusable, cell_flags, spec, deadline) -> None:

@@ -97,7 +97,8 @@ def test_a_root_grader_gives_each_job_its_own_unprivileged_uid():
 
 
 def _unreadable_ancestor(path: str) -> str | None:
-    """The highest folder above ``path`` that others cannot traverse (e.g. a 0700 /root)."""
+    """The highest folder above ``path`` (or ``path`` itself) that others cannot traverse (a 0700 /root,
+    a ``mktemp -d`` folder holding the clone)."""
     parts = Path(path).parts
     for k in range(2, len(parts) + 1):
         d = str(Path(*parts[:k]))
@@ -106,19 +107,34 @@ def _unreadable_ancestor(path: str) -> str | None:
     return None
 
 
+def reachable_for_everyone(paths, keep: Path) -> str:
+    """Shell commands for a private mount namespace (as root) in which every one of ``paths`` is
+    reachable by any uid, as on a course server where the grading user owns its course: each path is
+    kept aside by a bind mount, a traversable tmpfs covers the private folder above it, and the path
+    is bound back in place. Paths inside one another are kept once (the outer one)."""
+    paths = sorted({os.path.realpath(p) for p in paths}, key=len)
+    paths = [p for i, p in enumerate(paths) if not any(p.startswith(q + "/") for q in paths[:i])]
+    blocked = {p: _unreadable_ancestor(p) for p in paths}
+    moves = [(p, keep / str(i)) for i, p in enumerate(paths) if blocked[p]]
+    steps = [f"mkdir -p {k} && mount --bind {p} {k}" for p, k in moves]
+    steps += [f"mount -t tmpfs -o mode=0755 tmpfs {b}" for b in dict.fromkeys(blocked[p] for p, _ in moves)]
+    steps += [f"mkdir -p {p} && mount --bind {k} {p}" for p, k in moves]
+    return " && ".join(["umask 022"] + steps)
+
+
 def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
     """We run as root here: grade the honest solution and the root attack as an unprivileged uid
-    (setpriv), in a private mount namespace where a 0700 folder above the interpreter (this
-    machine's /root/.pyenv) is made traversable, as it is for any user on a course server."""
+    (setpriv), in a private mount namespace where the private folders above the interpreter (this
+    machine's /root/.pyenv), the virtual environment and the course (a clone in a ``mktemp -d``
+    folder) are made traversable, as they are for the user who owns them on a course server."""
     if os.geteuid() != 0 or not (shutil.which("setpriv") and shutil.which("unshare")):
         pytest.skip("needs root, setpriv and unshare to start the grader as another user")
     from attack_bank import ROOT
+    from autograder import REPO
     from autograder.course import build_course, read_nb, solution_submission, write_nb
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
     from nbformat.v4 import new_code_cell
     uid = 1_800_000_000 + os.getpid() % 1000
-    base = Path(os.path.realpath(sys.base_prefix))
-    blocked = _unreadable_ancestor(str(base))
     box = Path(sandbox.make_area())
     try:
         os.chmod(box, 0o755)
@@ -137,13 +153,7 @@ def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
                  f"PATH={os.path.dirname(sys.executable)}:/usr/bin:/bin "
                  f"{sys.executable} -m autograder grade {box}/subs --out {box}/out --jobs 2 --lab {LAB} "
                  f"--cell-timeout 20 --wall-timeout 150 --quiet --sandbox")
-        if blocked:       # bind what lies below the blocked folder back over a traversable tmpfs
-            keep = box / "keep"
-            keep.mkdir()
-            script = (f"mount --bind {base} {keep} && mount -t tmpfs -o mode=0755 tmpfs {blocked} && "
-                      f"mkdir -p {base} && mount --bind {keep} {base} && {grade}")
-        else:
-            script = grade
+        script = reachable_for_everyone([sys.base_prefix, sys.prefix, REPO], box / "keep") + " && " + grade
         before = {p: Path(p).read_text() for p in WATCHED if os.path.exists(p)}
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
                            capture_output=True, text=True, timeout=400, cwd=str(box))
