@@ -2,7 +2,7 @@
 student code (started by :mod:`autograder.confirm_parent` before the child runs any cell, as
 ``python -I confirm_judge.py``).
 
-The child reports a test passed or failed; for a *judged* check (:mod:`minidist.checks.docket`)
+The child reports a test passed or failed; for a *judged* check (:mod:`minidist.checks.kit.docket`)
 that report is not enough. With the child's reply comes the docket, the student's answers as
 plain data; the parent hands it here with the test cell's id, and this process finds in the test
 cell's source (the instructor's) which judged checks it calls and with which ``hidden``, takes

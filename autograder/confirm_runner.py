@@ -13,7 +13,7 @@ What it guards:
   importable only once the setup cells have run and the pristine bindings are recorded, only by
   student code (torch's optional imports never find them), and never under the name of a
   standard or installed module (:mod:`autograder.handed_in`);
-* pristine bindings (:mod:`minidist.checks.bindings`): recorded once the setup cells have
+* pristine bindings (:mod:`minidist.checks.kit.bindings`): recorded once the setup cells have
   imported minidist's checks and torch; a change made by the solution cells is put back before the
   tests and reported, a change found after a test fails that test;
 * the audit hook (:mod:`autograder.confirm_audit`), installed before anything else;
@@ -26,7 +26,7 @@ What it guards:
 Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout, own_pids, keep}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
 stderr, value, changed, restored, flags, seconds}`` and, for a test, ``docket``: the answers the
-judged checks filed while it ran (:mod:`minidist.checks.docket`), for the parent's judge.
+judged checks filed while it ran (:mod:`minidist.checks.kit.docket`), for the parent's judge.
 """
 import ast
 import io
@@ -182,9 +182,9 @@ def _seal(channel):
 
 
 def _docket() -> list:
-    """The list judged checks file the student's answers in (:mod:`minidist.checks.docket`), if the lab's
+    """The list judged checks file the student's answers in (:mod:`minidist.checks.kit.docket`), if the lab's
     setup imported it: held from before any student code, so rebinding the module's name files nowhere."""
-    module = sys.modules.get("minidist.checks.docket")
+    module = sys.modules.get("minidist.checks.kit.docket")
     return module.entries() if module is not None else []
 
 
@@ -242,7 +242,7 @@ def main():
         out = {"cell": cid, "kind": kind, "nonce": nonce, "restored": [], "changed": [], "error": None,
                "stderr": "", "value": None}
         if kind in ("test", "solution") and snapshot is None:
-            from minidist.checks.bindings import Snapshot      # the pristine minidist's (standard library only)
+            from minidist.checks.kit.bindings import Snapshot      # the pristine minidist's (standard library only)
             snapshot = Snapshot()                 # the pristine state: before any student code
             docket = _docket()                    # the list the judged checks file answers in
             audit.STUDENT_CODE_LOADED = True      # from now on, events are checked for student code

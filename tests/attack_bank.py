@@ -190,7 +190,7 @@ LEAVES_A_PROGRAM = ("import subprocess\nsubprocess.Popen(['sleep', '1000'], star
 # lab's check compares in the child, so here the rebinding gains nothing and shows only that the
 # confirmation's ranks watch for it: the notebook run does not, the confirmation fails the test)
 REBINDS_THE_CHECKS = r'''
-import minidist.checks.common as common
+import minidist.checks.kit.launch as common
 def allsum(x):
     common.TOL = 1.0                                  # a tolerance that accepts anything
     common.check_timeout = lambda seconds: 1e9
@@ -200,7 +200,7 @@ def allsum(x):
 '''
 
 # a handed-in module that torch imports while the setup cell imports torch (it tries opt_einsum)
-SHADOW = {"opt_einsum.py": "import minidist.checks.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
+SHADOW = {"opt_einsum.py": "import minidist.checks.kit.collectives as c\nc.check_all_reduce = lambda *a, **k: None\n"}
 
 # library answers where the refusal used to look only on the calling thread, or at file names
 THREAD_LIBRARY = r'''

@@ -519,13 +519,13 @@ def test_bugbank_injection_rules(course):
 AUDIT_PROBE = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import torch, minidist.checks.common
+import torch, minidist.checks.kit.launch
 import confirm_audit as audit
 sys.addaudithook(audit.audit)
 audit.STUDENT_CODE_LOADED = True      # as the runner sets it before the first solution cell
 out = {}
 for label, code in [("import", "import torch.distributed._functional_collectives as funcol\nfuncol.all_reduce"),
-                    ("code", "import minidist.checks.common as c\n"
+                    ("code", "import minidist.checks.kit.launch as c\n"
                              "c.report_passed.__code__ = (lambda *a, **k: None).__code__"),
                     ("frame", "import sys\nsys._getframe()"),
                     ("tb_frame", "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n    e.__traceback__.tb_frame"),

@@ -34,7 +34,7 @@ WRONG_ALLSUM = "def allsum(x):\n    return x.clone()          # no communication
 FAKE_ADD = "def add(a, b):\n    return a + b\n"
 SWAP_MODULE = ("import sys, types\nfake = types.SimpleNamespace(**vars(checks))\n"
                "fake.check_all_reduce = lambda *a, **k: None\n"
-               "sys.modules['minidist.checks.collectives'] = fake\ncheck_module = fake\nchecks = fake\n")
+               "sys.modules['minidist.checks.kit.collectives'] = fake\ncheck_module = fake\nchecks = fake\n")
 CODE_REWRITE = ("import gc\n"
                 "for f in gc.get_referrers(checks.check_collective.__globals__):\n    pass\n"
                 "checks.check_collective.__code__ = (lambda *a, **k: None).__code__\n")
@@ -91,7 +91,7 @@ for pid in os.listdir("/proc"):
             pass
 '''
 EDIT_MINIDIST = r'''
-import minidist.checks.collectives as m
+import minidist.checks.kit.collectives as m
 try:
     with open(m.__file__, "a") as f:
         f.write("\ndef check_all_reduce(*a, **k):\n    return None\n")
@@ -272,7 +272,7 @@ def test_a_program_left_running_by_a_solution_cell_is_killed_before_the_tests(ba
 def test_the_confirmation_watches_its_ranks_for_rebound_checks(batch):
     row = batch["rows"][("rebinds_the_checks", "test_allsum")]
     said = row["flags"] + row["reason"]
-    assert "rebound " in said and "minidist.checks.common.TOL" in said and "common.check_timeout" in said, row
+    assert "rebound " in said and "minidist.checks.kit.launch.TOL" in said and "common.check_timeout" in said, row
     assert "not confirmed" in row["flags"] and row["points"] == "0.0", row
 
 
@@ -301,7 +301,7 @@ def test_a_thread_running_before_the_graded_call_is_refused_library_answers():
     minidist's ring_all_reduce: refused like a call on the graded thread; the same pool doing the
     student's own work is not (a pure check's ``graded_call``, as labs 2, 4 and 6 make; 0.1 s)."""
     import torch
-    from minidist.checks.refusal import Refusal, graded_call
+    from minidist.checks.kit.refusal import Refusal, graded_call
     refused = Refusal("an all-reduce", ("minidist.collectives",))
     ns: dict = {}
     exec(compile(PRESTARTED_POOL, "<cell prestarted>", "exec"), ns)

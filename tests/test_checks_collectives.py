@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 import minidist
 from minidist import collectives as C
-from minidist.checks import collectives as checks
+from minidist.checks.kit import collectives as checks
 from minidist.checks import lab1_collectives as lab1
 
 
@@ -292,7 +292,7 @@ def test_a_receive_without_a_source_fails_because_nccl_has_none():
 
 
 def _two_cases_one_rank_skips(progress):
-    from minidist.checks.common import mark_case
+    from minidist.checks.kit.launch import mark_case
     rank = dist.get_rank()
     mark_case(progress, f"case {'A' if rank % 2 == 0 else 'B'}")
     x = torch.ones(4)
@@ -302,7 +302,7 @@ def _two_cases_one_rank_skips(progress):
 
 
 def test_a_failure_names_each_ranks_case_and_the_rank_that_skipped_a_collective():
-    from minidist.checks.common import launch_named
+    from minidist.checks.kit.launch import launch_named
     with pytest.raises(minidist.LaunchError) as info:
         launch_named(_two_cases_one_rank_skips, 3, name="skipper", timeout=10)
     message = str(info.value)
@@ -312,7 +312,7 @@ def test_a_failure_names_each_ranks_case_and_the_rank_that_skipped_a_collective(
 
 
 def test_wrong_group_hint_names_a_sum_over_the_world():
-    from minidist.checks.groups import wrong_group_hint
+    from minidist.checks.kit.groups import wrong_group_hint
     xs = [torch.full((3,), float(r + 1)) for r in range(4)]
     group, world = xs[0] + xs[1], sum(xs)
     assert "sum over all 4 ranks (the world), not over the 2 ranks" in wrong_group_hint(world, group, world, 2, 4)

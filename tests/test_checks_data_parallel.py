@@ -7,7 +7,7 @@ import torch.distributed as dist
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_grading
 from minidist.checks import lab3_zero_fsdp as lab3
-from minidist.checks.common import StudentAssertion
+from minidist.checks.kit.refusal import StudentAssertion
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
 from minidist.harness.data_parallel import step_time_vs_bucket_size
 

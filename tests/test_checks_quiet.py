@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 from minidist.checks import lab4_pipeline
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.pipeline import make
 
 

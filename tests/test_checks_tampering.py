@@ -18,9 +18,10 @@ import minidist.checks.lab5_data as lab5_data
 import minidist.checks.lab5_tensor_parallel as lab5
 import minidist.checks.lab7_3d_parallel as lab7
 from minidist import cost
-from minidist.checks.bindings import Snapshot
-from minidist.checks.common import Refusal, graded_call
-from minidist.checks.returned import foreign_part
+from minidist.checks.kit.bindings import Snapshot
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.returned import foreign_part
 from minidist.pipeline import gpipe
 
 NOTHING = Refusal("nothing", ())
@@ -29,13 +30,13 @@ NOTHING = Refusal("nothing", ())
 @pytest.fixture(autouse=True)
 def guarded(monkeypatch):
     """As in the grader's confirmation (its runner sets MINIDIST_GUARD_BINDINGS=1); forked ranks inherit it."""
-    import minidist.checks.refusal as refusal
+    import minidist.checks.kit.refusal as refusal
     monkeypatch.setattr(refusal, "GUARD_BINDINGS", True)
 
 
 def rebinds_the_comparisons(x, group=None):
     """reduce_from_tp that does not reduce, and switches off lab 5's comparisons instead."""
-    import minidist.checks.groups as groups
+    import minidist.checks.kit.groups as groups
     import minidist.checks.lab5_data as cases
     cases._err = lambda *a, **k: None
     cases._compare_traffic = lambda *a, **k: None

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import minidist
-from minidist.checks.common import launch_named, mark_case
+from minidist.checks.kit.launch import launch_named, mark_case
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import make, partition, rank_chunks, run_schedule
 from minidist.runtime.strict_async import coalesced_batches, host_does_not_wait, outputs_at_wait

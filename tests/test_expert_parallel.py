@@ -29,7 +29,7 @@ import torch.distributed as dist
 import minidist
 from conftest import attempt
 from minidist import cost
-from minidist.checks.groups import consecutive_groups
+from minidist.checks.kit.groups import consecutive_groups
 from minidist.expert_parallel import (ep_combine, ep_dispatch, ep_dp_groups, expert_capacity, load_balancing_loss,
                                       local_expert_range, make_experts, make_router_weight, moe_layer, moe_reference,
                                       router_z_loss, tokens_per_expert, top_k_router)

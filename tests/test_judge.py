@@ -13,9 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minidist.checks import docket
+from minidist.checks.kit import docket
 from minidist.checks import lab7_3d_parallel as lab7
-from minidist.checks.groups import rank_cases
+from minidist.checks.kit.groups import rank_cases
 from minidist.cost.parallel3d import stage_numel
 from minidist.runtime import plain_data
 
@@ -97,7 +97,7 @@ def stage_parameters(cfg, pp, tp, stage):
     return 0
 '''
 HIDES_THE_ANSWERS = '''
-import minidist.checks.docket as docket
+import minidist.checks.kit.docket as docket
 import minidist.checks.lab7_3d_parallel as lab7
 lab7.JUDGED_STAGES.verdict = lambda case, answer: None
 filed, calls = docket._entries, []
@@ -200,7 +200,7 @@ def test_a_check_run_here_and_on_ranks_is_judged_by_both_parts():
 
 def test_a_launched_check_is_judged_from_every_ranks_results():
     from minidist.checks import lab2_data_parallel as lab2
-    from minidist.checks.docket import from_raising
+    from minidist.checks.kit.docket import from_raising
     run = lab2.JUDGED_AVERAGE_TRAFFIC.cases()[0]                     # (n = 2, the frozen and tied models)
     res = {"events": [["all_reduce", 4]], "numel": 1}
     assert "expected only all_reduce calls, saw ['broadcast']" in lab2.JUDGED_AVERAGE_TRAFFIC.verdict(

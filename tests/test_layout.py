@@ -118,13 +118,13 @@ def test_techniques_never_import_checks_tour_harness_benchmarks_plots_or_cli():
 
 def test_the_graph_sees_imports_inside_functions(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("def f():\n    from minidist.checks import common\n    import minidist.tour\n")
-    assert _imports("minidist.collectives.x", str(path)) == {"minidist.checks.common", "minidist.tour"}
+    path.write_text("def f():\n    from minidist.checks.kit import launch as common\n    import minidist.tour\n")
+    assert _imports("minidist.collectives.x", str(path)) == {"minidist.checks.kit.launch", "minidist.tour"}
 
 
 def test_library_frames_are_recognised_by_package_path():
     from minidist.runtime.rank_process import is_library_frame
-    hidden = ["runtime/launcher.py", "runtime/rank_process.py", "trace.py", "checks/common.py",
+    hidden = ["runtime/launcher.py", "runtime/rank_process.py", "trace.py", "checks/kit/launch.py",
               "checks/lab1_collectives.py", "harness/data_parallel.py"]
     shown = ["collectives/allreduce.py", "data_parallel/zero.py", "pipeline/executor.py", "models.py"]
     for rel in hidden:

@@ -11,7 +11,8 @@ import minidist.pipeline as PP
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks import lab4_pipeline as lab4
-from minidist.checks.common import Refusal, graded_call, refusing, LibraryAnswer
+from minidist.checks.kit.refusal import LibraryAnswer, graded_call, refusing
+from minidist.checks.kit.refused_code import Refusal
 
 REFUSED_TEXT = "called minidist's own implementation"
 

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import minidist
 from minidist import cost
-from minidist.checks.groups import consecutive_groups
+from minidist.checks.kit.groups import consecutive_groups
 from minidist.memory import ActivationMeter, model_state
 from minidist.memory_techniques import (DynamicLossScaler, OffloadOptimizer, ZeroMixedPrecision, make_master_params,
                                         make_master_shard, mixed_precision_step, recompute_blocks, state_bytes,

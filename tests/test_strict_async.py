@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 import minidist
-from minidist.checks.common import launch_named, mark_case
+from minidist.checks.kit.launch import launch_named, mark_case
 from minidist.runtime.strict_async import outputs_at_wait
 from minidist.trace import trace
 

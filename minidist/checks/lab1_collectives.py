@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minidist.checks.collectives import P2P_ONLY, collective_cases, collective_problem, run_collective_cases
-from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, Refusal, launch_named, mark_case, report_passed
-from minidist.checks.docket import Judged, from_raising, judged
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.collectives import P2P_ONLY, collective_cases, collective_problem, run_collective_cases
+from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, from_raising, judged
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.runtime import device
 from minidist.trace import guard
 
@@ -48,7 +49,7 @@ def _pattern_cases(name: str) -> list[tuple]:
                                                               (lambda n: 8 * n + 3,), (torch.float32,))]
 
 
-# Judged (minidist.checks.docket): a case is one launch; the answer is every rank's (result, trace,
+# Judged (minidist.checks.kit.docket): a case is one launch; the answer is every rank's (result, trace,
 # input unchanged), compared with torch on the same inputs here and again by the grader's judge.
 JUDGED_FUNCTION = Judged(__name__, "function", _function_cases,
                          lambda case, results: collective_problem(case[0], LAB1[case[0]][0], case[2], results),
@@ -115,7 +116,7 @@ def _rejected(run, out) -> None:
                              f"the lab asks for a ValueError that says N must be a power of two")
 
 
-#: Judged (minidist.checks.docket): every rank's outcome is filed; the grader's judge reads it again
+#: Judged (minidist.checks.kit.docket): every rank's outcome is filed; the grader's judge reads it again
 JUDGED_REJECTS = Judged(__name__, "rejects world size", lambda name, world_sizes: [(name, n) for n in world_sizes],
                         from_raising(_rejected), params=("name", "world_sizes"))
 

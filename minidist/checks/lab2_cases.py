@@ -1,6 +1,6 @@
 """Lab 2's rank-dependent cases: gradients that differ in *shape of the work* between ranks.
 
-The training checks (:mod:`minidist.checks.training`) use models that behave the same on
+The training checks (:mod:`minidist.checks.kit.training`) use models that behave the same on
 every rank. Real data-parallel models do not always: a branch may run on some ranks only
 (a data-dependent path), and two branches may be computed in another order, so that
 autograd fires the gradient hooks in another order (Li et al. 2020, *PyTorch Distributed*,
@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed import distributed_c10d as c10d
 
-from minidist.checks.common import mark_case
+from minidist.checks.kit.launch import mark_case
 from minidist.models import TinyMLP, mlp_batch
 from minidist.runtime import device
 

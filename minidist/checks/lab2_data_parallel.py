@@ -1,7 +1,7 @@
 """Lab 2's checks (data parallelism): split_batch, average_gradients, make_buckets, BucketedDDP.
 
 One call runs a student's function or class on N ranks, trains with it through the one
-data-parallel loop (:mod:`minidist.checks.training`), compares with single-process training
+data-parallel loop (:mod:`minidist.checks.kit.training`), compares with single-process training
 and with the traced communication, and raises ``AssertionError`` saying in words what is
 wrong. A lab test cell is a one-liner::
 
@@ -20,13 +20,15 @@ import math
 
 import torch
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, Refusal, graded_call, launch_named, report_passed
-from minidist.checks.docket import Judged, from_raising, judged, outcome
-from minidist.checks.returned import require_plain
+from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, report_passed
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, from_raising, judged, outcome
+from minidist.checks.kit.returned import require_plain
 from minidist.checks.lab2_cases import check_rank_dependent, overlap_probe, overlapped, rank_dependent_grads
 from minidist.checks.lab2_traffic import average_traffic, bucketed_traffic
-from minidist.checks.training import _train_body, check_equal
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.training import _train_body, check_equal
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.models import TINY_MLP_VARIANTS as MODELS
 
 #: minidist's data parallelism (NaiveDDP, BucketedDDP, make_buckets, ...) is refused in graded code.
@@ -44,7 +46,7 @@ def _train_and_probe(progress, cases, kind, impl):
 
 def _trained(name):
     """The comparison of a run (n, cases) of ``_train_and_probe``: training equals one process, the
-    rank-dependent model's gradients are the mean. Judged (minidist.checks.docket): the child files
+    rank-dependent model's gradients are the mean. Judged (minidist.checks.kit.docket): the child files
     every rank's results; the grader's judge compares them again."""
     def compare(run, out):
         n, cases = run
@@ -60,7 +62,7 @@ def _launched(judged_check, params, body, kind, impl, name, timeout, *extra):
 
 
 # ----------------------------------------------------------------------------- lab 2: split
-# Judged (minidist.checks.docket): what split_batch gave goes as plain data to a verdict that makes
+# Judged (minidist.checks.kit.docket): what split_batch gave goes as plain data to a verdict that makes
 # the batch again from the case, here and in the grader's judge alike.
 def _split_cases(hidden: bool) -> list[tuple]:
     sizes = [(12, 2), (12, 3), (12, 4)] + ([(24, 4), (5, 5), (7, 1), (30, 6)] if hidden else [])

@@ -6,7 +6,7 @@ checks of :mod:`minidist.checks.lab2_data_parallel` and the grader's judge both 
 """
 from __future__ import annotations
 
-from minidist.checks.training import describe_case
+from minidist.checks.kit.training import describe_case
 from minidist.models import TinyMLP
 
 

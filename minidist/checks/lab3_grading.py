@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 
-from minidist.checks.common import Refusal
+from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab3_reference import REFERENCES
 
 # The lab's wrapper class ``Zero(model, stage, optimizer="adam", lr=1e-2)`` (given in the

@@ -6,7 +6,7 @@ after two calls with per-rank, per-micro-batch gradients, ``unit.shard.grad`` on
 with a missing gradient counted as zeros at its place, every ``p.grad`` dropped, the parameters
 untouched, and one ``reduce_scatter_tensor`` of the whole padded flat gradient per call. The
 ranks return what they hold; this process computes the expected shards and compares, and so
-does the grader's judge (the check is judged: :mod:`minidist.checks.docket`).
+does the grader's judge (the check is judged: :mod:`minidist.checks.kit.docket`).
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.checks import lab3_grading as grading
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
-from minidist.checks.docket import Judged, from_raising, judged
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.kit.docket import Judged, from_raising, judged
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.runtime import device
 from minidist.trace import trace
 
@@ -125,7 +125,7 @@ def _compare(run, out) -> None:
                                      f"gradient ({nbytes} bytes), saw {[b for _, b in res['events']]}")
 
 
-#: Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+#: Judged (minidist.checks.kit.docket): the child files every rank's results; the grader's judge compares again.
 JUDGED = Judged(__name__, "reduce_scatter_gradients",
                 lambda hidden: [(n, _unit_cases(hidden)) for n in ((2, 3, 4) if hidden else (2,))],
                 from_raising(_compare))

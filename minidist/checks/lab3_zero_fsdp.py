@@ -4,7 +4,7 @@ and (from :mod:`minidist.checks.lab3_reduce_scatter`) reduce_scatter_gradients o
 Equality with single-process training, traced traffic (reduce-scatter + all-gather of Ψ: the
 2(N−1)/N·Ψ of DDP for stages 1-2, 3(N−1)/N·Ψ for stage 3) and measured model-state memory
 against the ZeRO formula (optimizer states 8Ψ/N, gradients 4Ψ/N from stage 2, parameters 4Ψ/N
-at stage 3). Training goes through the one data-parallel loop (:mod:`minidist.checks.training`).
+at stage 3). Training goes through the one data-parallel loop (:mod:`minidist.checks.kit.training`).
 A lab test cell is a one-liner::
 
     checks.check_zero(Zero, stage=1)
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import contextlib
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
-from minidist.checks.docket import Judged, from_raising, judged
+from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.kit.docket import Judged, from_raising, judged
 from minidist.checks.lab3_grading import (GRADED, REFUSED, WithStandIns, bound, graded,  # noqa: F401
                                           notebook_globals, refusal)
 from minidist.checks.lab3_reduce_scatter import check_reduce_scatter_gradients  # noqa: F401  (the lab's test cells)
 from minidist.checks.lab3_reference import REFERENCES
-from minidist.checks.training import check_equal, student_trainer, train_student
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.training import check_equal, student_trainer, train_student
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
 from minidist.harness.data_parallel import train
 from minidist.memory import CreatedBytes
@@ -45,7 +45,7 @@ def _zero_equal(run, out) -> None:
     check_equal(graded(stage), n, cases, out, diagnose=False)
 
 
-# Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+# Judged (minidist.checks.kit.docket): the child files every rank's results; the grader's judge compares again.
 JUDGED_ZERO = Judged(__name__, "Zero", _zero_runs, from_raising(_zero_equal), params=("stage", "hidden"))
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from minidist.checks.common import TOL, mark_case
+from minidist.checks.kit.launch import TOL, mark_case
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import make, partition, rank_chunks
 

@@ -35,13 +35,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from minidist.checks.common import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
-from minidist.checks.docket import Judged, from_raising, judged
+from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, report_passed
+from minidist.checks.kit.docket import Judged, from_raising, judged
 from minidist.checks.lab4_cases import (EXECUTOR_CASES, WIDTH, Case, _compare_step, _inputs, _rank_grads,  # noqa: F401
                                         _schedule)
 from minidist.checks.lab4_schedules import (JUDGED_SCHEDULE, REFUSED, SCHEDULE_CASES, Schedule,  # noqa: F401
                                             check_schedule)
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.harness.pipeline import kept_at_each_backward
 from minidist.memory import ActivationMeter, Metered
@@ -74,7 +74,7 @@ def _executor_equal(run, answer) -> None:
                 _compare_step(at, r, p, m, loss, grads, want, ref_loss.item())
 
 
-# Judged (minidist.checks.docket): the child files every rank's results; the grader's judge compares again.
+# Judged (minidist.checks.kit.docket): the child files every rank's results; the grader's judge compares again.
 JUDGED_EXECUTOR = Judged(__name__, "executor", lambda hidden: list(EXECUTOR_CASES[hidden].items()),
                          from_raising(_executor_equal))
 

@@ -7,14 +7,16 @@ backward, send and receive actions. It must pass the validator (:func:`minidist.
 deadlock included), have GPipe's (Huang et al. 2019) or 1F1B's (Narayanan et al. 2021) canonical
 compute order, and its simulated bubble and peak activations must equal the formulas of
 :mod:`minidist.cost` exactly: bubble (p-1)/(m+p-1), peak m (GPipe) or min(p - rank, m) (1F1B)
-micro-batches. Pure Python, no ranks; judged (:mod:`minidist.checks.docket`).
+micro-batches. Pure Python, no ranks; judged (:mod:`minidist.checks.kit.docket`).
 """
 from __future__ import annotations
 
-from minidist.checks.common import Refusal, graded_call, report_passed
-from minidist.checks.docket import Judged, judged
-from minidist.checks.quiet import passes_quietly
-from minidist.checks.returned import require_plain
+from minidist.checks.kit.launch import report_passed
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, judged
+from minidist.checks.kit.quiet import passes_quietly
+from minidist.checks.kit.returned import require_plain
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.pipeline import Costs, Schedule, make, simulate, validate
 

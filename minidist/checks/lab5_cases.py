@@ -4,7 +4,7 @@ against the single-process module, and the collectives it traced against the cos
 Shoeybi et al. 2019 (Megatron-LM, Sec. 3) give each function's values and its f/g traffic;
 Korthikanti et al. 2022 (Sec. 4.2.2) the sequence-parallel all-gathers and reduce-scatters;
 :mod:`minidist.cost.tensor_parallel` the bytes. A runner is judged
-(:class:`minidist.checks.groups.RankRunner`): its ``answer`` runs the student's function on group
+(:class:`minidist.checks.kit.groups.RankRunner`): its ``answer`` runs the student's function on group
 rank r of t and returns what it did as plain data (outputs, gradients, digests of the caller's
 tensors after each phase, the traffic of each phase); its ``verdict`` rebuilds the inputs and the
 reference from seeds (:mod:`minidist.checks.lab5_data`) and lists the problems, so the grader's
@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.groups import RankRunner
+from minidist.checks.kit.groups import RankRunner
 from minidist.checks.lab5_data import (B, CFG, S, SEQ, _call, _dev, _err, _expected, _hinted, _part, _randn, _untouched,
                                        _with_traffic, _world, counted)
 from minidist.checks.lab5_modules import module_answer, module_verdict, sp_block_answer, sp_block_verdict

@@ -12,10 +12,10 @@ from collections import Counter
 
 import torch
 
-from minidist.checks.common import TOL
-from minidist.checks.docket import digest
-from minidist.checks.groups import consecutive_groups, wrong_group_hint
-from minidist.checks.returned import tensor_problem
+from minidist.checks.kit.launch import TOL
+from minidist.checks.kit.docket import digest
+from minidist.checks.kit.groups import consecutive_groups, wrong_group_hint
+from minidist.checks.kit.returned import tensor_problem
 from minidist.models import GPTConfig
 from minidist.runtime.device import device as rank_device
 from minidist.tensor_parallel.comm import shard_range
@@ -121,7 +121,7 @@ def _compare_traffic(got: dict, want: dict, extra=None) -> str | None:
 
 def unchanged(digests: dict, originals: dict, when: str) -> str | None:
     """``digests``: {name: digest} of the caller's tensors after ``when``; ``originals``: {name: tensor} as
-    they went in (:func:`minidist.checks.docket.digest`)."""
+    they went in (:func:`minidist.checks.kit.docket.digest`)."""
     for name, was in originals.items():
         if digests.get(name) != digest(was):
             return (f"the caller's {name} changed during {when}: a graded function leaves its inputs as it "

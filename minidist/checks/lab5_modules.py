@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from minidist import cost
-from minidist.checks.groups import attempt, raise_verdict
+from minidist.checks.kit.groups import attempt, raise_verdict
 from minidist.checks.lab5_data import (B, CFG, S, SEQ, _call, _dev, _err, _expected, _masked, _part, _randn, _untouched,
                                        _with_traffic)
 from minidist.models import TinyGPT

@@ -18,7 +18,7 @@ for t > 1, the collectives traced in forward and in backward with
 out-of-place alike). The lab's other functions are stood in for by minidist's own inside
 the ranks (the notebook's names are rebound there), so a wrong f costs f's points, not
 those of every layer built on it; minidist's implementation of the graded function itself
-is refused (:mod:`minidist.checks.common`). The cases themselves (one runner per kind of
+is refused (:mod:`minidist.checks.kit.launch`). The cases themselves (one runner per kind of
 function, judged again by the grader's judge) are in :mod:`minidist.checks.lab5_cases`, their
 data and comparisons in :mod:`minidist.checks.lab5_data`.
 """
@@ -29,13 +29,13 @@ import sys
 import torch
 
 from minidist import cost
-from minidist.checks.common import (Refusal, check_timeout, launch_named, mark_case, one_thread, report_passed,
-                                    stand_in_lab_functions)
-from minidist.checks.docket import Judged, judged
-from minidist.checks.groups import judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.kit.launch import check_timeout, launch_named, mark_case, one_thread, report_passed, stand_in_lab_functions
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, judged
+from minidist.checks.kit.groups import judged_on_ranks, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab5_cases import CASE_RUNNERS
 from minidist.checks.lab5_data import B, CFG, S, SEQ, WORLD, _dev, _groups, _part, _randn
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.memory import ActivationMeter
 from minidist.models import TinyGPT
 from minidist.tensor_parallel.comm import copy_to_tp, gather_along_dim, reduce_from_tp, reduce_scatter_along_dim

@@ -4,7 +4,7 @@ attention computed in one process (fp64), and the communication it traced agains
 Jacobs et al. 2023 (DeepSpeed-Ulysses, Sec. 3: the all-to-alls and their bytes); Liu et al. 2023
 (Ring Attention, Sec. 3: K/V blocks to the next rank only, P−1 passes); Brandon et al. 2023 and
 Zhu's ring-flash-attention (zigzag: chunks r and 2P−1−r of 2P); :mod:`minidist.cost.context_parallel`
-the bytes. A runner is judged (:class:`minidist.checks.groups.RankRunner`): its ``answer`` runs the
+the bytes. A runner is judged (:class:`minidist.checks.kit.groups.RankRunner`): its ``answer`` runs the
 student's function on group rank r of t and returns what it did as plain data (results, traffic,
 timings); its ``verdict`` lists the problems from the case and the answer alone, so the grader's
 judge gives it again. References are built from torch alone (SDPA and a log-sum-exp in fp64,
@@ -22,8 +22,8 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from minidist import cost
-from minidist.checks.docket import digest
-from minidist.checks.groups import RankRunner, attempt, raise_verdict
+from minidist.checks.kit.docket import digest
+from minidist.checks.kit.groups import RankRunner, attempt, raise_verdict
 from minidist.checks.lab6_data import (B, D, F32, F64, LATE_S, S, SEQ, compare_all_to_alls, err, H, on_rank, part,
                                        randn, reference_attention, ring_traffic, traffic, unchanged, zigzag_part)
 from minidist.runtime.device import device as rank_device

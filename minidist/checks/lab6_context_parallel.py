@@ -21,7 +21,7 @@ blocking; and, with one peer starting late, the first block computed before that
 message can land: the pass overlaps the compute). ``merge_partial_attention`` has no communication and is checked in this process, on
 inputs whose exp overflows without the max. The lab's other functions are stood in for by
 minidist's own inside the ranks (``STAND_INS``); minidist's implementation of the graded one is
-refused (:mod:`minidist.checks.common`). The runners are in :mod:`minidist.checks.lab6_cases`, their
+refused (:mod:`minidist.checks.kit.launch`). The runners are in :mod:`minidist.checks.lab6_cases`, their
 data and comparisons in :mod:`minidist.checks.lab6_data`.
 """
 from __future__ import annotations
@@ -29,16 +29,17 @@ from __future__ import annotations
 import torch
 
 from minidist import cost
-from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
-                                    report_passed, stand_in_lab_functions)
-from minidist.checks.docket import Judged, digest, judged
-from minidist.checks.returned import require_plain
-from minidist.checks.groups import (consecutive_groups, describe_case, judged_on_ranks, raise_first_group_problem,
+from minidist.checks.kit.launch import check_timeout, launch_named, mark_case, one_thread, report_passed, stand_in_lab_functions
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, digest, judged
+from minidist.checks.kit.returned import require_plain
+from minidist.checks.kit.groups import (consecutive_groups, describe_case, judged_on_ranks, raise_first_group_problem,
                                     run_cases_in_groups)
 from minidist.checks.lab6_cases import CASE_RUNNERS
 from minidist.checks.lab6_data import (B, BF16, D, F32, F64, H, S, WORLD, err, merge_cases, merge_inputs, on_rank,
                                        part, randn, unchanged)
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.merge import merge_partial_attention
 from minidist.runtime.strict_async import blocking_p2p  # noqa: F401  (the lab's demo: every isend/irecv blocking)
@@ -138,7 +139,7 @@ def _merge_answer(fn, case):
 
 
 def _merge_verdict(case, answer) -> str | None:
-    """Judged (minidist.checks.docket): the reference merge is computed here, from the case alone."""
+    """Judged (minidist.checks.kit.docket): the reference merge is computed here, from the case alone."""
     label, result = f"{MERGE} ({describe_case(case)})", answer["result"]
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         return f"{label}: must return (out, lse), got {type(result).__name__}"

@@ -12,9 +12,9 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
-from minidist.checks.common import TOL
-from minidist.checks.docket import digest
-from minidist.checks.returned import tensor_problem
+from minidist.checks.kit.launch import TOL
+from minidist.checks.kit.docket import digest
+from minidist.checks.kit.returned import tensor_problem
 from minidist.runtime.device import device as rank_device
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
@@ -129,7 +129,7 @@ def ring_traffic(events: list, r: int, t: int, block_bytes: int) -> str | None:
 
 def unchanged(digests: list, inputs: list) -> str | None:
     """The caller's tensors must come back as they went in (no in-place edit of an input): ``digests``
-    (:func:`minidist.checks.docket.digest`) of them after the call, ``inputs`` as they went in."""
+    (:func:`minidist.checks.kit.docket.digest`) of them after the call, ``inputs`` as they went in."""
     for name, got, was in zip(("the 1st", "the 2nd", "the 3rd", "the 4th"), digests, inputs):
         if got != digest(was):
             return (f"{name} input was modified in place: a graded function must leave the caller's tensors "

@@ -20,7 +20,7 @@ the given schedule's, and the caller's ids and targets come back unchanged. ``ch
 what a run measures (model states exactly, activations with saved-tensor hooks);
 ``measure`` gives the notebook those measurements next to the student's prediction.
 
-Library answers (``minidist.checks.common``): ``minidist.mesh`` is refused while graded code
+Library answers (``minidist.checks.kit.launch``): ``minidist.mesh`` is refused while graded code
 runs, except the handed-out :class:`minidist.mesh.GPTStage`; ``predict_memory`` may not call
 ``cost.parallel3d``, the planner, ``cost.pipeline`` or ``cost.data_parallel`` either, except the
 handed-out ``stage_activation_bytes`` (one micro-batch's saved bytes on one stage).
@@ -30,11 +30,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from minidist.checks.common import TOL, Refusal, check_timeout, graded_call, launch_named, one_thread, report_passed
-from minidist.checks.docket import Judged, from_raising, judged, outcome
-from minidist.checks.returned import require_plain
+from minidist.checks.kit.launch import TOL, check_timeout, launch_named, one_thread, report_passed
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, from_raising, judged, outcome
+from minidist.checks.kit.returned import require_plain
 from minidist.checks.lab7_cases import BATCH, CFG, LR, OPTIMIZER, STEPS, WORLD, Layout, step_body, step_failure
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.cost.parallel3d import memory_per_rank, stage_numel
 from minidist.harness.parallel3d import reference_run
 from minidist.mesh import mesh_groups as _mesh_groups
@@ -141,7 +143,7 @@ def _step_equal(layout, rows) -> None:
             raise AssertionError(problem)
 
 
-#: Judged (minidist.checks.docket): the child files every rank's rows per layout; the judge compares again
+#: Judged (minidist.checks.kit.docket): the child files every rank's rows per layout; the judge compares again
 JUDGED_STEP = Judged(__name__, "train_step_3d", lambda hidden: STEP_HIDDEN if hidden else STEP_LAYOUTS,
                      from_raising(_step_equal))
 

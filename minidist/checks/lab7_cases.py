@@ -21,8 +21,10 @@ from collections import Counter
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from minidist.checks.common import Refusal, mark_case, one_thread, refusing
-from minidist.checks.docket import digest
+from minidist.checks.kit.launch import mark_case, one_thread
+from minidist.checks.kit.refusal import refusing
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import digest
 from minidist.cost.parallel3d import step_collectives
 from minidist.harness.parallel3d import TINY, Layout, axis_of
 from minidist.memory import model_state_bytes

@@ -16,8 +16,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist import cost
-from minidist.checks.common import TOL
-from minidist.checks.returned import tensor_problem
+from minidist.checks.kit.launch import TOL
+from minidist.checks.kit.returned import tensor_problem
 from minidist.runtime import device as rank_device
 
 WORLD, BATCH, D_IN, D_HID, D_OUT = 4, 12, 4, 5, 3      # Ψ = 4·5 + 5 + 5·3 + 3 = 43: uneven over 2, 3 and 4 ranks

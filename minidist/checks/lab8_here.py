@@ -9,19 +9,19 @@ bytes saved for backward, :func:`minidist.cost.activation_bytes`).
 Each case is answered by the graded code (``*_answer``: what it returned, as plain data) and
 given its verdict by a function of the case and that answer alone (``*_verdict``), which makes
 the reference itself: the checks of :mod:`minidist.checks.lab8_memory` do both here, and the
-grader's judge (:mod:`minidist.checks.docket`) gives the verdict again where no student code runs.
+grader's judge (:mod:`minidist.checks.kit.docket`) gives the verdict again where no student code runs.
 """
 from __future__ import annotations
 
 import torch
 
-from minidist.checks.docket import outcome
-from minidist.checks.groups import describe_case
+from minidist.checks.kit.docket import outcome
+from minidist.checks.kit.groups import describe_case
 from minidist.checks.lab8_cases import err, expected_saved, scale_history
-from minidist.checks.returned import require_plain
+from minidist.checks.kit.returned import require_plain
 from minidist.memory import ActivationMeter, model_state
 from minidist.models import TinyGPT
-from minidist.checks.common import one_thread
+from minidist.checks.kit.launch import one_thread
 
 SCALER = "DynamicLossScaler"
 FLAGS = [False] * 4 + [True] + [False] * 2 + [True, True] + [False] * 7     # growth twice in a row at the end

@@ -31,15 +31,16 @@ from __future__ import annotations
 
 import torch
 
-from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
-                                    report_passed)
-from minidist.checks.docket import Judged, judged
+from minidist.checks.kit.launch import check_timeout, launch_named, mark_case, one_thread, report_passed
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, judged
 from minidist.checks.lab8_here import (SCALER, recompute_answer, recompute_cases, recompute_verdict, scaler_answer,
                                        scaler_cases, scaler_verdict)
-from minidist.checks.groups import consecutive_groups, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.kit.groups import consecutive_groups, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab8_cases import TOL, VS_FP32, WORLD, ReferenceScaler, expected_saved, shard_bounds
 from minidist.checks.lab8_ranks import CASE_RUNNERS
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist import cost
 from minidist.memory import ActivationMeter, model_state, model_state_bytes
 from minidist.models import TinyGPT, gpt_batch, gpt_loss

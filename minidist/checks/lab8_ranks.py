@@ -1,7 +1,7 @@
 """Lab 8's cases that run on ranks, judged: the scaler's ``unscale_`` and the two mixed-precision
 steps. Each has an ``answer`` (run in the rank: the student's code and what it left behind, as
 plain data) and a ``verdict`` (the references, from the case and the answer alone), so the
-grader's judge gives every verdict again (:class:`minidist.checks.groups.RankRunner`).
+grader's judge gives every verdict again (:class:`minidist.checks.kit.groups.RankRunner`).
 
 Micikevicius et al. 2018 (mixed precision: fp32 masters, loss scaling); Rajbhandari et al. 2019
 (ZeRO-1: 2 + 2 + 12/N bytes per parameter with Adam). A step's verdict replays the fp32 *shadow*
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minidist.checks.common import TOL
-from minidist.checks.groups import RankRunner, attempt, first_problem, raise_verdict
+from minidist.checks.kit.launch import TOL
+from minidist.checks.kit.groups import RankRunner, attempt, first_problem, raise_verdict
 from minidist.checks.lab8_cases import (F32, LOW, SGD_LR, VS_FP32, ReferenceScaler, batch, collectives, err,
                                         expected_bytes, flat, loss_of, make_models, make_optimizer, shard_bounds)
 from minidist.memory import model_state_bytes

@@ -2,7 +2,7 @@
 Mixture-of-Experts computed in one process, and the all-to-alls it traced against the cost model.
 
 Lepikhin et al. 2020 (GShard, Sec. 2: dispatch and combine by all-to-all), Fedus et al. 2021
-(Switch, Sec. 2: capacity). A runner is judged (:class:`minidist.checks.groups.RankRunner`): its
+(Switch, Sec. 2: capacity). A runner is judged (:class:`minidist.checks.kit.groups.RankRunner`): its
 ``answer(fn, case, r, t, group)`` runs the student's function on group rank r of t and returns
 what it did as plain data; its ``verdict(case, r, t, answer)`` lists the problems, and runs no
 student code, so the grader's judge gives it again. Every case is drawn from seeds
@@ -19,8 +19,8 @@ import functools
 import torch
 
 from minidist.checks import lab9_reference as ref
-from minidist.checks.docket import digest
-from minidist.checks.groups import RankRunner, attempt, first_problem, raise_verdict
+from minidist.checks.kit.docket import digest
+from minidist.checks.kit.groups import RankRunner, attempt, first_problem, raise_verdict
 from minidist.checks.lab9_data import (AUX, CPU, HID, choices, compare, err, expected, make_experts, on_rank, randn,
                                        tokens_of, traffic, unchanged)
 from minidist.trace import trace

@@ -13,9 +13,9 @@ from collections import Counter
 import torch
 
 import minidist
-from minidist.checks.common import TOL
-from minidist.checks.docket import digest
-from minidist.checks.returned import tensor_problem
+from minidist.checks.kit.launch import TOL
+from minidist.checks.kit.docket import digest
+from minidist.checks.kit.returned import tensor_problem
 from minidist.cost import expert_parallel as cost
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
@@ -94,7 +94,7 @@ def err(what, got, want) -> str | None:
 
 
 def unchanged(what, got: str, original: torch.Tensor) -> str | None:
-    """``got``: the digest (:func:`minidist.checks.docket.digest`) of the caller's tensor after the call."""
+    """``got``: the digest (:func:`minidist.checks.kit.docket.digest`) of the caller's tensor after the call."""
     if got != digest(original):
         return f"{what} was modified in place: the caller's tensor must stay as it was"
     return None

@@ -28,14 +28,15 @@ import torch.distributed as dist
 
 import minidist
 from minidist.checks import lab9_reference as ref
-from minidist.checks.common import (Refusal, check_timeout, graded_call, launch_named, mark_case, one_thread,
-                                    report_passed, stand_in_lab_functions)
-from minidist.checks.docket import Judged, judged, outcome
-from minidist.checks.returned import require_plain
-from minidist.checks.groups import describe_case, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
+from minidist.checks.kit.launch import check_timeout, launch_named, mark_case, one_thread, report_passed, stand_in_lab_functions
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.docket import Judged, judged, outcome
+from minidist.checks.kit.returned import require_plain
+from minidist.checks.kit.groups import describe_case, judged_on_ranks, raise_first_group_problem, run_cases_in_groups
 from minidist.checks.lab9_cases import CASE_RUNNERS
 from minidist.checks.lab9_data import F32, F64, WORLD, choices, err, make_experts, randn  # noqa: F401
-from minidist.checks.quiet import passes_quietly
+from minidist.checks.kit.quiet import passes_quietly
 from minidist.cost import expert_parallel as cost
 from minidist.trace import trace
 
@@ -85,7 +86,7 @@ def _cases(name: str, hidden: bool) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- pure checks (this process)
-# Judged (minidist.checks.docket): the answers go as plain data to a verdict that recomputes the
+# Judged (minidist.checks.kit.docket): the answers go as plain data to a verdict that recomputes the
 # reference, here and in the grader's judge alike.
 def _raise_problem(label, what, answer) -> str | None:
     if answer.get("raised") == "ValueError":

@@ -18,7 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Callable
 
-from minidist.checks.common import TOL
+from minidist.checks.kit.launch import TOL
 
 TOUR_MODULES = [
     "minidist.tour.collectives",     # torch's own all-reduce (baseline), then every variant of lecture 1

@@ -1,6 +1,6 @@
 """What a lab refuses while graded code runs (:class:`Refusal`: minidist's own implementation of
 the technique it grades) and how that code is recognised wherever it was compiled
-(:func:`fingerprint`, :func:`resolve`). :mod:`minidist.checks.refusal` enforces it.
+(:func:`fingerprint`, :func:`resolve`). :mod:`minidist.checks.kit.refusal` enforces it.
 
 The library is recognised by its code, not by where the code says it comes from: a function of
 the refused modules compiled again (the module's source exec'd under another file name, or one

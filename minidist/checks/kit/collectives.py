@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minidist.checks.common import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
+from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.runtime import device
 from minidist.trace import Trace, guard, merge, trace
 
@@ -92,7 +92,7 @@ def _rank_body(progress, fn, kind, cases, seed, allow):
 def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
                          allow=P2P_ONLY, timeout: float = COLLECTIVE_CHECK_TIMEOUT, refuse=None) -> list:
     """Run ``fn`` on ``cases`` (all of one world size) in a single launch (``refuse``: a lab's
-    :class:`~minidist.checks.common.Refusal`, see :func:`~minidist.checks.common.launch_named`).
+    :class:`~minidist.checks.kit.launch.Refusal`, see :func:`~minidist.checks.kit.launch.launch_named`).
 
     Returns, per rank, a list of (result, trace, input_unchanged) per case.
     """
@@ -189,7 +189,7 @@ def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 
     dtype (x root), compare with torch, and, if ``pattern`` is given, check the trace
     with ``PATTERNS[pattern]`` (on the cases with length >= world size). Lengths may be callables of the world size (``lambda n: n - 1``).
     Roots default to 0, n//2 and n-1 for rooted collectives. ``refuse``: a lab's
-    :class:`~minidist.checks.common.Refusal` (library answers fail the check)."""
+    :class:`~minidist.checks.kit.launch.Refusal` (library answers fail the check)."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
     if pattern is not None and pattern not in PATTERNS:

@@ -1,6 +1,6 @@
 """Library answers refused while graded code runs (:class:`refusing`, :func:`graded_call`; what a
-lab refuses, and how its code is recognised, is :mod:`minidist.checks.refused_code`);
-:mod:`minidist.checks.common` launches checks under it and re-exports it.
+lab refuses, and how its code is recognised, is :mod:`minidist.checks.kit.refused_code`);
+:mod:`minidist.checks.kit.launch` launches checks under it and re-exports it.
 """
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import threading
 
 import torch
 
-from minidist.checks.bindings import Snapshot
-from minidist.checks.refused_code import NOTEBOOK_CELL, Refusal, fingerprint, resolve
-from minidist.checks.returned import own_tensor_subclass
-from minidist.checks.student_code import is_student_code
+from minidist.checks.kit.bindings import Snapshot
+from minidist.checks.kit.refused_code import NOTEBOOK_CELL, Refusal, fingerprint, resolve
+from minidist.checks.kit.returned import own_tensor_subclass
+from minidist.checks.kit.student_code import is_student_code
 from minidist.trace import ForbiddenOperation
 
 # A lab grades the student's own implementation of a technique that minidist also implements.
@@ -24,7 +24,7 @@ from minidist.trace import ForbiddenOperation
 # helper, another minidist module), or the graded object itself being (a subclass of) the
 # library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
 # callable, with whatever they call; checks build their references outside the refused region.
-# The library is recognised by its code (:mod:`minidist.checks.refused_code`).
+# The library is recognised by its code (:mod:`minidist.checks.kit.refused_code`).
 #
 # The refusal holds on every thread the graded code starts (``threading``'s trace hook), on every
 # thread started since this module was imported (the lab's setup cell, before any student code),
@@ -40,11 +40,11 @@ class LibraryAnswer(ForbiddenOperation):
 
 class ChecksTampered(LibraryAnswer):
     """Graded code changed what a check computes its verdict with: rebound it
-    (:mod:`minidist.checks.bindings`), or returned a tensor subclass of its own, whose code would
-    run in the comparison (:mod:`minidist.checks.returned`)."""
+    (:mod:`minidist.checks.kit.bindings`), or returned a tensor subclass of its own, whose code would
+    run in the comparison (:mod:`minidist.checks.kit.returned`)."""
 
 
-#: Whether graded calls are watched for rebinding the checks (:mod:`minidist.checks.bindings`) and for
+#: Whether graded calls are watched for rebinding the checks (:mod:`minidist.checks.kit.bindings`) and for
 #: returning tensor subclasses of their own: where a verdict is trusted, the grader's confirmation,
 #: whose runner sets MINIDIST_GUARD_BINDINGS=1. Read once, when the lab's setup cell imports the checks
 #: (before any student code; the confirmation puts its value back before every test). A notebook's
@@ -57,7 +57,7 @@ _bindings: list = []        # the process's Snapshot, taken once and brought up 
 def present_bindings() -> Snapshot | None:
     """A snapshot of the bindings as they are now, where they are watched (``GUARD_BINDINGS``; None
     elsewhere). Taken once per process (5 ms, three times that on a busy machine) and then brought up
-    to date (0.3 ms): :func:`minidist.checks.common.launch_named` takes it before the ranks fork, so
+    to date (0.3 ms): :func:`minidist.checks.kit.launch.launch_named` takes it before the ranks fork, so
     that every rank starts from it."""
     if not GUARD_BINDINGS:
         return None
@@ -76,7 +76,7 @@ class refusing:
     The block is also where the check compares, in the same process as the graded code (on each
     rank): what a graded call rebinds between its entry and its return (the outermost student
     frame's; autograd's calls of a student's backward included) among the bindings of minidist,
-    torch's comparisons and the checks themselves (:mod:`minidist.checks.bindings`) is put back
+    torch's comparisons and the checks themselves (:mod:`minidist.checks.kit.bindings`) is put back
     as it returns, before the check computes anything with it, and leaving the block raises
     :class:`ChecksTampered` naming it (so does a graded call that returned a tensor subclass of
     its own). What the check binds itself between graded calls (a patch

@@ -6,7 +6,7 @@ The likeliest cause of a wrong sum in a sub-group is a collective without ``grou
 over the world): :func:`wrong_group_hint` says so when the observed value matches the same
 sum over the world and not over the group.
 
-A *judged* runner (:class:`RankRunner`) splits a case in two, as :mod:`minidist.checks.docket`
+A *judged* runner (:class:`RankRunner`) splits a case in two, as :mod:`minidist.checks.kit.docket`
 asks: what the student's code did on this rank (its ``answer``, plain data) and the ``verdict``
 on it, a function of the case, the rank and the answer alone that rebuilds the single-process
 reference and the expected traffic itself. The rank gives the verdict at once (a failure shows
@@ -17,8 +17,8 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from minidist.checks.common import mark_case, one_thread
-from minidist.checks.docket import outcome
+from minidist.checks.kit.launch import mark_case, one_thread
+from minidist.checks.kit.docket import outcome
 from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
 from minidist.trace import trace
@@ -128,7 +128,7 @@ def rank_cases(cases: list[dict], world_size: int) -> list[tuple]:
 
 def judged_on_ranks(name: str, cases: Callable[[bool], list], runner: RankRunner, world_size: int) -> tuple:
     """The ``(cases(hidden), verdict)`` of a graded function run on ranks, for a
-    :meth:`~minidist.checks.docket.Judged.of_functions` table: one case per (case, rank)."""
+    :meth:`~minidist.checks.kit.docket.Judged.of_functions` table: one case per (case, rank)."""
     def verdict(case, answer):
         problem = first_problem(runner.verdict(case[0], case[2], case[3], answer))
         return group_problem(name, *case, problem) if problem else None
@@ -154,7 +154,7 @@ def wrong_group_hint(got, group_value, world_value, t: int, world_size: int, rto
 
 def attempt(fn, args, kwargs=None) -> dict:
     """The answer to a case whose call must raise ValueError before any message: what the call did
-    (:func:`minidist.checks.docket.outcome`) and the operations it traced."""
+    (:func:`minidist.checks.kit.docket.outcome`) and the operations it traced."""
     with trace() as tr:
         done = outcome(lambda: fn(*args, **(kwargs or {})))
     return {**done, "communicated": sorted({e.op for e in tr.comm()})}

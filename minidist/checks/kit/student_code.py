@@ -1,8 +1,8 @@
 """What counts as the student's code, wherever it runs: neither minidist's, nor torch's, nor the
 standard library's or an installed package's. A notebook cell (the kernel's, the confirmation's),
 a string passed to ``exec``, a file handed in next to the notebook. The refusal of library answers
-(:mod:`minidist.checks.refusal`) and what a check makes of returned values
-(:mod:`minidist.checks.returned`) ask it, by the file name a code object was compiled under.
+(:mod:`minidist.checks.kit.refusal`) and what a check makes of returned values
+(:mod:`minidist.checks.kit.returned`) ask it, by the file name a code object was compiled under.
 """
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import sysconfig
 
 import torch
 
+import minidist
+
 
 @functools.lru_cache(maxsize=None)
 def _library_roots() -> tuple[str, ...]:
-    roots = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}       # minidist/
+    roots = {os.path.dirname(os.path.abspath(minidist.__file__))}                # minidist/
     paths = sysconfig.get_paths()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         if paths.get(key):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minidist.checks.common import TOL, launch_named, mark_case, one_thread
+from minidist.checks.kit.launch import TOL, launch_named, mark_case, one_thread
 from minidist.harness.data_parallel import Trainer, train
 from minidist.models import TinyMLP, describe_mlp, flat_parameters, make_optimizer, train_reference
 
@@ -62,7 +62,7 @@ def train_student(kind: str, impl, world_size: int, cases: list[dict], name: str
                   refuse=None) -> list:
     """Every case trained on ``world_size`` ranks in one launch: per rank, a list of
     :func:`~minidist.harness.data_parallel.train` results. ``refuse``: the lab's
-    :class:`~minidist.checks.common.Refusal` (library answers fail the check)."""
+    :class:`~minidist.checks.kit.launch.Refusal` (library answers fail the check)."""
     return launch_named(_train_body, world_size, cases, kind, impl, name=name, timeout=timeout, refuse=refuse)
 
 

@@ -8,7 +8,7 @@ operation the check applies to it (``(got - want).abs().max()``), and a number-l
 refusal kept out of the graded call (the "always equal" trick of autograders).
 
 * :func:`own_tensor_subclass` finds a tensor of a subclass defined by student code in a returned
-  value; :class:`~minidist.checks.refusal.refusing` fails every graded call that returns one.
+  value; :class:`~minidist.checks.kit.refusal.refusing` fails every graded call that returns one.
 * :func:`not_plain_tensor` says why a value a check compares as a tensor is not a plain one, and
   :func:`tensor_problem` why it cannot be compared with a reference at all (None, not plain, another
   shape): the comparison helpers of labs 5, 6, 8 and 9 ask it before their own tolerance;
@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from minidist.checks.student_code import is_student_code
+from minidist.checks.kit.student_code import is_student_code
 from minidist.runtime.plain_data import found_where_it_says
 
 _LEAVES = (int, float, bool, str, complex, bytes, type(None), torch.dtype, torch.device, torch.Size)

@@ -6,7 +6,7 @@ one (``minidist.checks.lab5_cases._err = lambda *a: None``, ``torch.allclose = .
 verdict. :class:`Snapshot` records them; :meth:`Snapshot.diff_and_restore` names what changed since
 and puts it back. Two users:
 
-* :class:`minidist.checks.refusal.refusing`, around every graded region (a check's body on each
+* :class:`minidist.checks.kit.refusal.refusing`, around every graded region (a check's body on each
   rank, a pure check's call): a snapshot of the code (``code_only``: functions, classes, modules;
   data such as a counter torch or the runtime updates is not watched), checked each time a graded
   call returns, so a rebinding is undone before the check compares anything, and fails the test;

@@ -7,7 +7,7 @@ folder (:func:`mark_case`), and :func:`launch_named` puts those names in front o
 launcher's diagnosis (which rank was blocked in which operation, on which line; when ranks
 ran different cases, each rank's on a line of its own). A call to a forbidden operation (the
 tracer's guard) becomes an ``AssertionError`` that says so, and so do a library answer
-(:mod:`minidist.checks.refusal`, whose names this module re-exports) and a receive without a
+(:mod:`minidist.checks.kit.refusal`) and a receive without a
 source, which gloo runs and NCCL cannot (:func:`nccl_point_to_point`). A passing check prints
 one line, :func:`report_passed`.
 """
@@ -21,9 +21,9 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from minidist.checks.refusal import (ChecksTampered, LibraryAnswer, StudentAssertion, graded_call,  # noqa: F401
-                                     is_student_code, present_bindings, refusing)
-from minidist.checks.refused_code import STUDENT_IMPORTS, Refusal, resolve  # noqa: F401
+from minidist.checks.kit.refusal import ChecksTampered, LibraryAnswer, present_bindings, refusing
+from minidist.checks.kit.refused_code import Refusal, resolve
+from minidist.checks.kit.student_code import is_student_code
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
