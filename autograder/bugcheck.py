@@ -25,6 +25,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbgrader.utils import determine_grade
 
+from minidist.protocol import CHECK_TIMEOUT_ENV, TIMEOUT_SCALE_ENV
 from autograder.confirm import RETRY_TIMEOUT_SCALE
 from autograder.notebooks import skip_demos
 from autograder.course import KERNEL_NAME, cell_timeout, grade_id, kernel_argv, nbg, strip_solution_markers
@@ -68,7 +69,7 @@ class _Kernel:
         self.alt_env = dict(alt_env or {})       # what a correct alternative's ranks run with
         # the launch-timeout scale the kernel starts with (it inherits our environment); bugs
         # and retries scale it for a while, then put it back
-        self.base_scale = float(os.environ.get("MINIDIST_TIMEOUT_SCALE") or 1)
+        self.base_scale = float(os.environ.get(TIMEOUT_SCALE_ENV) or 1)
         # nbclient writes executed cells back into the notebook it holds: give it its own copy,
         # so bugs are injected into, and cells restored from, the untouched one.
         self.client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, timeout=cell_timeout(),
@@ -173,7 +174,7 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
     kernel_argv()   # installs the pinned kernel if it is missing
     nb = skip_demos(copy.deepcopy(nb))
     index = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
-    env = {**os.environ, "NBGRADER_EXECUTION": "autograde", "MINIDIST_CHECK_TIMEOUT": QUICK_CHECK_TIMEOUT}
+    env = {**os.environ, "NBGRADER_EXECUTION": "autograde", CHECK_TIMEOUT_ENV: QUICK_CHECK_TIMEOUT}
     shares = [bugs[k::KERNELS] for k in range(KERNELS)]
     baseline_done, baseline = baseline_done or threading.Event(), []
     results: dict[str, tuple[list[str], float]] = {}

@@ -32,9 +32,10 @@ import nbformat
 
 from autograder.course import grade_id, nbg
 from autograder.notebooks import DEMO_TAG
+from minidist.protocol import DOCKET_ENV, GUARD_BINDINGS_ENV
 
 PARENT = Path(__file__).resolve().with_name("confirm_parent.py")
-#: what a confirmation runs, copied next to the pristine minidist (standard library only)
+#: what a confirmation runs, copied next to the pristine minidist (standard library and minidist.protocol only)
 FILES = ("confirm_parent.py", "confirm_runner.py", "confirm_judge.py", "confirm_audit.py", "confirm_wire.py",
          "handed_in.py")
 NOT_CONFIRMED = "not confirmed: tampering suspected"
@@ -77,8 +78,7 @@ class Confirmation:
         workdir.mkdir(parents=True, exist_ok=True)
         read, write = os.pipe()
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
-                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", "MINIDIST_GUARD_BINDINGS": "1",
-                                                    "MINIDIST_DOCKET": "1"},
+                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", GUARD_BINDINGS_ENV: "1", DOCKET_ENV: "1"},
                 "own_pids": sandbox is not None}      # the sandbox is a PID namespace of this run's own
         from autograder.sandbox import command
         argv = command(sandbox, [sys.executable, "-I", str(pristine / PARENT.name), "--fd", str(write)],

@@ -1,4 +1,4 @@
-"""The confirmation child's audit hook (:mod:`autograder.confirm_runner`; standard library only).
+"""The confirmation child's audit hook (:mod:`autograder.confirm_runner`; standard library and minidist.protocol only).
 
 Installed before anything else runs and impossible to remove from Python, in the process that
 executes student code. It refuses, when called from student code, ``ctypes``, the garbage
@@ -26,9 +26,11 @@ import sysconfig
 import threading
 import types
 
+from minidist.protocol import LAUNCH_PREFIX, SOLUTION_PREFIX
+
 _local = threading.local()
 events: list = []             # (event, detail) reported to the grader as flags
-_STUDENT_PREFIX = "<solution "
+_STUDENT_PREFIX = SOLUTION_PREFIX
 _BLOCK = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
           "ctypes.string_at", "ctypes.wstring_at", "ctypes.create_string_buffer", "ctypes.PyObj_FromPtr",
           "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._getframe", "sys.settrace",
@@ -42,7 +44,7 @@ _FLAG = {"open", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "
 _NARROW = ("sys.", "gc.", "object.__getattr__", "function.__new__", "code.__new__")
 _WATCHED = frozenset(_BLOCK | _FLAG | {"object.__setattr__"})
 # Where a rank's launch keeps its result, status and progress files (``tempfile.mkdtemp(prefix=
-# "minidist-")`` in $TMPDIR): code the check launched can reach them, so student code may not; a
+# LAUNCH_PREFIX)`` in $TMPDIR): code the check launched can reach them, so student code may not; a
 # rank that wrote its own result could claim whatever the check compares inside the rank. The
 # folder holding this run's own working folder is never one (the grader's area may be named
 # ``minidist-sandbox-...`` in the same $TMPDIR: a helper module handed in lives there).
@@ -51,8 +53,7 @@ _LAUNCH_FILES = {"open", "os.remove", "os.rename", "shutil.rmtree", "os.chmod", 
                  "shutil.copytree", "shutil.move"}
 # a program run from student code would be outside this hook (it could write the files above)
 _PROGRAMS = {"os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork_exec"}
-LAUNCH_ROOT = ""                # realpath($TMPDIR) + "/": launches make their folders right in it (set by the runner)
-LAUNCH_PREFIX = "minidist-"     # ... named so
+LAUNCH_ROOT = ""                # realpath($TMPDIR) + "/": launches make their LAUNCH_PREFIX folders in it (set by the runner)
 OWN_FOLDERS: frozenset = frozenset()   # the folders right in LAUNCH_ROOT that hold the working folder (set by the runner)
 PROGRAMS_REFUSED = False        # while a test runs (set by the runner); a solution cell may run one
 _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages

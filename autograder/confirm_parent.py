@@ -1,6 +1,6 @@
 """The confirmation's parent: the process that writes the confirmation's verdict, and never runs
 student code (started by :mod:`autograder.confirm` inside the sandbox, as ``python -I
-confirm_parent.py --fd N``; standard library only).
+confirm_parent.py --fd N``; standard library and minidist.protocol only).
 
 It holds what the grader trusts: the descriptor the verdict goes out on and the token each line
 carries. It starts :mod:`autograder.confirm_runner` (the child that runs the cells) as a fresh

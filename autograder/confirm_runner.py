@@ -42,10 +42,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confirm_audit as audit  # noqa: E402
 import confirm_wire as wire  # noqa: E402
 import handed_in  # noqa: E402
+from minidist import protocol  # noqa: E402
 
 EMPTY = object()
 
-_STUDENT_PREFIX = audit._STUDENT_PREFIX
 
 
 # ----------------------------------------------------------------------------- running cells
@@ -184,15 +184,14 @@ def _seal(channel):
 def _docket() -> list:
     """The list judged checks file the student's answers in (:mod:`minidist.checks.kit.docket`), if the lab's
     setup imported it: held from before any student code, so rebinding the module's name files nowhere."""
-    module = sys.modules.get("minidist.checks.kit.docket")
+    module = sys.modules.get(protocol.DOCKET_MODULE)
     return module.entries() if module is not None else []
 
 
 def _filed(docket) -> list:
     """The answers filed during a test, as the wire carries them (entries of another shape are dropped:
     the judge then finds their cases unanswered)."""
-    return [list(e) for e in docket[:5000] if type(e) is tuple and len(e) == 4 and type(e[0]) is str
-            and type(e[1]) is str and type(e[2]) is int and type(e[3]) is bytes]
+    return [list(e) for e in docket[:5000] if protocol.is_docket_entry(e)]
 
 
 def main():
@@ -238,7 +237,7 @@ def main():
             break
         cell, nonce = msg["cell"], msg["nonce"]
         kind, cid = cell["kind"], cell["id"]
-        filename = f"<grader {cid}>" if kind in ("setup", "given", "test") else f"{_STUDENT_PREFIX}{cid}>"
+        filename = f"{protocol.GRADER_PREFIX if kind in ('setup', 'given', 'test') else protocol.SOLUTION_PREFIX}{cid}>"
         out = {"cell": cid, "kind": kind, "nonce": nonce, "restored": [], "changed": [], "error": None,
                "stderr": "", "value": None}
         if kind in ("test", "solution") and snapshot is None:

@@ -1,5 +1,5 @@
 """Messages between the confirmation's parent and the child that runs the cells (standard library
-only): a 4-byte length, then ``marshal`` data of plain values (dicts, lists, strings, numbers).
+and :mod:`minidist.protocol` only): a 4-byte length, then ``marshal`` data of plain values (dicts, lists, strings, numbers).
 
 ``marshal`` is used, not ``json``: its functions are C code that student code running in the child
 cannot reroute (a patched ``json.encoder`` could rewrite a reply on its way out).
@@ -9,7 +9,8 @@ import os
 import select
 import time
 
-MAX_BYTES = 8 << 20      # a test's reply: its docket of answers is at most 6 MiB (minidist/checks/docket.py)
+from minidist.protocol import WIRE_MAX_BYTES as MAX_BYTES      # a test's reply: its docket and a few fields
+
 
 _dumps, _loads, _write, _read = marshal.dumps, marshal.loads, os.write, os.read
 

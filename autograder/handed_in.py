@@ -1,6 +1,6 @@
 """Files handed in next to the notebook, as modules only the student's own code can import
-(standard library only: the confirmation's runner imports it, and a sandboxed kernel runs it as an
-IPython startup file before any cell).
+(standard library and minidist.protocol only: the confirmation's runner imports it, and a
+sandboxed kernel runs it as an IPython startup file before any cell).
 
 A helper module handed in with the notebook is importable, but
 
@@ -15,8 +15,9 @@ The folder itself leaves ``sys.path`` (IPython puts the working folder first).
 import importlib.abc
 import importlib.machinery
 import os
-import re
 import sys
+
+from minidist.protocol import NOTEBOOK_CELL
 
 _IMPORT_MACHINERY = ("<frozen", os.path.dirname(importlib.__file__) + os.sep)
 
@@ -55,7 +56,7 @@ def install(folder: str, is_student) -> HandedIn:
 def _notebook_cell(code) -> bool:
     """In a kernel: code of a notebook cell (ipykernel's cell files) or of a file handed in."""
     name = code.co_filename
-    return bool(re.search(r"ipykernel_\d+|<ipython-input", name)) or name.startswith(os.getcwd() + os.sep)
+    return bool(NOTEBOOK_CELL.search(name)) or name.startswith(os.getcwd() + os.sep)
 
 
 def shadows(name: str) -> bool:

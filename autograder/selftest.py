@@ -15,6 +15,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from minidist.protocol import RANK_DEFAULT_DEVICE_ENV
 from autograder.course import (all_labs, build_course, bugbank_dir, grade_id, lab_notebooks, nbg,
                                read_nb, solution_submission, write_nb)
 
@@ -24,7 +25,7 @@ class BankError(ValueError):
 
 
 #: torch's default device inside every rank (minidist/runtime/rank_process.py's DEFAULT_DEVICE_ENV)
-DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"
+DEFAULT_DEVICE_ENV = RANK_DEFAULT_DEVICE_ENV
 #: what the solution and the correct alternatives of a lab marked for device discipline run with:
 #: anything a rank makes without ``device=`` lands on ``meta`` and fails, as it would on a GPU rank
 META = {DEFAULT_DEVICE_ENV: "meta"}

@@ -20,6 +20,7 @@ LAYERS = {   # top-level part of minidist -> layer
     "collectives": 1, "data_parallel": 1, "pipeline": 1, "tensor_parallel": 1, "context_parallel": 1, "mesh": 1,
     "memory_techniques": 1, "expert_parallel": 1,
     "harness": 2,
+    "protocol": 0,
     "checks": 3, "tour": 3, "benchmarks": 3, "plots": 3, "diagrams": 3,
     "cli": 4,
 }

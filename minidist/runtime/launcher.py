@@ -52,6 +52,7 @@ import time
 
 import torch
 
+from minidist.protocol import LAUNCH_PREFIX, TIMEOUT_SCALE_ENV
 from minidist.runtime import plain_data
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
 from minidist.runtime.failure_report import failure_report, missing_call
@@ -78,7 +79,7 @@ class LaunchError(RuntimeError):
 # ----------------------------------------------------------------------------- parent
 def timeout_scale() -> float:
     """MINIDIST_TIMEOUT_SCALE, or 1: how much longer than asked a launch may run."""
-    raw = os.environ.get("MINIDIST_TIMEOUT_SCALE", "")
+    raw = os.environ.get(TIMEOUT_SCALE_ENV, "")
     try:
         scale = float(raw) if raw else 1.0
     except ValueError:
@@ -104,7 +105,7 @@ def launch(fn, world_size: int, *args, device: str | None = None, backend: str |
         return launch_under_torchrun(fn, world_size, args, kwargs, device, backend, timeout)
     kind = resolve_kind(device, backend, world_size)
     start_method = _resolve_start_method(start_method)
-    run_dir = tempfile.mkdtemp(prefix="minidist-")
+    run_dir = tempfile.mkdtemp(prefix=LAUNCH_PREFIX)
     # The flight recorder's dumps must outlive run_dir, which goes when the launch returns.
     dump_dir = tempfile.mkdtemp(prefix="minidist-nccl-trace-") if kind == "cuda" else None
     ranks: list[RankHandle] = []

@@ -29,13 +29,14 @@ import torch
 import torch.distributed as dist
 
 from minidist import trace as _trace
+from minidist.protocol import NOTEBOOK_CELL, RANK_DEFAULT_DEVICE_ENV
 from minidist.trace.errors import cell_title
 from minidist.runtime import plain_data
 from minidist.runtime.cpu_affinity import pin_when_oversubscribed
 from minidist.runtime.device import backend_for, prepare_nccl_environment, rank_device, set_rank_device
 
 STARTUP_TIMEOUT = 120.0     # generous: 8 launches at once on 2 cores must not fail to start
-DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"   # tests only: torch's default device inside every rank
+DEFAULT_DEVICE_ENV = RANK_DEFAULT_DEVICE_ENV          # tests only: torch's default device inside every rank
 STATUS_BYTES = 512          # [0] phase, [1:17] main-thread id (hex), [32:] current op
 DESTROY_TIMEOUT = 10.0      # seconds a returned rank waits for its group's teardown before exiting anyway
 
@@ -62,7 +63,7 @@ def student_frames(frames, filename=lambda f: f.filename) -> list:
 
 
 def format_frame(filename, line, func):
-    shown = (cell_title(filename, line) if re.search(r"ipykernel_\d+|<ipython-input", filename)  # by its title
+    shown = (cell_title(filename, line) if NOTEBOOK_CELL.search(filename)  # by its title
              else f'File "{filename}"')
     src = linecache.getline(filename, line).strip()
     return f'{shown}, line {line}, in {func}' + (f"\n    {src}" if src else "")

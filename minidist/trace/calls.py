@@ -7,7 +7,6 @@ counted, guarded and explained alike.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from typing import Callable
@@ -15,6 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from minidist.protocol import NOTEBOOK_CELL
 from minidist.trace import state
 from minidist.trace.errors import ForbiddenOperation, explain, where_in_notebook
 from minidist.trace.events import PEER_ARG, Event
@@ -34,7 +34,7 @@ def caller() -> str:
 def short(where: str) -> str:
     """'notebook cell "ring", line 4' for code typed in Jupyter (the cell by its title), 'file.py:4' otherwise."""
     path, _, line = where.rpartition(":")
-    if re.search(r"ipykernel_\d+|<ipython-input", path):
+    if NOTEBOOK_CELL.search(path):
         return where_in_notebook(path, int(line)) if line.isdigit() else f"notebook cell, line {line}"
     return where.rsplit("/", 1)[-1]
 

@@ -16,7 +16,8 @@ import functools
 import linecache
 import re
 
-NOTEBOOK_CELL = re.compile(r"ipykernel_\d+|<ipython-input|^<cell")
+from minidist.protocol import NOTEBOOK_CELL
+
 
 
 class ForbiddenOperation(RuntimeError):

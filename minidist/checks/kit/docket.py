@@ -33,14 +33,14 @@ from typing import Callable
 
 import torch
 
+from minidist.protocol import DOCKET_ENV, DOCKET_MAX_BYTES
 from minidist.runtime import plain_data
 
 #: Whether answers are filed (the grader's confirmation). Read once, before any student code.
-ON = os.environ.get("MINIDIST_DOCKET") == "1"
+ON = os.environ.get(DOCKET_ENV) == "1"
 _entries: list = []          # (key, params key, case index, plain data bytes) filed since the runner emptied it
 _size = [0, 0]               # [entries, bytes] of the docket when last counted (a running total)
-MAX_BYTES = 6 << 20          # a test's answers past this are not filed: the test fails in the confirmation
-#                              (the confirmation's wire carries 8 MiB: autograder/confirm_wire.py)
+MAX_BYTES = DOCKET_MAX_BYTES   # a test's answers past this are not filed: the test fails in the confirmation
 
 
 class Judged:

@@ -24,13 +24,14 @@ import torch.distributed as dist
 from minidist.checks.kit.refusal import ChecksTampered, LibraryAnswer, present_bindings, refusing
 from minidist.checks.kit.refused_code import Refusal, resolve
 from minidist.checks.kit.student_code import is_student_code
+from minidist.protocol import CHECK_TIMEOUT_ENV
 from minidist.runtime import LaunchError, launch, strict_async
 from minidist.trace import ForbiddenOperation
 
 
 def check_timeout(seconds: float) -> float:
     """A check's launch timeout; MINIDIST_CHECK_TIMEOUT overrides it (the grader's quick selftest)."""
-    return float(os.environ.get("MINIDIST_CHECK_TIMEOUT", seconds))
+    return float(os.environ.get(CHECK_TIMEOUT_ENV, seconds))
 
 
 COLLECTIVE_CHECK_TIMEOUT = check_timeout(15.0)   # one launch of a lab-1 collective over all its cases

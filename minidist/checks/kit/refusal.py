@@ -5,16 +5,16 @@ lab refuses, and how its code is recognised, is :mod:`minidist.checks.kit.refuse
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 
 import torch
 
 from minidist.checks.kit.bindings import Snapshot
-from minidist.checks.kit.refused_code import NOTEBOOK_CELL, Refusal, fingerprint, resolve
+from minidist.checks.kit.refused_code import Refusal, fingerprint, resolve
 from minidist.checks.kit.returned import own_tensor_subclass
 from minidist.checks.kit.student_code import is_student_code
+from minidist.protocol import GUARD_BINDINGS_ENV, NOTEBOOK_CELL
 from minidist.trace import ForbiddenOperation
 
 # A lab grades the student's own implementation of a technique that minidist also implements.
@@ -50,7 +50,7 @@ class ChecksTampered(LibraryAnswer):
 #: (before any student code; the confirmation puts its value back before every test). A notebook's
 #: own run is never trusted alone, and there the watch would only cost time (each graded call's
 #: return checks ~4000 bindings: lab 3's hooks make 350 of them per rank and check).
-GUARD_BINDINGS = os.environ.get("MINIDIST_GUARD_BINDINGS") == "1"
+GUARD_BINDINGS = os.environ.get(GUARD_BINDINGS_ENV) == "1"
 _bindings: list = []        # the process's Snapshot, taken once and brought up to date at each use
 
 
@@ -166,7 +166,7 @@ class refusing:
             f = None
         if f is None:
             where = "the graded code is minidist's own"
-        elif re.search(r"ipykernel_\d+|^<cell", f.f_code.co_filename):
+        elif NOTEBOOK_CELL.search(f.f_code.co_filename):
             where = f"from notebook cell, line {f.f_lineno}"
         else:
             where = f"from {os.path.basename(f.f_code.co_filename)}, line {f.f_lineno}"
@@ -266,7 +266,7 @@ def _raised_at(err: BaseException) -> str:
     while tb is not None:
         f = tb.tb_frame.f_code.co_filename
         if is_student_code(f):
-            where = (f"notebook cell, line {tb.tb_lineno}" if re.search(r"ipykernel_\d+|^<cell", f)
+            where = (f"notebook cell, line {tb.tb_lineno}" if NOTEBOOK_CELL.search(f)
                      else f"{os.path.basename(f)}, line {tb.tb_lineno}")
         tb = tb.tb_next
     return where

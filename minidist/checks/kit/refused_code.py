@@ -16,8 +16,9 @@ import functools
 import importlib
 import os
 import pkgutil
-import re
 import types
+
+from minidist.protocol import NOTEBOOK_CELL
 
 #: What students may import from minidist in a lab (each lab adds its own checks module).
 STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
@@ -46,9 +47,6 @@ class Refusal:
 
 
 MIN_FINGERPRINT_BYTES = 64
-#: code compiled from a notebook cell (the kernel's, the confirmation's) is the student's own, even
-#: where it equals the library's: a lab's solution may be written exactly as minidist writes it
-NOTEBOOK_CELL = re.compile(r"ipykernel_\d+|<ipython-input|^<solution |^<grader |^<cell")
 
 
 def fingerprint(code: types.CodeType) -> tuple:
