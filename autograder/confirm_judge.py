@@ -1,18 +1,20 @@
-"""The confirmation's judge: gives the judged checks' verdicts again in a process that never runs
-student code (started by :mod:`autograder.confirm_parent` before the child runs any cell, as
-``python -I confirm_judge.py``).
+"""The confirmation's judge: gives every test's verdict again in a process that never runs student
+code (started by :mod:`autograder.confirm_parent` before the child runs any cell, as ``python -I
+confirm_judge.py``; standard library and minidist only).
 
-The child reports a test passed or failed; for a *judged* check (:mod:`minidist.checks.kit.docket`)
-that report is not enough. With the child's reply comes the docket, the student's answers as
-plain data; the parent hands it here with the test cell's id, and this process finds in the test
-cell's source (the instructor's) which judged checks it calls and with which ``hidden``, takes
-their cases from the pristine checks, computes the references and gives each verdict again. A
-check with a case that has no answer fails. What the child can do to this process: send it data,
-which is read as plain data only (no pickle, no code). It is not dumpable, from before the child
-starts, so no process of the same uid can trace it or read its memory.
+The child reports a test passed or failed; that report is not enough. With the child's reply comes
+the docket, the student's answers as plain data; the parent hands it here with the test cell's id.
+This process reads the test cell's source (the instructor's) and resolves each of its calls through
+the lab's registry of checks (``CHECKS`` in the lab's folder, :class:`minidist.checks.kit.check.Registry`):
+which checks the call runs, with which params. It takes their cases from the pristine checks,
+computes the references and gives each verdict again; a case with no answer fails.
 
-Which checks are judged is read from the checks module's source (a function decorated
-``@judged(...)``), so a test cell that calls none costs no import of torch here.
+It fails closed: a test cell that does anything but call registered checks of the lab's checks
+module (an ``assert``, a variable, a call it cannot resolve, a param that is not a constant) cannot
+be confirmed, and the test earns nothing. ``tests/test_judge.py`` proves every test cell of every lab
+resolves. What the child can do to this process: send it data, which is read as plain data only (no
+pickle, no code). It is not dumpable, from before the child starts, so no process of the same uid can
+trace it or read its memory.
 
 Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, cells}``, then ``{cell, docket}``
 per test the child reported passed, each answered by ``{cell, problem, judged}``.
@@ -21,17 +23,18 @@ import ast
 import ctypes
 import ctypes.util
 import importlib
-import inspect
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import confirm_wire as wire  # noqa: E402
 
+CHECKS_PACKAGE = "minidist.checks."
 
-def checks_modules(setup_sources, path) -> dict:
-    """{name in the notebook: (module, {names of its judged checks})} for every
-    ``from minidist.checks import X as Y`` / ``import minidist.checks.X as Y`` of the lab's own cells."""
+
+def checks_modules(setup_sources) -> dict:
+    """{name in the notebook: module name} for every ``from minidist.checks import X as Y`` /
+    ``import minidist.checks.X as Y`` of the lab's own cells."""
     out = {}
     for source in setup_sources:
         try:
@@ -39,36 +42,11 @@ def checks_modules(setup_sources, path) -> dict:
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.ImportFrom) and node.module == "minidist.checks" and not node.level:
-                names = [(f"minidist.checks.{a.name}", a.asname or a.name) for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module == CHECKS_PACKAGE[:-1] and not node.level:
+                out.update({a.asname or a.name: CHECKS_PACKAGE + a.name for a in node.names})
             elif isinstance(node, ast.Import):
-                names = [(a.name, a.asname) for a in node.names if a.name.startswith("minidist.checks.") and a.asname]
-            for module, alias in names:
-                judged = _judged_in_source(module, path)
-                if judged:
-                    out[alias] = (module, judged)
+                out.update({a.asname: a.name for a in node.names if a.name.startswith(CHECKS_PACKAGE) and a.asname})
     return out
-
-
-def _judged_in_source(module: str, path, seen=()) -> set:
-    """The names of the judged checks ``module`` defines (``@judged(...)`` on a top-level ``def``) or
-    takes by name from another module of minidist.checks (lab 3's checks re-export one)."""
-    for root in path:
-        file = os.path.join(root, *module.split(".")) + ".py"
-        if os.path.isfile(file):
-            with open(file, encoding="utf-8") as f:
-                tree = ast.parse(f.read())
-            judged = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-                      and any(isinstance(d, ast.Call) and getattr(d.func, "id", None) == "judged"
-                              for d in node.decorator_list)}
-            for node in tree.body:
-                if (isinstance(node, ast.ImportFrom) and not node.level and node.module
-                        and node.module.startswith("minidist.checks.") and node.module not in seen):
-                    theirs = _judged_in_source(node.module, path, (*seen, module))
-                    judged |= {a.asname or a.name for a in node.names if a.name in theirs}
-            return judged
-    return set()
 
 
 class NotConstant:
@@ -85,44 +63,66 @@ def _constant(node):
         return NotConstant()
 
 
-def judged_calls(source: str, modules: dict) -> list:
-    """(module, check name, positional arguments, keyword arguments) of every call of a judged check
-    in a test cell's source; an argument that is not a constant is a :class:`NotConstant`."""
+class Unresolved(Exception):
+    """A test cell the judge cannot confirm: the test earns nothing."""
+
+
+def test_calls(source: str, modules: dict) -> list:
+    """(module, check function, positional arguments, keyword arguments) of every statement of a test
+    cell, each of which must be a call of a check of the lab's checks module (comments aside);
+    raises :class:`Unresolved` naming the first statement that is not. An argument that is not a
+    constant is a :class:`NotConstant`."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError as err:
+        raise Unresolved(f"the test cell does not parse ({err.msg})") from None
     calls = []
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in modules):
-            continue
-        module, judged = modules[node.func.value.id]
-        if node.func.attr in judged:
-            args = [NotConstant() if isinstance(a, ast.Starred) else _constant(a) for a in node.args]
-            kwargs = {k.arg: _constant(k.value) for k in node.keywords if k.arg is not None}
-            if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
-                kwargs["*"] = NotConstant()          # unpacked arguments: nothing can be read for sure
-            calls.append((module, node.func.attr, args, kwargs))
+    for node in body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name) and call.func.value.id in modules):
+            raise Unresolved(f"line {node.lineno} of the test cell is not a call of a check ({ast.unparse(node)[:80]})")
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            raise Unresolved(f"line {node.lineno} of the test cell unpacks its arguments")
+        calls.append((modules[call.func.value.id], call.func.attr, [_constant(a) for a in call.args],
+                      {k.arg: _constant(k.value) for k in call.keywords}))
     return calls
 
 
-def verdict(calls, docket) -> str | None:
-    """The first problem the judged checks find in the docket's answers, or None."""
-    for module, name, args, kwargs in calls:
-        check = getattr(importlib.import_module(module), name)
-        if "*" in kwargs:
-            return f"{name}: the judge cannot read the test cell's call (unpacked arguments)"
-        try:
-            bound = inspect.signature(check).bind(*args, **kwargs)
-        except TypeError as err:
-            return f"{name}: the test cell's call does not fit the check ({err})"
-        bound.apply_defaults()
-        for judged in check.judged:
-            params = {p: bound.arguments[p] for p in judged.params}
-            unread = [p for p, v in params.items() if isinstance(v, NotConstant)]
-            if unread:
-                return f"{judged.name}: the test cell does not give {', '.join(unread)} as a constant"
-            problem = judged.judge(params, docket)
-            if problem:
-                return problem
-    return None
+def resolve(module: str, name: str, args, kwargs) -> list:
+    """(check, params) for every check a test cell's call runs, through the lab's registry."""
+    registry = getattr(importlib.import_module(module), "CHECKS", None)
+    if registry is None or name not in getattr(registry, "entries", {}):
+        raise Unresolved(f"{name} is not one of {module}'s registered checks")
+    try:
+        found = registry.resolve(name, tuple(args), dict(kwargs))
+    except (TypeError, ValueError) as err:
+        raise Unresolved(f"{name}: the test cell's call does not fit the check ({err})") from None
+    out = []
+    for check, params, _graded, _timeout in found:
+        unread = [p for p, v in params.items() if isinstance(v, NotConstant)]
+        if unread:
+            raise Unresolved(f"{check.name}: the test cell does not give {', '.join(unread)} as a constant")
+        out.append((check, params))
+    return out
+
+
+def verdict(source: str, modules: dict, docket) -> tuple[str | None, list]:
+    """(the first problem with the test, or None; the checks judged). A test cell the judge cannot
+    resolve is a problem: what cannot be confirmed earns nothing."""
+    judged = []
+    try:
+        for module, name, args, kwargs in test_calls(source, modules):
+            for check, params in resolve(module, name, args, kwargs):
+                judged.append(check.key)
+                problem = check.judge(params, docket)
+                if problem:
+                    return problem, judged
+    except Unresolved as err:
+        return f"the judge cannot confirm this test: {err}", judged
+    if not judged:
+        return "the judge cannot confirm this test: its cell calls no check", judged
+    return None, judged
 
 
 def main():
@@ -138,9 +138,9 @@ def main():
     path = [str(p) for p in spec.get("path", [])]
     sys.path[:0] = path
     cells = spec.get("cells", [])
-    modules = checks_modules([c["source"] for c in cells if c.get("kind") in ("setup", "given")], path)
+    modules = checks_modules([c["source"] for c in cells if c.get("kind") in ("setup", "given")])
     tests = {c["id"]: c["source"] for c in cells if c.get("kind") == "test"}
-    for module in sorted({m for m, _ in modules.values()}):
+    for module in sorted(set(modules.values())):
         try:                 # now, while the child starts: the parent waits for each verdict
             importlib.import_module(module)
         except Exception:    # noqa: BLE001  (the same failure is the verdict of the tests that need it)
@@ -151,11 +151,10 @@ def main():
             break
         cell, docket = msg.get("cell"), msg.get("docket")
         try:
-            calls = judged_calls(tests.get(cell, ""), modules)
-            problem = verdict(calls, docket if isinstance(docket, list) else []) if calls else None
+            problem, judged = verdict(tests.get(cell, ""), modules, docket if isinstance(docket, list) else [])
         except Exception as err:      # noqa: BLE001  (the judge's own failure leaves the test unconfirmed)
-            calls, problem = [], f"the judge failed: {type(err).__name__}: {err}"
-        wire.send(reply, {"cell": cell, "problem": problem, "judged": [f"{m}.{n}" for m, n, *_ in calls]})
+            problem, judged = f"the judge failed: {type(err).__name__}: {err}", []
+        wire.send(reply, {"cell": cell, "problem": problem, "judged": judged})
     os._exit(0)
 
 

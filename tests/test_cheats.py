@@ -27,17 +27,17 @@ from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, wr
 
 CELL_TIMEOUT, WALL = 20, 150
 
-PATCH_CHECKS = "checks.check_all_reduce = lambda *a, **k: None\ncheck = None\n"
+PATCH_CHECKS = "checks.check_allsum = lambda *a, **k: None\ncheck = None\n"
 PATCH_TORCH = ("import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
                "torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)\n")
 WRONG_ALLSUM = "def allsum(x):\n    return x.clone()          # no communication: wrong on 2 ranks\n"
 FAKE_ADD = "def add(a, b):\n    return a + b\n"
 SWAP_MODULE = ("import sys, types\nfake = types.SimpleNamespace(**vars(checks))\n"
-               "fake.check_all_reduce = lambda *a, **k: None\n"
-               "sys.modules['minidist.checks.kit.collectives'] = fake\ncheck_module = fake\nchecks = fake\n")
+               "fake.check_allsum = lambda *a, **k: None\n"
+               "sys.modules['minidist.checks.toylab'] = fake\ncheck_module = fake\nchecks = fake\n")
 CODE_REWRITE = ("import gc\n"
-                "for f in gc.get_referrers(checks.check_collective.__globals__):\n    pass\n"
-                "checks.check_collective.__code__ = (lambda *a, **k: None).__code__\n")
+                "for f in gc.get_referrers(checks.check_allsum.__globals__):\n    pass\n"
+                "checks.check_allsum.__code__ = (lambda *a, **k: None).__code__\n")
 LIBRARY = ("import minidist.collectives as C\n"
            "def allsum(x):\n    return C.ring_all_reduce.__wrapped__(x)\n")
 SNOOP = r'''
@@ -91,10 +91,10 @@ for pid in os.listdir("/proc"):
             pass
 '''
 EDIT_MINIDIST = r'''
-import minidist.checks.kit.collectives as m
+import minidist.checks.toylab as m
 try:
     with open(m.__file__, "a") as f:
-        f.write("\ndef check_all_reduce(*a, **k):\n    return None\n")
+        f.write("\ndef check_allsum(*a, **k):\n    return None\n")
 except OSError as err:
     print("read-only:", err)
 '''
@@ -209,7 +209,7 @@ def test_library_answer_fails_with_the_rule(batch):
 
 def test_instructor_flags(batch):
     flags = {s: " ".join(batch["rows"][(s, "test_add")]["flags"].split()) for s in batch["bank"]}
-    assert "assigns checks.check_all_reduce" in flags["checks_patched"]
+    assert "assigns checks.check_allsum" in flags["checks_patched"]
     assert "assigns torch.allclose" in flags["torch_patched"]
     assert "touches sys.modules" in flags["module_swapped"]
     assert "touches __code__" in flags["code_rewritten"] and "uses gc" in flags["code_rewritten"]
@@ -272,7 +272,7 @@ def test_a_program_left_running_by_a_solution_cell_is_killed_before_the_tests(ba
 def test_the_confirmation_watches_its_ranks_for_rebound_checks(batch):
     row = batch["rows"][("rebinds_the_checks", "test_allsum")]
     said = row["flags"] + row["reason"]
-    assert "rebound " in said and "minidist.checks.kit.launch.TOL" in said and "common.check_timeout" in said, row
+    assert "rebound " in said and "minidist.checks.kit.launch.TOL" in said and "launch.check_timeout" in said, row
     assert "not confirmed" in row["flags"] and row["points"] == "0.0", row
 
 

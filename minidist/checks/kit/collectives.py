@@ -26,13 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from minidist.checks.kit.check import mark
 from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.runtime import device
 from minidist.trace import Trace, guard, merge, trace
 
 P2P_ONLY = frozenset({"send", "recv", "isend", "irecv"})
 _WHY = "graded collectives must be built from dist.send/recv/isend/irecv only"
-_FORBIDDEN_HINT = ("Use only dist.send/recv/isend/irecv (and your own helpers); torch.distributed "
+FORBIDDEN_HINT = ("Use only dist.send/recv/isend/irecv (and your own helpers); torch.distributed "
                    "collectives and minidist's implementations are off limits here.")
 
 
@@ -75,18 +76,36 @@ ROOTED = {"broadcast", "reduce", "scatter", "gather"}
 
 # ----------------------------------------------------------------------------- running
 def _rank_body(progress, fn, kind, cases, seed, allow):
+    return _run_cases(fn, kind, cases, seed, allow, lambda text: mark_case(progress, text))
+
+
+def _run_cases(fn, kind, cases, seed, allow, mark):
+    """Inside a rank: (result, trace, input unchanged) of ``fn`` on every case, each under the trace and
+    the guard (only ``allow``)."""
     rank = dist.get_rank()
     call = KINDS[kind][0]
     out = []
     dev = device()
     for case in cases:
-        mark_case(progress, str(case))
+        mark(str(case))
         x = make_input(case, rank, seed).to(dev)       # the rank's device; compared on the CPU after
         before = x.clone()
         with trace() as t, guard(allow, _WHY):
             y = call(fn, x, case)
         out.append((y, Trace(t.comm()), torch.equal(x, before)))
     return out
+
+
+def answer(fn, case, *, kind: str, allow=P2P_ONLY, seed: int = 0) -> list:
+    """A rank's answer to a launch ``case`` = (world size, [Case ...]) of a judged check
+    (:mod:`minidist.checks.kit.check`, ``where="launch"``): (result, trace, input unchanged) per Case."""
+    return _run_cases(fn, kind, case[1], seed, frozenset(allow), mark)
+
+
+def verdict(case, results, *, name: str, kind: str, pattern: str | None = None) -> str | None:
+    """The verdict on every rank's :func:`answer` to a launch ``case``: the values against torch, then
+    (``pattern``) the traced messages."""
+    return collective_problem(name, kind, case[1], results, pattern)
 
 
 def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
@@ -101,7 +120,7 @@ def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None =
         raise ValueError("run_collective_cases: all cases of one launch must have the same world size")
     return launch_named(_rank_body, n, fn, kind, cases, seed, frozenset(allow),
                         name=name or getattr(fn, "__name__", "function"), timeout=timeout,
-                        forbidden_hint=_FORBIDDEN_HINT, refuse=refuse)
+                        forbidden_hint=FORBIDDEN_HINT, refuse=refuse)
 
 
 # ----------------------------------------------------------------------------- comparing

@@ -83,18 +83,7 @@ class Judged:
             raise AssertionError(problem)
 
     def file(self, params: dict, index: int, data: bytes) -> str | None:
-        """File the answer (plain data) to case ``index`` where answers are filed; the problem when
-        the docket is full (the judge would find no answer to this case)."""
-        if not ON:
-            return None
-        if len(_entries) != _size[0]:         # the runner emptied the docket since: count afresh
-            _size[:] = [len(_entries), sum(len(e[3]) for e in _entries)]
-        if _size[1] + len(data) > MAX_BYTES:
-            return (f"{self.name}: its answers come to more than the {MAX_BYTES >> 20} MiB the grader keeps for "
-                    f"one test, so this test cannot be confirmed (are the results far larger than the cases ask?)")
-        _entries.append((self.key, _params_key(params), int(index), data))
-        _size[:] = [len(_entries), _size[1] + len(data)]
-        return None
+        return file(self.key, params, index, data, self.name)
 
     def judge(self, params: dict, entries) -> str | None:
         """The verdict of a whole call of the check (``params`` as the test cell gave them) from the
@@ -130,8 +119,27 @@ class _PerFunction(Judged):
         return case[1]
 
 
-def _params_key(params: dict) -> str:
+def params_key(params: dict) -> str:
+    """A check's params as the docket keys them (the test cell gives them as constants)."""
     return json.dumps({k: params[k] for k in sorted(params)})
+
+
+_params_key = params_key
+
+
+def file(key: str, params: dict, index: int, data: bytes, name: str) -> str | None:
+    """File the answer (plain data) to case ``index`` of the check ``key`` where answers are filed
+    (``ON``); the problem when the docket is full (the judge would find no answer to this case)."""
+    if not ON:
+        return None
+    if len(_entries) != _size[0]:         # the runner emptied the docket since: count afresh
+        _size[:] = [len(_entries), sum(len(e[3]) for e in _entries)]
+    if _size[1] + len(data) > MAX_BYTES:
+        return (f"{name}: its answers come to more than the {MAX_BYTES >> 20} MiB the grader keeps for "
+                f"one test, so this test cannot be confirmed (are the results far larger than the cases ask?)")
+    _entries.append((key, params_key(params), int(index), data))
+    _size[:] = [len(_entries), _size[1] + len(data)]
+    return None
 
 
 def entries() -> list:

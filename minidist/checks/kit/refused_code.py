@@ -18,7 +18,6 @@ import os
 import pkgutil
 import types
 
-from minidist.protocol import NOTEBOOK_CELL
 
 #: What students may import from minidist in a lab (each lab adds its own checks module).
 STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")

@@ -1,0 +1,318 @@
+"""One way to write a check: a :class:`Check` says what is graded, :func:`run` runs it.
+
+A check grades a student's function on cases, in three plain functions that live in the lab's
+folder (``docs/AUTHORING.md``):
+
+* ``cases(**params)`` (``cases.py``): the cases for the arguments a test cell gives (``hidden``...);
+* ``answer(fn, case)`` (``answers.py``, the only file that calls student code): what the student's
+  code did on one case, as plain data (:mod:`minidist.runtime.plain_data`);
+* ``verdict(case, answer)`` (``verdicts.py``): what is wrong with that answer (None: nothing). It
+  rebuilds what it compares with from the case alone, so any process can give it again.
+
+Where the answer is made (``where``):
+
+* ``"here"``: in this process;
+* ``"launch"``: on the ranks of one launch per case (``world(case)`` ranks); ``answer`` runs on every
+  rank, and the verdict reads every rank's answer, a list by rank;
+* ``"groups"``: every case in one launch of ``world`` ranks cut into groups of ``case["t"]``
+  consecutive ranks (:mod:`minidist.checks.kit.groups`); ``answer(fn, case, on)`` runs on every
+  rank (``on``: its rank in the group, the group's size, the group), and the verdict judges one
+  rank: ``verdict(RankCase(case, rank, r, t), answer)``.
+
+:func:`run` is the same for every check: the guard around every answer (the lab's refusal of
+minidist's own implementation on every thread, the watch on what graded calls rebind, asynchronous
+results only at ``wait()``, NCCL's point-to-point rules, stand-ins for the lab's other functions),
+each answer's round trip through plain data, its filing in the docket (:mod:`...docket`) at an
+index computed in one place, and the verdict on the round-tripped copy: exactly what the grader's
+judge gives again from the docket (:meth:`Check.judge`). The ✓ line comes from ``covered``.
+
+A lab declares its checks and the public functions its test cells call in one :class:`Registry`
+(``CHECKS``): the grader's judge resolves a test cell's call through it, and a call it cannot
+resolve earns nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from typing import Any, Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from minidist.checks.kit import docket
+from minidist.checks.kit.groups import consecutive_groups, describe_case
+from minidist.checks.kit.launch import (TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread, report_passed,
+                                        stand_in_lab_functions)
+from minidist.checks.kit.quiet import passes_quietly
+from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refused_code import Refusal
+from minidist.runtime import plain_data
+from minidist.runtime.device import device as rank_device
+
+WHERE = ("here", "launch", "groups")
+DEFAULT_TIMEOUT = TRAINING_CHECK_TIMEOUT        # a launch's, where the test cell gives none
+
+
+class OnRank(NamedTuple):
+    """Where a ``"groups"`` answer runs: this rank's place ``r`` in its group of ``t`` ranks, and the group."""
+    r: int
+    t: int
+    group: Any
+
+
+class RankCase(NamedTuple):
+    """What a ``"groups"`` verdict judges: ``case`` as answered by world rank ``rank``, rank ``r`` of its group of ``t``."""
+    case: Any
+    rank: int
+    r: int
+    t: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One graded check, declared once (:meth:`Registry.check`) and run by :func:`run` and the judge alike.
+
+    ``params``: the test cell's arguments that decide the cases (given as constants there);
+    ``refusal``: what is refused while answers run (a :class:`Refusal`, or a function of the params);
+    ``stand_ins``: {name: function} for the lab's other functions a graded one calls, rebound inside
+    the ranks (a function of the params); ``covered(**params)``: the ✓ line's text; ``title``: what
+    failures and the ✓ line call it (default: ``name``, which must be unique in the lab); ``world``:
+    ranks per launch (a number for ``"groups"``, a function of the case for ``"launch"``);
+    ``launch``: more keywords for :func:`~minidist.checks.kit.launch.launch_named` (a dict, or a
+    function of the case for ``"launch"``; ``timeout_factor`` scales the call's timeout);
+    ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere."""
+    lab: str
+    name: str
+    cases: Callable[..., list]
+    answer: Callable
+    verdict: Callable[[Any, Any], Any]
+    where: str = "here"
+    params: tuple[str, ...] = ("hidden",)
+    refusal: Refusal | Callable[[dict], Refusal | None] | None = None
+    stand_ins: Callable[[dict], dict] | None = None
+    covered: Callable[..., str] | None = None
+    title: str | None = None
+    world: int | Callable[[Any], int] | None = None
+    launch: dict | Callable[[Any], dict] | None = None
+    stop_at_first_failure: bool = False
+
+    def __post_init__(self):
+        if self.where not in WHERE:
+            raise ValueError(f"check {self.name!r}: where must be one of {WHERE}, not {self.where!r}")
+        if self.where != "here" and self.world is None:
+            raise ValueError(f"check {self.name!r} runs on ranks: say how many (world=...)")
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name
+
+    @property
+    def key(self) -> str:
+        """What names this check's answers in the docket."""
+        return f"{self.lab}.{self.name}"
+
+    def judged_cases(self, params: dict) -> list:
+        """What one verdict judges, in docket order: the cases, or for ``"groups"`` every (case, rank)."""
+        cases = self.cases(**params)
+        if self.where != "groups":
+            return cases
+        out = []
+        for case in cases:
+            for rank in range(self.world):
+                start = rank - rank % case["t"]
+                out.append(RankCase(case, rank, rank - start, min(case["t"], self.world - start)))
+        return out
+
+    def problem(self, item, answer) -> str | None:
+        """The verdict on one judged case, as a failure states it (a rank's case names the case and rank)."""
+        return self.stated(item, _first(self.verdict(item, answer)))
+
+    def stated(self, item, problem: str | None) -> str | None:
+        """``problem`` as a failure states it: for a rank's case, after the case and the rank."""
+        if problem and self.where == "groups":
+            case, rank, r, t = item
+            return f"{self.shown} (t={t}, {describe_case(case)}), rank {rank} (rank {r} of its group): {problem}"
+        return problem
+
+    def judge(self, params: dict, entries) -> str | None:
+        """The verdict of a whole call (``params`` as the test cell gave them) from the docket's
+        entries, given by a process that ran no student code: the first problem, or that a case has
+        no answer; None when every case has a right answer."""
+        items, want = self.judged_cases(params), docket.params_key(params)
+        answered = set()
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 4 and entry[0] == self.key and entry[1] == want):
+                continue
+            index, data = entry[2], entry[3]
+            if not (type(index) is int and 0 <= index < len(items) and isinstance(data, bytes)):
+                return f"{self.shown}: the docket holds a malformed answer ({index!r})"
+            try:
+                answer = plain_data.loads(data)
+            except ValueError as err:
+                return f"{self.shown}: an answer in the docket is not plain data ({err})"
+            problem = self.problem(items[index], answer)
+            if problem:
+                return problem
+            answered.add(index)
+        missing = sorted(set(range(len(items))) - answered)
+        if missing:
+            return (f"{self.shown}: no answer was filed for {len(missing)} of its {len(items)} cases "
+                    f"(the first: {items[missing[0]]!r})")
+        return None
+
+
+def _first(problems) -> str | None:
+    """A verdict's problem: itself, or the first of a list."""
+    if isinstance(problems, (list, tuple)):
+        return next((p for p in problems if p), None)
+    return problems or None
+
+
+class Registry:
+    """A lab's checks (``CHECKS`` in its ``__init__.py``): the :class:`Check`\\ s, and each public check
+    function a test cell calls with the checks that call runs. The function runs and the judge
+    resolves through the same :meth:`resolve`, so what a call runs is what the judge judges."""
+
+    def __init__(self, lab: str):
+        self.lab = lab
+        self.entries: dict[str, tuple[Callable, Any, str | None]] = {}
+
+    def check(self, name: str, cases, answer, verdict, **options) -> Check:
+        """A :class:`Check` of this lab (options: see :class:`Check`)."""
+        return Check(self.lab, name, cases, answer, verdict, **options)
+
+    def entry(self, checks, by: str | None = None):
+        """Decorator of a public check function, written as its signature and docstring alone:
+        calling it runs ``checks`` (a Check or a tuple of them; with ``by``, a dict {value of the
+        argument ``by``: Check or tuple}). Its other arguments are the Check's params, ``timeout``,
+        and the graded objects, handed to the answers in order (one alone, several as a tuple)."""
+        def register(stub: Callable) -> Callable:
+            self.entries[stub.__name__] = (stub, checks, by)
+
+            @passes_quietly
+            def call(*args, **kwargs):
+                for check, params, graded, timeout in self.resolve(stub.__name__, args, kwargs):
+                    run(check, graded, timeout=timeout, **params)
+            call.__name__, call.__qualname__, call.__doc__ = stub.__name__, stub.__qualname__, stub.__doc__
+            call.__signature__ = inspect.signature(stub)
+            call.__wrapped_stub__ = stub
+            return call
+        return register
+
+    def resolve(self, name: str, args: tuple, kwargs: dict) -> list[tuple[Check, dict, Any, float | None]]:
+        """(check, its params, the graded objects, timeout) for every Check a call ``name(*args,
+        **kwargs)`` runs. Raises TypeError for a call that does not fit the function, ValueError for a
+        ``by`` value that names no check."""
+        stub, checks, by = self.entries[name]
+        bound = inspect.signature(stub).bind(*args, **kwargs)
+        bound.apply_defaults()
+        chosen = checks
+        if by is not None:
+            if bound.arguments[by] not in checks:
+                raise ValueError(f"{self.lab.rsplit('.', 1)[-1]} has no graded function {bound.arguments[by]!r}; "
+                                 f"graded: {', '.join(map(str, checks))}")
+            chosen = checks[bound.arguments[by]]
+        chosen = chosen if isinstance(chosen, tuple) else (chosen,)
+        taken = {by, "timeout"} | {p for c in chosen for p in c.params}
+        graded = [v for k, v in bound.arguments.items() if k not in taken]
+        return [(c, {p: bound.arguments[p] for p in c.params}, graded[0] if len(graded) == 1 else tuple(graded),
+                 bound.arguments.get("timeout")) for c in chosen]
+
+
+# ----------------------------------------------------------------------------- running a check
+def run(check: Check, fn, *, timeout: float | None = None, **params) -> None:
+    """Grade ``fn`` (the graded object, or a tuple of them) with ``check`` on the cases ``params``
+    give; raise AssertionError with the first problem; print the ✓ line when all pass."""
+    if set(params) != set(check.params):
+        raise TypeError(f"check {check.name!r} takes the params {check.params}, got {tuple(params)}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    cases = check.cases(**params)
+    refusal = check.refusal(params) if callable(check.refusal) else check.refusal
+    stand_ins = check.stand_ins(params) if check.stand_ins is not None else {}
+    if check.where == "here":
+        for i, case in enumerate(cases):
+            _require(check, params, i, case, graded_call(refusal, check.shown, check.answer, fn, case))
+    elif check.where == "launch":
+        for i, case in enumerate(cases):
+            options = dict(check.launch(case) if callable(check.launch) else check.launch or {})
+            results = launch_named(_launch_answer, check.world(case), check.answer, fn, case, stand_ins,
+                                   name=check.shown, timeout=timeout * options.pop("timeout_factor", 1),
+                                   refuse=refusal, **options)
+            _require(check, params, i, case, results)
+    else:
+        options = dict(check.launch or {})
+        out = launch_named(_group_answers, check.world, check, fn, cases, stand_ins, name=check.shown,
+                           timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal, **options)
+        for i, item in enumerate(check.judged_cases(params)):
+            problem, data = out[item.rank][i // check.world]
+            if data is not None:
+                problem = problem or docket.file(check.key, params, i, data, check.shown)
+            if problem:
+                raise AssertionError(check.stated(item, problem))
+    if check.covered is not None:
+        report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
+
+
+def _require(check: Check, params: dict, index: int, case, answer) -> None:
+    """File the answer to case ``index`` and raise AssertionError with its verdict's problem, given on
+    the answer after its round trip through plain data (the value the judge reads)."""
+    try:
+        data = plain_data.dumps(answer)
+    except TypeError as err:
+        raise AssertionError(f"{check.shown} returned something that is not plain data ({err})") from None
+    problem = check.problem(case, plain_data.loads(data)) or docket.file(check.key, params, index, data, check.shown)
+    if problem:
+        raise AssertionError(problem)
+
+
+def _launch_answer(progress, answer, fn, case, stand_ins, **reference):
+    """Inside a rank of a ``"launch"`` check: this rank's answer to ``case``, as plain data."""
+    stand_in_lab_functions(fn, stand_ins)
+    with _marking(progress):
+        return answer(fn, case, **reference)
+
+
+def _group_answers(progress, check: Check, fn, cases: list, stand_ins: dict) -> list:
+    """Inside a rank of a ``"groups"`` check: (problem, answer as plain data) for every case, each run
+    on its group of ``case["t"]`` ranks and judged here at once (the notebook shows a failure as it
+    happens); with ``stop_at_first_failure``, every rank stops after the first case that failed on any."""
+    stand_in_lab_functions(fn, stand_ins)
+    groups = consecutive_groups((c["t"] for c in cases), check.world)
+    rank, out = dist.get_rank(), []
+    with one_thread(), _marking(progress):
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark(f"t={case['t']}: {describe_case(case)}")
+            try:
+                data = plain_data.dumps(check.answer(fn, case, OnRank(r, t, group)))
+            except TypeError as err:
+                out.append((f"returned something that is not plain data ({err})", None))
+            else:
+                out.append((_first(check.verdict(RankCase(case, rank, r, t), plain_data.loads(data))), data))
+            if check.stop_at_first_failure:
+                failed = torch.tensor([int(out[-1][0] is not None)], device=rank_device())
+                dist.all_reduce(failed)
+                if failed.item():
+                    break
+    return out + [("not run: an earlier case failed", None)] * (len(cases) - len(out))
+
+
+# ----------------------------------------------------------------------------- marking the running case
+_progress: list = []
+
+
+@contextlib.contextmanager
+def _marking(progress: str):
+    _progress.append(progress)
+    try:
+        yield
+    finally:
+        _progress.pop()
+
+
+def mark(text: str) -> None:
+    """Inside a rank: the case this rank starts now (a launch that fails names it). An answer that runs
+    several sub-cases in one launch marks each."""
+    if _progress:
+        mark_case(_progress[-1], text)
