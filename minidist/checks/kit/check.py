@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+from functools import partial
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -80,7 +81,9 @@ class Check:
     failures and the ✓ line call it (default: ``name``, which must be unique in the lab); ``world``:
     ranks per launch (a number for ``"groups"``, a function of the case for ``"launch"``);
     ``launch``: more keywords for :func:`~minidist.checks.kit.launch.launch_named` (a dict, or a
-    function of the case for ``"launch"``; ``timeout_factor`` scales the call's timeout);
+    function of the case for ``"launch"``): ``outputs_at_wait``, ``forbidden_hint``, ``timeout_factor``
+    (scales the call's timeout) and, for ``"launch"``, ``reference(case)`` (run on each rank before
+    the answer, outside the refusal; its result reaches the answer as ``reference=``);
     ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere."""
     lab: str
     name: str
@@ -236,6 +239,8 @@ def run(check: Check, fn, *, timeout: float | None = None, **params) -> None:
     elif check.where == "launch":
         for i, case in enumerate(cases):
             options = dict(check.launch(case) if callable(check.launch) else check.launch or {})
+            if "reference" in options:      # reference(case), on the rank before the answer, outside the refusal
+                options["reference"] = partial(_reference, options["reference"])
             results = launch_named(_launch_answer, check.world(case), check.answer, fn, case, stand_ins,
                                    name=check.shown, timeout=timeout * options.pop("timeout_factor", 1),
                                    refuse=refusal, **options)
@@ -266,8 +271,14 @@ def _require(check: Check, params: dict, index: int, case, answer) -> None:
         raise AssertionError(problem)
 
 
+def _reference(reference, progress, answer, fn, case, stand_ins):
+    return reference(case)
+
+
 def _launch_answer(progress, answer, fn, case, stand_ins, **reference):
-    """Inside a rank of a ``"launch"`` check: this rank's answer to ``case``, as plain data."""
+    """Inside a rank of a ``"launch"`` check: this rank's answer to ``case``, as plain data (with the
+    ``reference`` launch option: ``answer(fn, case, reference=...)``, what ``reference(case)`` measured
+    on this rank before the student's code ran)."""
     stand_in_lab_functions(fn, stand_ins)
     with _marking(progress):
         return answer(fn, case, **reference)
