@@ -17,7 +17,8 @@ import pytest
 
 from minidist.checks import toylab
 from minidist.checks.kit import docket
-from minidist.checks.kit.check import RankCase, Registry, run
+from minidist.checks.kit.check import Registry
+from minidist.checks.kit.run import RankCase, run
 from minidist.runtime import plain_data
 
 ROOT = Path(__file__).resolve().parents[1]

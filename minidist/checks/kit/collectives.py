@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from minidist.checks.kit.check import mark
+from minidist.checks.kit.run import mark
 from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.runtime import device
 from minidist.trace import Trace, guard, merge, trace

@@ -1,0 +1,156 @@
+"""Running a check (:class:`minidist.checks.kit.check.Check`): :func:`run`, the same for every check.
+
+Around every answer, the guard: the lab's refusal of minidist's own implementation (on every thread
+the graded code runs on), the watch on what graded calls rebind, asynchronous results only at
+``wait()`` and NCCL's point-to-point rules (on ranks, :func:`minidist.checks.kit.launch.launch_named`),
+the lab's stand-ins for the functions a graded one calls (rebound inside the ranks only). Then each
+answer's round trip through plain data, its filing in the docket (:mod:`minidist.checks.kit.docket`)
+at an index computed here and nowhere else (a case's index; for ``"groups"``, case × world + rank),
+and the verdict on the round-tripped copy, the value the grader's judge reads
+(:meth:`~minidist.checks.kit.check.Check.judge`). A passing check prints its ✓ line.
+"""
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from minidist.checks.kit import docket
+from minidist.checks.kit.groups import consecutive_groups, describe_case
+from minidist.checks.kit.launch import (TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread, report_passed,
+                                        stand_in_lab_functions)
+from minidist.checks.kit.refusal import graded_call
+from minidist.runtime import plain_data
+from minidist.runtime.device import device as rank_device
+
+DEFAULT_TIMEOUT = TRAINING_CHECK_TIMEOUT        # a launch's, where the test cell gives none
+
+
+class OnRank(NamedTuple):
+    """Where a ``"groups"`` answer runs: this rank's place ``r`` in its group of ``t`` ranks, and the group."""
+    r: int
+    t: int
+    group: Any
+
+
+class RankCase(NamedTuple):
+    """What a ``"groups"`` verdict judges: ``case`` as answered by world rank ``rank``, rank ``r`` of its group of ``t``."""
+    case: Any
+    rank: int
+    r: int
+    t: int
+
+
+def first(problems) -> str | None:
+    """A verdict's problem: itself, or the first of a list."""
+    if isinstance(problems, (list, tuple)):
+        return next((p for p in problems if p), None)
+    return problems or None
+
+
+def run(check, fn, *, timeout: float | None = None, **params) -> None:
+    """Grade ``fn`` (the graded object, or a tuple of them) with ``check`` on the cases ``params``
+    give; raise AssertionError with the first problem; print the ✓ line when all pass."""
+    if set(params) != set(check.params):
+        raise TypeError(f"check {check.name!r} takes the params {check.params}, got {tuple(params)}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+    cases = check.cases(**params)
+    refusal = check.refusal(params) if callable(check.refusal) else check.refusal
+    stand_ins = check.stand_ins(params) if check.stand_ins is not None else {}
+    if check.where == "here":
+        for i, case in enumerate(cases):
+            _require(check, params, i, case, graded_call(refusal, check.shown, check.answer, fn, case))
+    elif check.where == "launch":
+        for i, case in enumerate(cases):
+            options = dict(check.launch(case) if callable(check.launch) else check.launch or {})
+            if "reference" in options:      # reference(case), on the rank before the answer, outside the refusal
+                options["reference"] = partial(_reference, options["reference"])
+            results = launch_named(_launch_answer, check.world(case), check.answer, fn, case, stand_ins,
+                                   name=check.shown, timeout=timeout * options.pop("timeout_factor", 1),
+                                   refuse=refusal, **options)
+            _require(check, params, i, case, results)
+    else:
+        options = dict(check.launch or {})
+        out = launch_named(_group_answers, check.world, check, fn, cases, stand_ins, name=check.shown,
+                           timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal, **options)
+        for i, item in enumerate(check.judged_cases(params)):
+            problem, data = out[item.rank][i // check.world]
+            if data is not None:
+                problem = problem or docket.file(check.key, params, i, data, check.shown)
+            if problem:
+                raise AssertionError(check.stated(item, problem))
+    if check.covered is not None:
+        report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
+
+
+def _require(check, params: dict, index: int, case, answer) -> None:
+    """File the answer to case ``index`` and raise AssertionError with its verdict's problem, given on
+    the answer after its round trip through plain data (the value the judge reads)."""
+    try:
+        data = plain_data.dumps(answer)
+    except TypeError as err:
+        raise AssertionError(f"{check.shown} returned something that is not plain data ({err})") from None
+    problem = check.problem(case, plain_data.loads(data)) or docket.file(check.key, params, index, data, check.shown)
+    if problem:
+        raise AssertionError(problem)
+
+
+def _reference(reference, progress, answer, fn, case, stand_ins):
+    return reference(case)
+
+
+def _launch_answer(progress, answer, fn, case, stand_ins, **reference):
+    """Inside a rank of a ``"launch"`` check: this rank's answer to ``case``, as plain data (with the
+    ``reference`` launch option: ``answer(fn, case, reference=...)``, what ``reference(case)`` measured
+    on this rank before the student's code ran)."""
+    stand_in_lab_functions(fn, stand_ins)
+    with _marking(progress):
+        return answer(fn, case, **reference)
+
+
+def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
+    """Inside a rank of a ``"groups"`` check: (problem, answer as plain data) for every case, each run
+    on its group of ``case["t"]`` ranks and judged here at once (the notebook shows a failure as it
+    happens); with ``stop_at_first_failure``, every rank stops after the first case that failed on any."""
+    stand_in_lab_functions(fn, stand_ins)
+    groups = consecutive_groups((c["t"] for c in cases), check.world)
+    rank, out = dist.get_rank(), []
+    with one_thread(), _marking(progress):
+        for case in cases:
+            group, r, t = groups[case["t"]]
+            mark(f"t={case['t']}: {describe_case(case)}")
+            try:
+                data = plain_data.dumps(check.answer(fn, case, OnRank(r, t, group)))
+            except TypeError as err:
+                out.append((f"returned something that is not plain data ({err})", None))
+            else:
+                out.append((first(check.verdict(RankCase(case, rank, r, t), plain_data.loads(data))), data))
+            if check.stop_at_first_failure:
+                failed = torch.tensor([int(out[-1][0] is not None)], device=rank_device())
+                dist.all_reduce(failed)
+                if failed.item():
+                    break
+    return out + [("not run: an earlier case failed", None)] * (len(cases) - len(out))
+
+
+# ----------------------------------------------------------------------------- marking the running case
+_progress: list = []
+
+
+@contextlib.contextmanager
+def _marking(progress: str):
+    _progress.append(progress)
+    try:
+        yield
+    finally:
+        _progress.pop()
+
+
+def mark(text: str) -> None:
+    """Inside a rank: the case this rank starts now (a launch that fails names it). An answer that runs
+    several sub-cases in one launch marks each."""
+    if _progress:
+        mark_case(_progress[-1], text)
