@@ -101,7 +101,7 @@ def _test_cells():
     return out
 
 
-@pytest.mark.parametrize("lab, test, source, modules", _test_cells(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.parametrize("lab, test, source, modules", _test_cells(), ids=[f"{c[0]}-{c[1]}" for c in _test_cells()])
 def test_every_test_cell_of_every_lab_resolves_through_its_registry(lab, test, source, modules):
     """Static, over solutions/: every call of every test cell is a registered check with constant params,
     so an honest submission is never left unconfirmed by the judge."""
