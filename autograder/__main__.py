@@ -1,4 +1,4 @@
-"""python -m autograder {release,grade,feedback,export,selftest,bench,doctor} ..."""
+"""python -m autograder {release,grade,feedback,export,selftest,bench,new-exercise,doctor} ..."""
 from __future__ import annotations
 
 import argparse
@@ -100,9 +100,18 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_new_exercise(a) -> int:
+    from autograder.scaffold import new_exercise
+    written = new_exercise(a.lab, a.name, args=a.args, points=a.points, where=a.where, after=a.after)
+    print(f"exercise {a.name!r} added to {a.lab}; fill in (docs/AUTHORING.md):")
+    for path in written:
+        print(f"  {path}")
+    return 0
+
+
 def cmd_doctor(a) -> int:
     from autograder import REPO
-    from autograder.sandbox import JobsCannotReach, probe
+    from autograder.sandbox.probe import JobsCannotReach, probe
     try:
         backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder")])
     except JobsCannotReach as err:
@@ -188,6 +197,17 @@ def main(argv=None) -> int:
     s.add_argument("--repeat", type=int, default=1, help="grade the single submission this often per mode")
     s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("new-exercise", help="add the skeleton of a graded exercise to LAB: its cells in the source "
+                                            "notebook, its check in the lab's checks folder, stub bank entries")
+    s.add_argument("lab")
+    s.add_argument("name", help="the graded function's name")
+    s.add_argument("--args", default="x", help="its parameters, as written in its def (default: x)")
+    s.add_argument("--points", type=int, default=2, help="the test cell's points (default: 2)")
+    s.add_argument("--where", choices=("here", "launch"), default="here",
+                   help="where the answer is made: in the grading process, or on the ranks of a launch")
+    s.add_argument("--after", help="insert after the cell of this grade_id (default: at the end)")
+    s.set_defaults(fn=cmd_new_exercise)
 
     s = sub.add_parser("doctor", help="which sandbox grading would use here, and what it guarantees")
     s.set_defaults(fn=cmd_doctor)

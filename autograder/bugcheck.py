@@ -26,7 +26,7 @@ from nbclient import NotebookClient
 from nbgrader.utils import determine_grade
 
 from minidist.protocol import CHECK_TIMEOUT_ENV, TIMEOUT_SCALE_ENV
-from autograder.confirm import RETRY_TIMEOUT_SCALE
+from autograder.retry import RETRY_TIMEOUT_SCALE
 from autograder.notebooks import skip_demos
 from autograder.course import KERNEL_NAME, cell_timeout, grade_id, kernel_argv, nbg, strip_solution_markers
 

@@ -8,7 +8,7 @@ outside the working folder. The source is the one thing a kernel cannot rewrite 
 fact, so these flags hold even where the kernel could hide what it did at run time; code that
 builds its names at run time (``getattr(__import__("c" + "types"), ...)``) escapes them, which
 is why ``exec``/``eval``/``__import__`` are flagged too. The confirmation run adds what its
-audit hook saw (:mod:`autograder.confirm_audit`).
+audit hook saw (:mod:`autograder.confirm.audit`).
 """
 from __future__ import annotations
 

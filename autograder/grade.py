@@ -189,20 +189,22 @@ def run_all(todo: list, jobs: int, env: dict, run, slots: list[str] | None = Non
 def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path, kernel: str) -> dict:
     """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
     a home whose matplotlib font cache is built."""
-    from autograder import confirm as confirm_mod
-    from autograder import sandbox as sb
+    from autograder.confirm.start import copy_pristine
+    from autograder.sandbox import backend as sb
+    from autograder.sandbox.home import build_skeleton
+    from autograder.sandbox.probe import JobsCannotReach, probe
     area = sb.make_area()            # what the jobs' unprivileged uids may reach, whatever is above `out`
-    pristine = confirm_mod.copy_pristine(area / "pristine")
+    pristine = copy_pristine(area / "pristine")
     tools = sb.install_tools(area)
-    skeleton = sb.build_skeleton(work / "skeleton")
+    skeleton = build_skeleton(work / "skeleton")
     if sandbox is False:
         backend, what = None, "sandbox turned off (--no-sandbox)"
     else:
         try:
-            backend, what = sb.probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
+            backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
                                              str(solutions_dir())], area=area,
                                      pristine=str(pristine), programs=[kernel])
-        except sb.JobsCannotReach as err:      # before the first job: nothing graded, nothing written
+        except JobsCannotReach as err:      # before the first job: nothing graded, nothing written
             shutil.rmtree(area, ignore_errors=True)
             raise SystemExit(str(err)) from None
         if backend is None and sandbox is True:

@@ -4,7 +4,7 @@ They extend nbgrader's own classes (no reimplementation of its grading logic):
 
 * ``ProgressExecute`` = nbgrader's ``Execute`` + a progress record per cell started /
   finished (with the points nbgrader's rules give a finished test cell, computed here in the
-  grader's process from the kernel's reply), handed to ``PROGRESS_SINK``: the worker keeps
+  grader's process from the kernel's reply), handed to its ``sink`` (:func:`with_sink`): the worker keeps
   them and sends them to the parent through a pipe, so a submission whose kernel dies or that
   is killed at the wall-clock limit still gets per-test results for the cells that ran, and
   nothing the kernel can write decides a score;
@@ -42,16 +42,14 @@ def _trim(text: str, limit: int = MAX_OUTPUT_CHARS) -> str:
         + text[-limit // 2:]
 
 
-#: where ProgressExecute's records go (set by the worker): a callable taking one dict
-PROGRESS_SINK = None
-
-
 class ProgressExecute(Execute):
+    #: where the records go: a callable taking one dict (a job's subclass sets it, :func:`with_sink`)
+    sink = None
 
     def _log_progress(self, **rec):
         rec["t"] = time.time()
-        if PROGRESS_SINK is not None:
-            PROGRESS_SINK(rec)
+        if self.sink is not None:
+            self.sink(rec)
 
     def on_cell_start(self, cell=None, cell_index=None, **_):
         gid = cell.metadata.get("nbgrader", {}).get("grade_id")
@@ -68,19 +66,24 @@ class ProgressExecute(Execute):
         self._log_progress(**rec)
 
 
-#: {grade_id: source} of the release's test cells (hidden tests stripped), set by the worker
-RELEASE_TESTS: dict = {}
+def with_sink(sink) -> type:
+    """``ProgressExecute`` for one run of nbgrader, its records going to ``sink``."""
+    return type("JobProgressExecute", (ProgressExecute,), {"sink": staticmethod(sink)})
 
 
 class HideHiddenTests(ClearHiddenTests):
     """Feedback without hidden tests: a test cell's source is the release's (by cell id), and its
-    tracebacks are cut to the error's name and message."""
+    tracebacks are cut to the error's name and message (a job's subclass holds the release's test
+    cells, :func:`hiding`)."""
+    #: {grade_id: source} of the release's test cells (hidden tests stripped)
+    release_tests: dict = {}
 
     def preprocess_cell(self, cell, resources, cell_index):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if cell.cell_type == "code" and gid in RELEASE_TESTS:
-            if cell.source != RELEASE_TESTS[gid]:
-                cell.source = RELEASE_TESTS[gid].rstrip("\n") + "\n# (hidden tests not shown)"
+        release = self.release_tests
+        if cell.cell_type == "code" and gid in release:
+            if cell.source != release[gid]:
+                cell.source = release[gid].rstrip("\n") + "\n# (hidden tests not shown)"
             for o in cell.get("outputs", []):
                 if o.get("output_type") == "error":
                     o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
@@ -91,6 +94,11 @@ class HideHiddenTests(ClearHiddenTests):
                     if o.get("output_type") == "error":
                         o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
         return cell, resources
+
+
+def hiding(release_tests: dict) -> type:
+    """``HideHiddenTests`` for one job's feedback, with that lab's release test cells."""
+    return type("JobHideHiddenTests", (HideHiddenTests,), {"release_tests": dict(release_tests)})
 
 
 def _size(o) -> int:

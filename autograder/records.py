@@ -132,7 +132,7 @@ def confirmed_only(cells: dict, confirmed: dict) -> None:
     (``confirmed``: {notebook: {test: points}}, received before the worker ended) confirms them;
     without a report it keeps none. Otherwise a submission could pass patched tests in the
     kernel and then stall past the wall-clock limit, before its confirmation was applied."""
-    from autograder.confirm import NOT_CONFIRMED
+    from autograder.confirm.points import lower_to_confirmed
     for nb, rows in cells.items():
         got = confirmed.get(nb)
         for cid, row in rows.items():
@@ -142,9 +142,9 @@ def confirmed_only(cells: dict, confirmed: dict) -> None:
             if got is None:
                 row.update(points=0.0, status="error",
                            reason="not confirmed: the submission was stopped before its confirmation run ended")
-            elif float(got.get(cid, 0.0)) < pts:
-                row["flags"].append(f"{NOT_CONFIRMED} (passed in the notebook, not in a fresh interpreter)")
-                row.update(points=float(got.get(cid, 0.0)), status="fail", reason=NOT_CONFIRMED)
+            else:
+                lower_to_confirmed(row, float(got.get(cid, 0.0)), "its points there, reported before the worker "
+                                                                   "was stopped")
 
 
 def checked_confirmation(msg) -> tuple[str, dict] | None:

@@ -94,6 +94,10 @@ def check_bank(lab: str, bank: dict, source_nbs: dict) -> list[str]:
     tests = {grade_id(c) for nb in source_nbs.values() for c in nb.cells
              if nbg(c).get("grade") and not nbg(c).get("solution")}
     names = Counter(b.get("name") for b in bank["BUGS"] + bank["ALTERNATIVES"])
+    unfinished = [b.get("name") for b in bank["BUGS"] + bank["ALTERNATIVES"] if b.get("unfinished")]
+    if unfinished:
+        problems.append(f"unfinished (stubs of `python -m autograder new-exercise`: write their code and why, then "
+                        f"drop unfinished=True): {', '.join(map(str, unfinished))}")
     problems += [f"duplicate bug or alternative name {n!r}" for n, k in names.items() if k > 1]
     alts = Counter()
     for a in bank["ALTERNATIVES"]:

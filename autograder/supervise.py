@@ -18,7 +18,7 @@ from pathlib import Path
 from autograder import REPO, worker
 from autograder.course import lab_cells
 from autograder.procs import TAG_VAR, kill_job
-from autograder.sandbox import job_uid
+from autograder.sandbox.backend import job_uid
 from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
                                 last_started, valid_record)
 

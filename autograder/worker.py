@@ -14,6 +14,7 @@ the feedback.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,40 +26,43 @@ import traceback
 from pathlib import Path
 
 from autograder.course import grade_id, lab_cells, load_config, nbg, read_nb, run_converter, write_nb
-from autograder.handed_in import shadows
+from autograder.confirm.handed_in import shadows
 from autograder.notebooks import load, locate, repair, skip_demos
 from autograder.records import failure_reason, fallback_cells, notebook_cells
+from autograder.retry import RETRY_TIMEOUT_SCALE, overrides, scaled
+from autograder.sandbox.kernel import KernelJob, kernel_manager
 
 MAX_EXTRA_BYTES = 20 << 20          # files handed in next to the notebook: at most this much is copied
 MAX_EXTRA_FILES = 200
 
 
-def autograde_config(course: Path, cell_timeout: int, sandboxed: bool):
+def autograde_config(course: Path, cell_timeout: int, kernel: KernelJob, sink):
+    """nbgrader's configuration for one run of ``autograde``: this job's kernels (:class:`KernelJob`, in
+    the sandbox where there is one) and its progress records to ``sink``."""
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, IgnorePattern,
                                         LimitOutput, SaveAutoGrades)
 
-    from autograder.nbext import ProgressExecute, TruncateOutput
+    from autograder.nbext import ProgressExecute, TruncateOutput, with_sink
 
     c = load_config(root=course)
     c.Execute.timeout = int(cell_timeout)
     c.Autograde.autograde_preprocessors = [
-        ProgressExecute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput, TruncateOutput,
+        with_sink(sink), IgnorePattern, ClearMetadataPreprocessor, LimitOutput, TruncateOutput,
         SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
-    if sandboxed:
-        c.ProgressExecute.kernel_manager_class = "autograder.sandbox.SandboxKernelManager"
+    c[ProgressExecute.__name__].kernel_manager_class = kernel_manager(kernel)
     return c
 
 
-def feedback_config(course: Path):
+def feedback_config(course: Path, release_tests: dict):
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
     from nbgrader.preprocessors import GetGrades
 
-    from autograder.nbext import HideHiddenTests, TruncateOutput
+    from autograder.nbext import TruncateOutput, hiding
 
     c = load_config(root=course)
     c.HTMLExporter.template_name = "feedback"
-    c.GenerateFeedback.preprocessors = [HideHiddenTests, TruncateOutput, GetGrades,
+    c.GenerateFeedback.preprocessors = [hiding(release_tests), TruncateOutput, GetGrades,
                                         CSSHTMLHeaderPreprocessor]
     return c
 
@@ -103,8 +107,13 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     from nbgrader.api import Gradebook
     from nbgrader.converters import Autograde, GenerateFeedback
 
-    from autograder import confirm, gradebook, nbext, sandbox
+    from autograder import gradebook
+    from autograder.confirm import handed_in
+    from autograder.confirm.points import confirm_cells, report_points
+    from autograder.confirm.start import Confirmation, plan
     from autograder.flags import notebook_flags
+    from autograder.sandbox.backend import Backend, give, limits
+    from autograder.sandbox.home import inner_env, prepare_home
 
     t_start = time.time()
     job = Path(spec["job_dir"])
@@ -161,45 +170,42 @@ def run(spec: dict, send=lambda msg: None) -> dict:
                      + (f"; ... ({len(flags_static)} in all)" if len(flags_static) > 12 else ""))
 
     # --- the sandbox's private home, and the confirmation runs (they need nothing from nbgrader's)
-    backend = sandbox.Backend(**spec["sandbox"]) if spec.get("sandbox") else None
+    backend = Backend(**spec["sandbox"]) if spec.get("sandbox") else None
     uid = spec.get("uid")
     # what the sandboxes of this job see of the grader's files: in the batch's area, the job's uid's
     box = Path(tempfile.mkdtemp(prefix="job-", dir=spec.get("area") or None))
     home = box / "home"
     pristine = Path(spec["pristine"])
     skeleton = Path(spec["skeleton"]) if spec.get("skeleton") else None
-    sandbox.prepare_home(home, skeleton)
+    prepare_home(home, skeleton)
     startup = home / ".ipython" / "profile_default" / "startup"
     startup.mkdir(parents=True, exist_ok=True)    # the kernel's handed-in files: for the student's imports only
-    shutil.copyfile(Path(__file__).with_name("handed_in.py"), startup / "00-handed-in.py")
+    shutil.copyfile(handed_in.__file__, startup / "00-handed-in.py")
     kernel_cwd = shutil.copytree(dest, box / "kernel-cwd")     # what the student handed in, no hidden tests
-    sandbox.give(box, uid)
-    limit = sandbox.limits(cpu_seconds=2 * float(spec.get("wall", 600)))
-    sandbox.SandboxKernelManager.settings = {"backend": backend, "home": str(home), "pristine": str(pristine),
-                                             "tag_var": spec["tag_var"], "workdir": str(kernel_cwd), "uid": uid,
-                                             "tools": spec.get("tools"), "limit": limit}
+    give(box, uid)
+    limit = limits(cpu_seconds=2 * float(spec.get("wall", 600)))
+    kernel = KernelJob(backend, str(home), str(pristine), spec["tag_var"], str(kernel_cwd), uid, spec.get("tools"),
+                       limit)
     deadline = t_start + float(spec.get("wall", 600)) - 5
-    conf_env = sandbox.inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
+    conf_env = inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
 
-    def start_confirmation(name, only=None, attempt=1):
-        wd = box / "confirm" / f"{name}-{attempt}"
-        chome = sandbox.prepare_home(wd, skeleton)
+    def start_confirmation(name, only=None, retry=False):
+        wd = box / "confirm" / f"{name}-{2 if retry else 1}"
+        chome = prepare_home(wd, skeleton)
         copy_extra_files(sub_dir, wd, used)        # a helper module works in both runs, or in neither
-        sandbox.give(wd, uid)
+        give(wd, uid)
         env = dict(conf_env, HOME=str(chome), IPYTHONDIR=str(chome / ".ipython"), MPLCONFIGDIR=str(chome / ".mpl"),
                    JUPYTER_RUNTIME_DIR=str(chome / ".runtime"))
-        retry_scale = confirm.RETRY_TIMEOUT_SCALE if attempt > 1 else 1   # what timed out under load gets more time
-        env["MINIDIST_TIMEOUT_SCALE"] = f"{float(conf_env.get('MINIDIST_TIMEOUT_SCALE') or 1) * retry_scale:g}"
-        return confirm.Confirmation(confirm.plan(source_nbs[name], graded_nbs[name]), pristine=pristine,
-                                    workdir=wd, sandbox=backend, env=env,
-                                    box={"uid": uid, "tools": spec.get("tools"), "limit": limit},
-                                    timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * retry_scale,
-                                    log=job / f"confirm-{name}-{attempt}.log", only=only)
+        scale = RETRY_TIMEOUT_SCALE if retry else 1          # what timed out under load gets more time
+        return Confirmation(plan(source_nbs[name], graded_nbs[name]), pristine=pristine, workdir=wd, sandbox=backend,
+                            env=scaled(env, scale), box={"uid": uid, "tools": spec.get("tools"), "limit": limit},
+                            timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * scale,
+                            log=job / f"confirm-{wd.name}.log", only=only)
 
     confirming = spec.get("confirm", True)
     runs = {n: start_confirmation(n) for n in graded_nbs} if confirming else {}
     if runs:      # the grader hears the confirmed points even if this worker never finishes
-        threading.Thread(target=confirm.report_points, args=(runs, cells_meta, send), daemon=True).start()
+        threading.Thread(target=report_points, args=(runs, cells_meta, send), daemon=True).start()
 
     # --- nbgrader autograde, the kernel in the sandbox; scores from the progress records
     records: list[dict] = []
@@ -207,31 +213,27 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     def sink(rec):
         records.append(rec)
         send({"type": "progress", **rec})
-    nbext.PROGRESS_SINK = sink
     result = {"student": student, "lab": lab, "notes": notes, "cells": {}, "graded": False,
               "failure": None}
-    try:
-        if len(unusable) < len(names):
-            c = autograde_config(course, spec["cell_timeout"], backend is not None)
-            r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
-            (job / "autograde.log").write_text(r.get("log", "") + "\n" + r.get("error", ""))
-            if r["success"]:
-                result["graded"] = True
-            else:
-                result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), records,
-                                                   _sandbox_errors(job / "worker.log"))
-        if result["graded"]:
-            result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
-                                             spec["cell_timeout"])
-            retry_timeouts(result["cells"], course, lab, student, cells_meta, unusable, cell_flags, spec, deadline)
+    if len(unusable) < len(names):
+        c = autograde_config(course, spec["cell_timeout"], kernel, sink)
+        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
+        (job / "autograde.log").write_text(r.get("log", "") + "\n" + r.get("error", ""))
+        if r["success"]:
+            result["graded"] = True
         else:
-            result["cells"] = fallback_cells(cells_meta, records, unusable, result["failure"] or "", cell_flags)
-    finally:
-        nbext.PROGRESS_SINK = None
+            result["failure"] = failure_reason(r.get("log", "") + "\n" + r.get("error", ""), records,
+                                               _sandbox_errors(job / "worker.log"))
+    if result["graded"]:
+        result["cells"] = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
+                                         spec["cell_timeout"])
+        retry_timeouts(result["cells"], course, lab, student, cells_meta, unusable, cell_flags, spec, deadline, kernel)
+    else:
+        result["cells"] = fallback_cells(cells_meta, records, unusable, result["failure"] or "", cell_flags)
 
     # --- confirmation: combine, retry what was not confirmed once, alone
     if confirming:
-        result["confirmation"] = confirm.confirm_cells(result["cells"], runs, start_confirmation, deadline)
+        result["confirmation"] = confirm_cells(result["cells"], runs, start_confirmation, deadline)
     else:
         result["confirmation"] = {"ran": False}
 
@@ -252,9 +254,9 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             if result["late_penalty"]:
                 result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
                                        + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
-        nbext.RELEASE_TESTS = {grade_id(c): c.source for nb in release_nbs.values() for c in nb.cells
-                               if grade_id(c) and nbg(c).get("grade") and not nbg(c).get("solution")}
-        c = feedback_config(course)
+        release_tests = {grade_id(c): c.source for nb in release_nbs.values() for c in nb.cells
+                         if grade_id(c) and nbg(c).get("grade") and not nbg(c).get("solution")}
+        c = feedback_config(course, release_tests)
         fr = run_converter(GenerateFeedback, c, lab, student, force=True)
         if not fr["success"]:
             result["notes"].append("feedback generation failed")
@@ -274,42 +276,33 @@ def _sandbox_errors(log: Path) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.startswith("sandbox: ")]
 
 
-def retry_timeouts(cells: dict, course, lab, student, cells_meta, unusable, cell_flags, spec, deadline) -> None:
-    """A test that timed out in the notebook run gets the confirmation's second chance: the
-    notebook runs once more with every launch timeout and the cell timeout x
-    ``confirm.RETRY_TIMEOUT_SCALE`` (a loaded machine is no deadlock; a deadlock times out at any
-    scale), and a timed-out test keeps the better of its two results (in place)."""
+def retry_timeouts(cells: dict, course, lab, student, cells_meta, unusable, cell_flags, spec, deadline,
+                   kernel: KernelJob) -> None:
+    """A test that timed out in the notebook run gets the second chance (:mod:`autograder.retry`): the
+    notebook runs once more, its kernel's launch timeouts and the cell timeout x ``RETRY_TIMEOUT_SCALE``
+    (a loaded machine is no deadlock; a deadlock times out at any scale), and a timed-out test keeps the
+    better of its two results (in place)."""
     from nbgrader.converters import Autograde
-
-    from autograder import confirm, nbext
     timed_out = [(n, cid) for n, rows in cells.items() for cid, row in rows.items() if row["status"] == "timeout"]
     if not timed_out or time.time() > deadline - 60:
         return
-    scale = confirm.RETRY_TIMEOUT_SCALE
     records: list[dict] = []
-    nbext.PROGRESS_SINK = records.append
-    before = os.environ.get("MINIDIST_TIMEOUT_SCALE")
-    os.environ["MINIDIST_TIMEOUT_SCALE"] = f"{float(before or 1) * scale:g}"
-    try:
-        c = autograde_config(course, spec["cell_timeout"] * scale, bool(spec.get("sandbox")))
-        r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
-    finally:
-        if before is None:
-            os.environ.pop("MINIDIST_TIMEOUT_SCALE", None)
-        else:
-            os.environ["MINIDIST_TIMEOUT_SCALE"] = before
+    again_kernel = dataclasses.replace(kernel, env={**kernel.env, **overrides({**os.environ, **kernel.env})})
+    c = autograde_config(course, spec["cell_timeout"] * RETRY_TIMEOUT_SCALE, again_kernel, records.append)
+    r = run_converter(Autograde, c, lab, student, force=True, create_student=True)
     if not r["success"]:
         return
     again = notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags,
-                           spec["cell_timeout"] * scale)
+                           spec["cell_timeout"] * RETRY_TIMEOUT_SCALE)
     for name, cid in timed_out:
         first, second = cells[name][cid], again.get(name, {}).get(cid)
         if second is not None and float(second["points"] or 0) > float(first["points"] or 0):
             cells[name][cid] = dict(second, flags=first["flags"] + [
-                f"timed out in the notebook run; passed when run again with timeouts x{scale}"])
+                f"timed out in the notebook run; passed when run again with timeouts x{RETRY_TIMEOUT_SCALE}"])
 
 
-PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox", "autograder.confirm", "autograder.gradebook",
+PRELOAD = ["autograder.worker", "autograder.nbext", "autograder.sandbox.kernel", "autograder.confirm.start",
+           "autograder.confirm.points", "autograder.gradebook",
            "autograder.flags", "nbgrader.converters", "nbgrader.api", "nbgrader.coursedir",
            "nbgrader.preprocessors", "nbconvert.exporters", "jupyter_client.manager", "nbclient"]
 

@@ -520,7 +520,7 @@ AUDIT_PROBE = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import torch, minidist.checks.kit.launch
-import confirm_audit as audit
+from autograder.confirm import audit
 sys.addaudithook(audit.audit)
 audit.STUDENT_CODE_LOADED = True      # as the runner sets it before the first solution cell
 out = {}
@@ -543,7 +543,7 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
     """A solution cell importing a torch module for the first time runs torch's own bookkeeping
     (a dataclass setting its __doc__): not the student's doing. Found grading lab 5's correct
     g through functional collectives, which lost 8 points as "not confirmed"."""
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autograder")
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", AUDIT_PROBE, here], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

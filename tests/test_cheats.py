@@ -141,7 +141,7 @@ def machine_state() -> dict:
 def batch(tmp_path_factory):
     from autograder.course import build_course, read_nb, solution_submission
     from autograder.grade import grade
-    from autograder.sandbox import probe
+    from autograder.sandbox.probe import probe
     old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
     os.environ.update(MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
                       MINIDIST_LABS=str(tmp_path_factory.mktemp("labs")))
@@ -262,7 +262,7 @@ def test_a_forged_verdict_is_refused_by_the_parent(batch):
 
 
 def test_a_program_left_running_by_a_solution_cell_is_killed_before_the_tests(batch):
-    from autograder.sandbox import probe
+    from autograder.sandbox.probe import probe
     if probe()[0] is None:
         pytest.skip("no sandbox here: the confirmation has no PID namespace of its own to sweep")
     flags = " ".join(row["flags"] for (student, _), row in batch["rows"].items() if student == "leaves_a_program")

@@ -354,7 +354,7 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     confirmation on (which runs on the same GPUs)."""
     import csv
     from autograder.course import build_course, read_nb, solution_submission, write_nb
-    from autograder.sandbox import shm_bytes
+    from autograder.sandbox.backend import shm_bytes
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
     from autograder.grade import visible_gpu_ids
     ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU

@@ -1,5 +1,5 @@
 """The confirmation's judge: every test's verdict given again by a process that never ran student code
-(minidist/checks/kit/check.py, autograder/confirm_judge.py), and failing closed.
+(minidist/checks/kit/check.py, autograder/confirm/judge.py), and failing closed.
 
 The child that runs a submission's cells files the student's answers as plain data; the judge resolves
 each call of the test cell through the lab's registry of checks, takes the cases from the pristine
@@ -22,8 +22,7 @@ from minidist.checks.kit.run import RankCase, run
 from minidist.runtime import plain_data
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "autograder"))
-import confirm_judge  # noqa: E402
+from autograder.confirm import judge as confirm_judge  # noqa: E402
 
 ADD = toylab.ADD
 VISIBLE, HIDDEN = dict(hidden=False), dict(hidden=True)
@@ -90,7 +89,7 @@ def test_a_test_cell_the_judge_cannot_resolve_is_not_confirmed(cell, says):
 
 def _test_cells():
     """(lab, test id, source, the lab's checks modules) of every test cell of every lab, and the fixture's."""
-    from autograder.confirm import plan
+    from autograder.confirm.start import plan
     out = []
     for path in sorted(glob.glob(str(ROOT / "solutions/*/*.ipynb"))) + [
             str(ROOT / "tests/fixtures/course/solutions/toylab/toylab.ipynb")]:
@@ -186,7 +185,7 @@ def confirm_one(tmp_path, nb_path: Path, cell: str, solution=None, test=None) ->
     """A confirmation of a lab's setup cells, its graded ``cell`` (the solution's, or ``solution``) and
     ``cell``'s test (or ``test`` as its source), without a sandbox; the test's outcome as the parent
     reports it."""
-    from autograder.confirm import Confirmation, copy_pristine, plan
+    from autograder.confirm.start import Confirmation, copy_pristine, plan
     nb = nbformat.read(nb_path, 4)
     cells = [c for c in plan(nb, nb) if c["kind"] in ("setup", "given") or c["id"] in (cell, f"test_{cell}")]
     if solution is not None:
@@ -220,7 +219,7 @@ def test_a_verdict_rewritten_in_the_child_is_not_confirmed(tmp_path, attack, say
 def test_a_test_cell_the_judge_cannot_resolve_is_unconfirmed_and_scores_zero(tmp_path):
     """The child runs a test cell written as a plain assert (it passes there); the judge cannot resolve
     it, so the test is not confirmed and the confirmation gives it 0 points."""
-    from autograder.confirm import confirmed_points
+    from autograder.confirm.points import confirmed_points
     outcome = confirm_one(tmp_path, TOYLAB, "add", test="assert add(1, 2) == 3\n")
     assert outcome["error"][1].startswith("the judge cannot confirm this test: line 1"), outcome
     assert confirmed_points(outcome, 1.0)[0] == 0.0

@@ -147,7 +147,7 @@ def test_a_kernel_that_cannot_start_is_reported_in_seconds_as_the_machines_probl
     says that nothing of the submission ran."""
     from autograder.course import build_course, read_nb, solution_submission
     from autograder.grade import grade
-    from autograder.sandbox import probe
+    from autograder.sandbox.probe import probe
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, write_class
     if probe()[0] is None:
         pytest.skip("no sandbox here: nothing caps a kernel's memory")

@@ -1,6 +1,6 @@
 """The sandbox gives a submission no privilege on the machine (autograder/sandbox.py,
 sandbox_drop.py, sandbox_init.py), with each backend that works here: a process started through
-``sandbox.command`` tries what a submission run by a root grader once could (write
+``autograder.sandbox.backend.command`` tries what a submission run by a root grader once could (write
 ``kernel.core_pattern``, other sysctls, the machine's ``/dev``, the cgroup file systems under
 ``/sys``), and every attempt fails while the machine's values stay as they were.
 """
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder import sandbox
+from autograder.sandbox import backend as sandbox
+from autograder.sandbox.home import inner_env
+from autograder.sandbox.probe import probe
 
 ATTEMPT = r"""
 import json, os, resource
@@ -63,7 +65,7 @@ def test_a_sandboxed_process_cannot_touch_the_machine(name, tmp_path, monkeypatc
     monkeypatch.setenv("MINIDIST_SANDBOX", name)
     area = sandbox.make_area()
     try:
-        backend, what = sandbox.probe(area=area)
+        backend, what = probe(area=area)
         if backend is None:
             pytest.skip(f"{name} cannot isolate here: {what}")
         assert backend.name == name and "never root" in what and "no capabilities" in what, what
@@ -186,12 +188,12 @@ def test_both_backends_show_the_same_devices_the_gpus_only_when_asked_and_a_big_
         monkeypatch.setenv("MINIDIST_SANDBOX", name)
         area = sandbox.make_area()
         try:
-            backend, what = sandbox.probe(area=area)
+            backend, what = probe(area=area)
             if backend is None:
                 continue
             for asked in ("0", "1"):
                 monkeypatch.setenv("MINIDIST_SANDBOX_GPU", asked)
-                env = sandbox.inner_env({"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "2,3", "NCCL_DEBUG": "WARN",
+                env = inner_env({"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": "2,3", "NCCL_DEBUG": "WARN",
                                          "GRADER_SECRET": "x"}, "/tmp", "/tmp", "TAG")
                 argv = sandbox.command(backend, [sys.executable, "-I", "-S", "-c", DEVICES], rw=[], cwd="/tmp",
                                        env=env, uid=sandbox.job_uid("cd" * 8), tools=sandbox.install_tools(area))

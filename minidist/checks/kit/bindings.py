@@ -10,7 +10,7 @@ and puts it back. Two users:
   rank, a pure check's call): a snapshot of the code (``code_only``: functions, classes, modules;
   data such as a counter torch or the runtime updates is not watched), checked each time a graded
   call returns, so a rebinding is undone before the check compares anything, and fails the test;
-* the grader's confirmation (:mod:`autograder.confirm_runner`), of everything, once the lab's setup
+* the grader's confirmation (:mod:`autograder.confirm.runner`), of everything, once the lab's setup
   cells have imported minidist's checks and torch: put back before every test (a change made by
   the solution cells is reported and undone) and checked after (a change made while the test ran
   fails it).

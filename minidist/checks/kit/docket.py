@@ -5,7 +5,7 @@ reference. In the grader's confirmation both happen in the child that ran the so
 code a solution cell left behind (a thread, a patched module) runs next to the comparison. A
 *judged* check splits the two: its verdict is a pure function of one case and of the answer
 as plain data (:mod:`minidist.runtime.plain_data`), and every answer is filed in the *docket*.
-The grader's judge (``autograder/confirm_judge.py``, a process that never runs student code)
+The grader's judge (``autograder/confirm/judge.py``, a process that never runs student code)
 reads the docket, takes the cases from the check itself, computes the references itself and
 gives each verdict again; a test the child reports passed keeps its points only if the judge
 agrees, and a case with no answer filed is a failure. So a verdict can no longer be forged in

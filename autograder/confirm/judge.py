@@ -1,6 +1,6 @@
 """The confirmation's judge: gives every test's verdict again in a process that never runs student
-code (started by :mod:`autograder.confirm_parent` before the child runs any cell, as ``python -I
-confirm_judge.py``; standard library and minidist only).
+code (started by :mod:`autograder.confirm.parent` before the child runs any cell, as ``python -I
+confirm/judge.py``; standard library and minidist only).
 
 The child reports a test passed or failed; that report is not enough. With the child's reply comes
 the docket, the student's answers as plain data; the parent hands it here with the test cell's id.
@@ -16,7 +16,7 @@ resolves. What the child can do to this process: send it data, which is read as 
 pickle, no code). It is not dumpable, from before the child starts, so no process of the same uid can
 trace it or read its memory.
 
-Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, cells}``, then ``{cell, docket}``
+Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, cells}``, then ``{cell, docket}``
 per test the child reported passed, each answered by ``{cell, problem, judged}``.
 """
 import ast
@@ -26,8 +26,9 @@ import importlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import confirm_wire as wire  # noqa: E402
+# the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from autograder.confirm import wire  # noqa: E402
 
 CHECKS_PACKAGE = "minidist.checks."
 

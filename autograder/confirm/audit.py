@@ -1,4 +1,4 @@
-"""The confirmation child's audit hook (:mod:`autograder.confirm_runner`; standard library and minidist.protocol only).
+"""The confirmation child's audit hook (:mod:`autograder.confirm.runner`; standard library and minidist.protocol only).
 
 Installed before anything else runs and impossible to remove from Python, in the process that
 executes student code. It refuses, when called from student code, ``ctypes``, the garbage
@@ -8,10 +8,10 @@ local of the runner), ``sys.settrace``/``setprofile``, new audit hooks, assignin
 attributes of minidist's, torch's and the runner's classes, touching the files of a rank's launch
 (a rank that wrote its own result file could claim what a check compares inside the rank), and
 starting a program while a test runs (it would run outside this hook; one a solution cell left
-running is killed before the tests, :func:`autograder.confirm_runner.sweep`); file access outside the working folder,
+running is killed before the tests, :func:`autograder.confirm.runner.sweep`); file access outside the working folder,
 sockets and the like are reported. Threads and forked processes stay allowed (a correct answer
 may use them; a fork keeps this hook): what they could do with the runner's pipes, the student's
-code in the runner can do itself (see :mod:`autograder.confirm_parent` for what that is worth).
+code in the runner can do itself (see :mod:`autograder.confirm.parent` for what that is worth).
 
 Student code is recognised by where its code comes from, not by the file name it claims: the
 solution cells (compiled by the runner under ``<solution ID>``), files handed in (the working
@@ -57,7 +57,7 @@ LAUNCH_ROOT = ""                # realpath($TMPDIR) + "/": launches make their L
 OWN_FOLDERS: frozenset = frozenset()   # the folders right in LAUNCH_ROOT that hold the working folder (set by the runner)
 PROGRAMS_REFUSED = False        # while a test runs (set by the runner); a solution cell may run one
 _FILE_EVENTS = _LAUNCH_FILES    # flagged only outside the working folder, /tmp and the packages
-_OWNED = ("minidist", "torch", "confirm_audit", "confirm_runner")
+_OWNED = ("minidist", "torch", "autograder")
 
 
 #: Set by the runner just before the first solution or test cell: until then no code of the student's

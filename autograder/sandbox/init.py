@@ -1,5 +1,5 @@
 """The first process inside a grading sandbox (run by ``unshare`` as PID 1 of new user, mount,
-PID, network, IPC and UTS namespaces, after :mod:`autograder.sandbox_drop` has given up the
+PID, network, IPC and UTS namespaces, after :mod:`autograder.sandbox.drop` has given up the
 grader's privileges; standard library only, started with ``python -I -S``).
 
 It builds the sandbox's file system and then runs the command it was given:
@@ -22,7 +22,7 @@ It builds the sandbox's file system and then runs the command it was given:
 When the command exits, this process exits with its status, and the kernel kills every other
 process of the PID namespace: nothing a submission started outlives its sandbox.
 
-Usage: ``python -I -S sandbox_init.py SPEC`` (a JSON object: ``root``, ``ro``, ``rw``, ``cwd``,
+Usage: ``python -I -S init.py SPEC`` (a JSON object: ``root``, ``ro``, ``rw``, ``cwd``,
 ``argv``, ``env``, ``tmp_size``, ``shm_size``, ``devices``).
 """
 import ctypes

@@ -1,7 +1,7 @@
 """Before the first job: can a job's uid reach what it needs? (issue 47)
 
 A grader started as root runs every job on an unprivileged uid of its own
-(:func:`autograder.sandbox.job_uid`). The sandbox binds what a job needs (the interpreter, its
+(:func:`autograder.sandbox.backend.job_uid`). The sandbox binds what a job needs (the interpreter, its
 packages, the pristine minidist, the sandbox's own tools) at the same paths in a new root whose
 folders *above* those binds are fresh and traversable, so a course in a private home (``/root``,
 a ``mktemp -d`` folder) works. What the sandbox cannot change is the mode of a bound folder itself

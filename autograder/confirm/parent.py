@@ -1,9 +1,9 @@
 """The confirmation's parent: the process that writes the confirmation's verdict, and never runs
 student code (started by :mod:`autograder.confirm` inside the sandbox, as ``python -I
-confirm_parent.py --fd N``; standard library and minidist.protocol only).
+confirm/parent.py --fd N``; standard library and minidist.protocol only).
 
 It holds what the grader trusts: the descriptor the verdict goes out on and the token each line
-carries. It starts :mod:`autograder.confirm_runner` (the child that runs the cells) as a fresh
+carries. It starts :mod:`autograder.confirm.runner` (the child that runs the cells) as a fresh
 interpreter with neither, sends it one cell at a time with a fresh random nonce, and forwards a
 reply only if it answers the cell in flight with that cell's nonce. So student code in the child,
 whatever it reaches there (a frame, a descriptor, the runner's own functions while a solution
@@ -12,7 +12,7 @@ sent only after the solution cells' replies are in. The parent is not dumpable, 
 the same uid can neither trace it nor read its memory; a child that dies, hangs past the cell
 timeout or answers out of turn ends the run, and the tests not answered stay unconfirmed.
 
-A test the child reports passed is put to the judge (:mod:`autograder.confirm_judge`, started
+A test the child reports passed is put to the judge (:mod:`autograder.confirm.judge`, started
 first, never runs student code) with the answers the child filed for it (the docket); the test
 passes only if the judge finds nothing wrong with them.
 
@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import confirm_wire as wire  # noqa: E402
+# the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from autograder.confirm import wire  # noqa: E402
 
 PR_SET_DUMPABLE = 4
 MARGIN = 30            # seconds past the cell timeout before the parent gives up on the child
@@ -50,10 +51,10 @@ def main():
 
     here = os.path.dirname(os.path.abspath(__file__))
     # the judge first: it makes itself undumpable before the child runs any student code
-    judge = subprocess.Popen([sys.executable, "-I", os.path.join(here, "confirm_judge.py")], stdin=subprocess.PIPE,
+    judge = subprocess.Popen([sys.executable, "-I", os.path.join(here, "judge.py")], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
     wire.send(judge.stdin.fileno(), {"path": spec.get("path", []), "cells": spec["cells"]})
-    child = subprocess.Popen([sys.executable, "-I", os.path.join(here, "confirm_runner.py")], stdin=subprocess.PIPE,
+    child = subprocess.Popen([sys.executable, "-I", os.path.join(here, "runner.py")], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
     cmd, replies = child.stdin.fileno(), child.stdout.fileno()
     timeout = float(spec.get("timeout") or 600) + MARGIN
@@ -98,7 +99,7 @@ def main():
 
 
 def judged(judge, cell: str, docket, timeout: float):
-    """The judge's verdict on a test the child reported passed (:mod:`autograder.confirm_judge`): None
+    """The judge's verdict on a test the child reported passed (:mod:`autograder.confirm.judge`): None
     if it agrees, else the test's error. A judge that fails to answer leaves the test unconfirmed."""
     try:
         wire.send(judge.stdin.fileno(), {"cell": cell, "docket": docket if isinstance(docket, list) else []})

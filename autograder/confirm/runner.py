@@ -1,6 +1,6 @@
 """The confirmation's child: runs a submission's cells in a fresh interpreter that student code did
-not prepare (started by :mod:`autograder.confirm_parent` inside the sandbox, as ``python -I
-confirm_runner.py``; it imports nothing from the autograder but its siblings).
+not prepare (started by :mod:`autograder.confirm.parent` inside the sandbox, as ``python -I
+confirm/runner.py``; it imports nothing from the autograder but its siblings).
 
 What it runs, one cell per request of the parent, in notebook order: the lab's own setup and
 given cells (locked cells, from the instructor's source notebook), the student's solution cells
@@ -12,18 +12,18 @@ What it guards:
 * nothing of the student's runs before the snapshot: files handed in next to the notebook are
   importable only once the setup cells have run and the pristine bindings are recorded, only by
   student code (torch's optional imports never find them), and never under the name of a
-  standard or installed module (:mod:`autograder.handed_in`);
+  standard or installed module (:mod:`autograder.confirm.handed_in`);
 * pristine bindings (:mod:`minidist.checks.kit.bindings`): recorded once the setup cells have
   imported minidist's checks and torch; a change made by the solution cells is put back before the
   tests and reported, a change found after a test fails that test;
-* the audit hook (:mod:`autograder.confirm_audit`), installed before anything else;
+* the audit hook (:mod:`autograder.confirm.audit`), installed before anything else;
 * the channel: this process holds no token and no descriptor of the grader's. It answers the
   parent's request for one cell on a pipe, echoing that request's nonce: a reply forged while a
   solution cell runs can only speak for that solution cell, since no test has been sent yet. The
   pipe's descriptors are closed in every process forked from this one (the ranks, where graded
   code runs while a test's nonce is in flight), and this process is not dumpable (:func:`_seal`).
 
-Protocol (:mod:`autograder.confirm_wire` frames): first ``{path, workdir, env, timeout, own_pids, keep}``, then
+Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, workdir, env, timeout, own_pids, keep}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
 stderr, value, changed, restored, flags, seconds}`` and, for a test, ``docket``: the answers the
 judged checks filed while it ran (:mod:`minidist.checks.kit.docket`), for the parent's judge.
@@ -37,11 +37,9 @@ import time
 import traceback
 import types
 
-# the runner's siblings (copied next to it with the pristine minidist; -I leaves its folder off the path)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import confirm_audit as audit  # noqa: E402
-import confirm_wire as wire  # noqa: E402
-import handed_in  # noqa: E402
+# the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from autograder.confirm import audit, handed_in, wire  # noqa: E402
 from minidist import protocol  # noqa: E402
 
 EMPTY = object()
@@ -224,8 +222,8 @@ def main():
     audit.OWN_FOLDERS = audit.own_folders(audit.LAUNCH_ROOT, workdir)
     notebook = types.ModuleType("__main__")    # `import __main__` is the notebook, not this runner
     sys.modules["__main__"] = notebook
-    for name in ("confirm_audit", "confirm_wire", "handed_in"):
-        sys.modules.pop(name, None)            # nor is `import confirm_audit` the hook's own state
+    for name in [m for m in sys.modules if m == "autograder" or m.startswith("autograder.")]:
+        sys.modules.pop(name)                  # nor is `from autograder.confirm import audit` the hook's own state
     ns = notebook.__dict__
     ns["__builtins__"] = __builtins__
     ns["get_ipython"] = lambda: _Shell(ns)

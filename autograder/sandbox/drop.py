@@ -2,7 +2,7 @@
 
 Every sandbox (:mod:`autograder.sandbox`) is started through this file, whatever its backend:
 
-    python -I -S sandbox_drop.py CONFIG -- bwrap|unshare ...
+    python -I -S drop.py CONFIG -- bwrap|unshare ...
 
 It sets the job's limits, gives up every privilege the grader had, and only then executes the
 backend, so that nothing a submission runs can inherit them:
