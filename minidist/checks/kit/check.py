@@ -103,9 +103,17 @@ class Check:
                 out.append(RankCase(case, rank, rank - start, min(case["t"], self.world - start)))
         return out
 
+    def found(self, item, answer) -> str | None:
+        """The verdict on one judged case: its first problem, or None. An answer the verdict cannot read (a
+        forged one) is a problem too, never a crash of the check or of the judge."""
+        try:
+            return first(self.verdict(item, answer))
+        except Exception as err:     # noqa: BLE001
+            return f"the answer could not be judged ({type(err).__name__}: {str(err)[:200]})"
+
     def problem(self, item, answer) -> str | None:
         """The verdict on one judged case, as a failure states it (a rank's case names the case and rank)."""
-        return self.stated(item, first(self.verdict(item, answer)))
+        return self.stated(item, self.found(item, answer))
 
     def stated(self, item, problem: str | None) -> str | None:
         """``problem`` as a failure states it: for a rank's case, after the case and the rank."""

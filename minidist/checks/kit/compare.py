@@ -50,7 +50,8 @@ def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float |
     diff = (got - want).abs().max().item() if want.numel() else 0.0
     if diff <= tol * scale + slack:             # NaN fails too
         return None
-    return f"{what} differs from {against} (max |error| {diff:.3g}, scale {scale:.3g}, tolerance {tol:.3g})"
+    allowed = f"tolerance {tol:.3g}" + (f" relative + {slack:.3g}" if slack else "")
+    return f"{what} differs from {against} (max |error| {diff:.3g}, scale {scale:.3g}, {allowed})"
 
 
 # ----------------------------------------------------------------------------- inputs that must come back unchanged

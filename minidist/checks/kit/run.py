@@ -23,6 +23,7 @@ from minidist.checks.kit.groups import consecutive_groups, describe_case
 from minidist.checks.kit.launch import (TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread, report_passed,
                                         stand_in_lab_functions)
 from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.returned import require_plain
 from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
 
@@ -88,7 +89,9 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
 
 def _require(check, params: dict, index: int, case, answer) -> None:
     """File the answer to case ``index`` and raise AssertionError with its verdict's problem, given on
-    the answer after its round trip through plain data (the value the judge reads)."""
+    the answer after its round trip through plain data (the value the judge reads). An object of the
+    student's own (a float subclass) is refused before it is read: reading it would run its code."""
+    require_plain(check.shown, answer)
     try:
         data = plain_data.dumps(answer)
     except TypeError as err:
@@ -108,7 +111,9 @@ def _launch_answer(progress, answer, fn, case, stand_ins, **reference):
     on this rank before the student's code ran)."""
     stand_in_lab_functions(fn, stand_ins)
     with _marking(progress):
-        return answer(fn, case, **reference)
+        out = answer(fn, case, **reference)
+    require_plain("the graded code", out)        # here, where the refusal still holds: no object of the student's
+    return out
 
 
 def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
@@ -122,12 +127,16 @@ def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
         for case in cases:
             group, r, t = groups[case["t"]]
             mark(f"t={case['t']}: {describe_case(case)}")
+            answer = check.answer(fn, case, OnRank(r, t, group))
             try:
-                data = plain_data.dumps(check.answer(fn, case, OnRank(r, t, group)))
+                require_plain("the graded code", answer)
+                data = plain_data.dumps(answer)
+            except AssertionError as err:
+                out.append((str(err), None))
             except TypeError as err:
                 out.append((f"returned something that is not plain data ({err})", None))
             else:
-                out.append((first(check.verdict(RankCase(case, rank, r, t), plain_data.loads(data))), data))
+                out.append((check.found(RankCase(case, rank, r, t), plain_data.loads(data)), data))
             if check.stop_at_first_failure:
                 failed = torch.tensor([int(out[-1][0] is not None)], device=rank_device())
                 dist.all_reduce(failed)
