@@ -22,7 +22,7 @@ from minidist.checks.kit.bindings import Snapshot
 from minidist.checks.kit.refusal import graded_call
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.kit.returned import foreign_part
-from minidist.pipeline import gpipe
+from minidist.pipeline import Schedule, gpipe
 
 NOTHING = Refusal("nothing", ())
 
@@ -161,12 +161,12 @@ def test_a_pure_check_refuses_an_answer_of_the_students_own_class():
         lab7.check_predict_memory(predicts_nothing)
 
 
-class MySchedule(lab4.Schedule):
+class MySchedule(Schedule):
     pass
 
 
 def test_a_schedule_must_be_minidists_own_not_a_subclass():
-    ready = {(p, m): gpipe(p, m) for p, m in lab4.SCHEDULE_CASES[False]}     # made outside the graded call
+    ready = {(p, m): gpipe(p, m) for p, m in lab4.cases.SCHEDULE_CASES[False]}     # made outside the graded call
 
     def gpipe_schedule(p, m):
         s = ready[p, m]
