@@ -154,7 +154,8 @@ def cross_entropy(name, item, answer) -> list:
     ref = F.cross_entropy(full.flatten(0, -2), target.flatten(), ignore_index=case["ignore_index"])
     ref.backward()
     errs = [untouched(answer, {"logits": logits[..., a:b], "target": target}),
-            compared("the loss", answer["out"], ref.detach()), compared("logits.grad", answer["grad"], full.grad[..., a:b])]
+            compared("the loss", answer["out"], ref.detach()),
+            compared("logits.grad", answer["grad"], full.grad[..., a:b])]
     tokens, e = target.numel(), logits.element_size()
     want = {p: expected(cost.vocab_parallel_ce_collectives(tokens, t, e) if t > 1 else [], p) for p in PHASES}
     got = {p: counted(answer[p]) for p in PHASES}
@@ -184,7 +185,8 @@ def originals(names, modules) -> dict:
 
 def sharded_grads(ref: nn.Module, grads: list, r, t, dims: dict) -> list:
     """Each parameter's gradient on this rank: its chunk along dims[name] (None: replicated, whole)."""
-    return [compared(f"{pname}.grad", got, p_ref.grad if dims.get(pname) is None else masked(p_ref.grad, dims[pname], r, t))
+    this_rank = lambda name, g: g if dims.get(name) is None else masked(g, dims[name], r, t)     # noqa: E731
+    return [compared(f"{pname}.grad", got, this_rank(pname, p_ref.grad))
             for (pname, p_ref), got in zip(ref.named_parameters(), grads)]
 
 
