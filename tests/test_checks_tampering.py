@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import minidist.checks.lab4_pipeline as lab4
-import minidist.checks.lab5_data as lab5_data
 import minidist.checks.lab5_tensor_parallel as lab5
+import minidist.checks.lab5_tensor_parallel.verdicts as lab5_verdicts
 import minidist.checks.lab7_3d_parallel as lab7
 from minidist import cost
 from minidist.checks.kit.bindings import Snapshot
@@ -36,11 +36,11 @@ def guarded(monkeypatch):
 
 def rebinds_the_comparisons(x, group=None):
     """reduce_from_tp that does not reduce, and switches off lab 5's comparisons instead."""
-    import minidist.checks.kit.groups as groups
-    import minidist.checks.lab5_data as cases
-    cases._err = lambda *a, **k: None
-    cases._compare_traffic = lambda *a, **k: None
-    groups.first_problem = lambda problems: None
+    import minidist.checks.kit.run as run
+    import minidist.checks.lab5_tensor_parallel.verdicts as verdicts
+    verdicts.compared = lambda *a, **k: None
+    verdicts.compare_traffic = lambda *a, **k: None
+    run.first = lambda problems: None
     return x.clone()
 
 
@@ -53,20 +53,20 @@ def rebinds_torch(x, group=None):
 def restores_itself(x, group=None):
     """The comparison switched off until its first use, which puts the real one back: nothing is
     left rebound by the time the check ends."""
-    import minidist.checks.lab5_data as cases
-    real = cases._err
+    import minidist.checks.lab5_tensor_parallel.verdicts as verdicts
+    real = verdicts.compared
 
     def once(*a, **k):
-        cases._err = real
+        verdicts.compared = real
         return None
-    cases._err = once
+    verdicts.compared = once
     return x.clone()
 
 
 @pytest.mark.parametrize("fn, rebound", [
-    (rebinds_the_comparisons, "module minidist.checks.lab5_data._err"),
+    (rebinds_the_comparisons, "module minidist.checks.lab5_tensor_parallel.verdicts.compared"),
     (rebinds_torch, "module torch.allclose"),
-    (restores_itself, "module minidist.checks.lab5_data._err"),
+    (restores_itself, "module minidist.checks.lab5_tensor_parallel.verdicts.compared"),
 ])
 def test_a_rank_check_fails_graded_code_that_rebinds_its_comparisons(fn, rebound):
     # the forgery scored every test of labs 4-9 whose check compares inside the rank before
@@ -75,16 +75,16 @@ def test_a_rank_check_fails_graded_code_that_rebinds_its_comparisons(fn, rebound
 
 
 def test_a_pure_check_puts_the_bindings_back_before_comparing():
-    real_allclose, real_err = torch.allclose, lab5_data._err
+    real_allclose, real_compared = torch.allclose, lab5_verdicts.compared
 
     def graded():
         torch.allclose = lambda *a, **k: True
-        lab5_data._err = None
+        lab5_verdicts.compared = None
         return torch.zeros(2)
 
-    with pytest.raises(AssertionError, match=r"rebound .*torch\.allclose.*lab5_data\._err"):
+    with pytest.raises(AssertionError, match=r"rebound .*torch\.allclose.*lab5_tensor_parallel\.verdicts\.compared"):
         graded_call(NOTHING, "graded", graded)
-    assert torch.allclose is real_allclose and lab5_data._err is real_err
+    assert torch.allclose is real_allclose and lab5_verdicts.compared is real_compared
 
 
 def test_an_honest_graded_call_leaves_nothing_to_report():
@@ -97,11 +97,13 @@ def test_an_honest_graded_call_leaves_nothing_to_report():
 
 def test_a_rank_check_fails_graded_code_that_loosens_a_tolerance():
     def loosens(x, group=None):
-        import minidist.checks.lab5_data as cases
-        cases.TOL = 1e9                      # a float, not code: minidist's public constants are watched too
-        cases.TOLS[torch.bfloat16] = 1e9
+        import minidist.checks.kit.compare as compare
+        import minidist.checks.lab5_tensor_parallel.cases as cases
+        compare.TOLERANCE = dict.fromkeys(compare.TOLERANCE, 1e9)     # data, not code: public constants are watched too
+        cases.TOL[torch.float64] = 1e9
         return x.clone()
-    with pytest.raises(AssertionError, match=r"rebound module minidist\.checks\.lab5_data\.TOL, contents of a minidist table"):
+    with pytest.raises(AssertionError, match=r"rebound module minidist\.checks\.kit\.compare\.TOLERANCE, contents of a "
+                                             r"minidist table"):
         lab5.check_function("reduce_from_tp", loosens)
 
 

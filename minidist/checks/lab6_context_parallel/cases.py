@@ -1,0 +1,138 @@
+"""Lab 6's cases (context parallelism): the graded functions, their visible and hidden cases, the
+checks' sizes, the inputs every rank and the verdict draw from seeds (on the CPU, in float64 then
+cast), and the ✓ text.
+
+A distributed case is a dict with ``t``, the size of the context-parallel group it runs on (4 ranks
+cut into blocks of t consecutive ranks: t = 3 leaves rank 3 in a group of one, t = 4 is
+``group=None``); the merge's cases run in the calling process. The hidden cases of a launch are
+ordered cheap-to-reach first: a launch stops at its first failing case.
+"""
+from __future__ import annotations
+
+import torch
+
+from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.launch import check_timeout
+
+WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
+SEQ, HEADS = 1, 2                       # (batch, seq, heads, head_dim)
+F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
+LATE_S = 0.6                            # the late peer of the overlap case starts this much after the others
+CP_CHECK_TIMEOUT = check_timeout(20.0)
+
+MERGE = "merge_partial_attention"       # no communication: checked in the calling process
+GRADED = ("all_to_all", "ulysses_attention", MERGE, "ring_attention_forward", "zigzag_shard")
+
+
+def function_cases(name: str, hidden: bool) -> list[dict]:
+    """The cases of a distributed graded function ``name``. Visible: t = 2 and 4 (the ring's also one
+    run with every isend/irecv blocking); hidden: t = 1..4 and other dims, fp64 and bf16, GQA and MQA,
+    scores far past exp's range, heads that do not split, a late peer, sequences that do not cut into
+    2P chunks."""
+    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    if name == "all_to_all":
+        variants = [dict(local=(B, 3, H, D), scatter=2, gather=1, dtype=F32),      # (b, s/P, h, d) → (b, s, h/P, d)
+                    dict(local=(B, H, 3, D), scatter=1, gather=2, dtype=F32)]      # and back
+        if hidden:
+            variants += [dict(local=(H, 5, 2), scatter=0, gather=-1, dtype=F64),
+                         dict(local=(2, 3, 5), scatter=-1, gather=1, dtype=F32),
+                         dict(local=(B, 2, H, D), scatter=2, gather=1, dtype=BF16)]
+        cases = [dict(t=t, **v) for t in ts for v in variants if v["local"][v["scatter"]] % t == 0]
+        return cases + ([dict(t=4, local=(B, 3, 6, D), scatter=2, gather=1, dtype=F32, raises=True)] if hidden else [])
+    if name in ("ulysses_attention", "ring_attention_forward"):
+        cases = [dict(t=t, causal=c, dtype=F32) for t in ts for c in (False, True)]
+        if name == "ring_attention_forward":    # visible too: every isend/irecv blocks until matched (NCCL's worst)
+            cases += [dict(t=4, causal=True, dtype=F32, blocking=True)]
+        if hidden:      # the cheap-to-reach kinds first: a bug stops the launch's cases at its first failure
+            if name == "ulysses_attention":     # query heads, then only the kv heads, not divisible by P
+                cases += [dict(t=4, causal=False, dtype=F32, h=6, raises=True),
+                          dict(t=4, causal=False, dtype=F32, h=8, h_kv=2, raises=True),
+                          dict(t=3, causal=True, dtype=F32, h_kv=4, raises=True)]
+            else:
+                cases += [dict(t=t, causal=True, dtype=BF16) for t in (2, 4)]              # out in q's dtype
+                cases += [dict(t=2, causal=True, dtype=F32, late=True)]     # a late peer: compute overlaps the pass
+            kv = {1: 4, 2: 4, 3: 6, 4: 4} if name == "ulysses_attention" else {1: 1, 2: 4, 3: 3, 4: 1}
+            cases += [dict(t=t, causal=True, dtype=F32, h_kv=kv[t]) for t in ts]            # GQA / MQA
+            cases += [dict(t=t, causal=c, dtype=F64) for t in (3, 4) for c in (False, True)]
+            cases += [dict(t=t, causal=True, dtype=F32, q_scale=100.0) for t in (2, 4)]     # scores in the thousands
+            if name == "ring_attention_forward":    # every isend/irecv blocking: deadlock-free on its own
+                cases += [dict(t=t, causal=True, dtype=F32, blocking=True) for t in (2, 3)]
+        return cases
+    if name == "zigzag_shard":
+        shapes = [((B, S, H, D), F32)] + ([((1, S), torch.int64), ((3, 12, 2), F64), ((2, 20), F32),
+                                           ((2, S, 3), BF16)] if hidden else [])
+        return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
+    raise ValueError(f"lab 6 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+
+
+def merge_cases(hidden: bool) -> list[dict]:
+    """The merge's cases: far-apart lse's (one side negligible), and lse's where exp overflows without the max."""
+    cases = [dict(shape=(2, 3, 5, 4), dtype=F32, spread=3.0, offset=0.0)]
+    if hidden:
+        cases += [dict(shape=(2, 3, 5, 4), dtype=F64, spread=3.0, offset=0.0),
+                  dict(shape=(4, 7, 8), dtype=F32, spread=60.0, offset=0.0),
+                  dict(shape=(2, 3, 5, 4), dtype=F32, spread=5.0, offset=400.0),
+                  dict(shape=(2, 3, 5, 4), dtype=F64, spread=5.0, offset=1000.0),
+                  dict(shape=(2, 3, 5, 4), dtype=BF16, spread=3.0, offset=0.0)]
+    return cases
+
+
+#: what a passing test compared, in a few words (the ✓ line)
+COMPARED = {
+    "all_to_all": "output, x.grad and one all-to-all each way",
+    "ulysses_attention": "output, q/k/v grads and the all-to-alls vs the cost model",
+    MERGE: "out and lse vs a float64 logaddexp merge",
+    "ring_attention_forward": "out and lse, K/V passes to the next rank only, a blocking order",
+    "zigzag_shard": "chunks r and 2P-1-r, no communication",
+}
+
+
+def covered(name: str, hidden: bool) -> str:
+    """The ✓ line's text, from the cases that ran."""
+    cases = merge_cases(hidden) if name == MERGE else function_cases(name, hidden)
+    ts = sorted({c["t"] for c in cases if "t" in c})
+    dtypes = sorted({str(c["dtype"]).replace("torch.", "") for c in cases})
+    extra = []
+    if any(c.get("raises") for c in cases) or (hidden and name == "zigzag_shard"):
+        extra.append("ValueError before any message")
+    if any(c.get("late") for c in cases):
+        extra.append("overlap with a late peer")
+    where = f"t={', '.join(map(str, ts))}; " if ts else ""
+    return f"{where}{'/'.join(dtypes)}; {COMPARED[name]}" + "".join(f"; {e}" for e in extra) + "; inputs unchanged"
+
+
+# ----------------------------------------------------------------------------- inputs (CPU, from seeds)
+def part(x, dim, r, t):
+    """Rank r's chunk of t along ``dim`` (``tensor_split`` order)."""
+    return x.tensor_split(t, dim=dim)[r]
+
+
+def a2a_inputs(case: dict, t: int):
+    """(the full shape, the full input, the upstream gradient): rank r holds chunk r along the gather dim."""
+    shape = list(case["local"])
+    shape[case["gather"]] *= t
+    return shape, seeded(shape, 1, case["dtype"]), seeded(shape, 2, case["dtype"])
+
+
+def qkv(case: dict):
+    """([q, k, v, upstream gradient] of the whole sequence, rounded to the case's dtype and held in
+    float64, the references' precision), query heads, kv heads, the case's dtype."""
+    h, h_kv, dtype = case.get("h", H), case.get("h_kv", case.get("h", H)), case["dtype"]
+    q = seeded((B, S, h, D), 10, F64) * case.get("q_scale", 1.0)
+    k, v, w = seeded((B, S, h_kv, D), 11, F64), seeded((B, S, h_kv, D), 12, F64), seeded((B, S, h, D), 13, F64)
+    return [x.to(dtype).to(F64) for x in (q, k, v, w)], h, h_kv, dtype
+
+
+def zigzag_input(case: dict) -> torch.Tensor:
+    """0, 1, 2, ... in the case's shape and dtype: every element says where it came from."""
+    shape = case["shape"]
+    return torch.arange(torch.Size(shape).numel(), device="cpu").view(shape).to(case["dtype"])
+
+
+def merge_inputs(case: dict) -> tuple:
+    """(out_a, lse_a, out_b, lse_b) in the case's dtype; the lse's ``offset`` ± ``spread``."""
+    shape, dtype = case["shape"], case["dtype"]
+    out_a, out_b = seeded(shape, 40, dtype), seeded(shape, 41, dtype)
+    lse_a = (case["offset"] + case["spread"] * seeded(shape[:-1], 42, F64)).to(dtype)
+    lse_b = (case["offset"] + case["spread"] * seeded(shape[:-1], 43, F64)).to(dtype)
+    return out_a, lse_a, out_b, lse_b
