@@ -1,10 +1,10 @@
 """Bindings that graded code must leave as it found them: minidist's modules and classes, torch's
 comparison and communication modules, and the code, defaults and closures of their functions.
 
-A check compares the student's results with its references using these; graded code that rebinds
-one (``minidist.checks.lab5_cases._err = lambda *a: None``, ``torch.allclose = ...``) would change the
-verdict. :class:`Snapshot` records them; :meth:`Snapshot.diff_and_restore` names what changed since
-and puts it back. Two users:
+A check compares the student's results with its references using these; graded code that rebinds one
+(``minidist.checks.kit.compare.TOLERANCE[torch.float32] = 1.0``, ``torch.allclose = ...``) would
+change the verdict. :class:`Snapshot` records them; :meth:`Snapshot.diff_and_restore` names what
+changed since and puts it back. Two users:
 
 * :class:`minidist.checks.kit.refusal.refusing`, around every graded region (a check's body on each
   rank, a pure check's call): a snapshot of the code (``code_only``: functions, classes, modules;

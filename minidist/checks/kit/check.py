@@ -60,7 +60,9 @@ class Check:
     function of the case for ``"launch"``): ``outputs_at_wait``, ``forbidden_hint``, ``timeout_factor``
     (scales the call's timeout) and, for ``"launch"``, ``reference(case)`` (run on each rank before
     the answer, outside the refusal; its result reaches the answer as ``reference=``);
-    ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere."""
+    ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere;
+    ``prepare()``: run in the calling process before the ranks are launched (what forked ranks should
+    inherit rather than each load, lab 5's ``torch._dynamo``)."""
     lab: str
     name: str
     cases: Callable[..., list]
@@ -75,6 +77,7 @@ class Check:
     world: int | Callable[[Any], int] | None = None
     launch: dict | Callable[[Any], dict] | None = None
     stop_at_first_failure: bool = False
+    prepare: Callable[[], None] | None = None
 
     def __post_init__(self):
         if self.where not in WHERE:

@@ -3,8 +3,8 @@
 * :func:`tensor_error`: one tensor against the reference: not a plain tensor, another shape, another
   dtype, other values (exact for integers and booleans; within :data:`TOLERANCE` of the dtype,
   relative to the reference's scale, for floating point);
-* :func:`digest` and :func:`unchanged`: a tensor that must come back as it went in (an input)
-  travels in an answer as a digest of its dtype, shape and bytes;
+* :func:`digest`, :func:`unchanged` and :func:`untouched`: a tensor that must come back as it went
+  in (an input) travels in an answer as a digest of its dtype, shape and bytes;
 * :func:`seeded`: an input drawn on the CPU from its seed, the same numbers on every rank and in
   the verdict, and :func:`on_rank`, its copy on the rank's device (where the student's code meets it);
 * :func:`traffic`, :func:`counted` and :func:`show`: the collectives a rank traced, as an answer
@@ -28,11 +28,12 @@ def _name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float | None = None, slack: float = 0.0,
-                 against: str = "the reference") -> str | None:
+def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float | dict | None = None,
+                 slack: float = 0.0, against: str = "the reference") -> str | None:
     """Why ``got`` is not ``want`` (None if it is), compared on the CPU. ``dtype``: the dtype ``got``
-    must have (default: ``want``'s); ``tol``: the relative tolerance (default: by dtype), plus an
-    absolute ``slack``; ``against``: what ``want`` is, in the message ("one process", "the fp32 run")."""
+    must have (default: ``want``'s); ``tol``: the relative tolerance (default: by dtype; a dict
+    overrides some dtypes' of :data:`TOLERANCE`), plus an absolute ``slack``; ``against``: what
+    ``want`` is, in the message ("one process", "the fp32 run")."""
     if problem := tensor_problem(what, got, want):
         return problem
     dtype = dtype or want.dtype
@@ -45,7 +46,8 @@ def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float |
         show = lambda x: x.tolist() if x.numel() <= 24 else f"a tensor of {x.numel()} other values"     # noqa: E731
         return f"{what} is {show(got)}; expected {show(want)}"
     got, want = got.double(), want.double()
-    tol = TOLERANCE.get(dtype, 1e-5) if tol is None else tol
+    if tol is None or isinstance(tol, dict):
+        tol = {**TOLERANCE, **(tol or {})}.get(dtype, 1e-5)
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
     diff = (got - want).abs().max().item() if want.numel() else 0.0
     if diff <= tol * scale + slack:             # NaN fails too
@@ -68,6 +70,15 @@ def unchanged(what: str, got: str, original: torch.Tensor, when: str = "the call
         return None
     return (f"the caller's {what} changed during {when}: a graded function leaves its inputs as it found them "
             f"(work on a copy, or use out-of-place operations)")
+
+
+def untouched(digests: dict, originals: dict, when: str = "the call") -> str | None:
+    """The first of the caller's tensors ({name: as it went in}) whose digest after ``when`` (``digests``:
+    {name: digest}) is not its own; None when every one came back unchanged."""
+    for what, original in originals.items():
+        if original is not None and (problem := unchanged(what, digests.get(what), original, when)):
+            return problem
+    return None
 
 
 # ----------------------------------------------------------------------------- inputs

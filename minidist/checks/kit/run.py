@@ -61,6 +61,8 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
     cases = check.cases(**params)
     refusal = check.refusal(params) if callable(check.refusal) else check.refusal
     stand_ins = check.stand_ins(params) if check.stand_ins is not None else {}
+    if check.prepare is not None:
+        check.prepare()
     if check.where == "here":
         for i, case in enumerate(cases):
             _require(check, params, i, case, graded_call(refusal, check.shown, check.answer, fn, case))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minidist.checks.kit.compare import digest, tensor_error, unchanged
+from minidist.checks.kit.compare import digest, tensor_error, untouched
 from minidist.checks.kit.launch import TOL
 from minidist.checks.lab4_pipeline.cases import SLEEP, WIDTH, inputs, schedule_state
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
@@ -141,9 +141,8 @@ def _changed(result, given: dict, x, y, chunk) -> str | None:
         return (f"the schedule it was given changed during the call (actions per rank: "
                 f"{given['lengths']} before, {(after or {}).get('lengths') or []} after); a schedule is data "
                 f"that a training loop runs again every step: read it, do not consume or edit it")
-    for what, original in (("x", x), ("y", y)):
-        if problem := unchanged(what, result[what], original):
-            return problem
+    if problem := untouched({"x": result["x"], "y": result["y"]}, {"x": x, "y": y}):
+        return problem
     if list(result["weights"]) != [digest(q) for q in chunk.parameters()]:
         return "the stage's weights changed during the call: the executor computes gradients, it takes no step"
     return None

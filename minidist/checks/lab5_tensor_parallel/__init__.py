@@ -75,20 +75,23 @@ def refusal(name: str) -> Refusal:
 
 
 def stand_ins(name: str, params: dict) -> dict:
-    """The lab's other functions, rebound inside the ranks. Called in this process before the launch:
-    torch's functional collectives load ``torch._dynamo`` on their first call (seconds of CPU in every
-    rank, past a launch's timeout on a busy machine), so when the notebook has imported them it is
-    loaded here once, before the ranks are forked, and they inherit it."""
+    """The lab's other functions, rebound inside the ranks."""
+    return {other: ref for other, (ref, _, _) in STAND_INS.items() if other != name}
+
+
+def load_dynamo_before_the_ranks() -> None:
+    """torch's functional collectives load ``torch._dynamo`` on their first call (seconds of CPU in every
+    rank, past a launch's timeout on a busy machine): when the notebook has imported them it is loaded
+    here once, before the ranks are forked, and they inherit it."""
     if "torch.distributed._functional_collectives" in sys.modules:
         importlib.import_module("torch._dynamo")
-    return {other: ref for other, (ref, _, _) in STAND_INS.items() if other != name}
 
 
 CHECKS = Registry(__name__)
 FUNCTIONS = {name: CHECKS.check(name, partial(cases.function_cases, name), partial(answers.ANSWER[name], name),
                                 partial(verdicts.VERDICT[name], name), where="groups", world=WORLD,
                                 refusal=refusal(name), stand_ins=partial(stand_ins, name),
-                                covered=partial(cases.covered, name))
+                                covered=partial(cases.covered, name), prepare=load_dynamo_before_the_ranks)
              for name in GRADED}
 
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.kit.compare import FAMILY, counted, seeded, show, tensor_error, unchanged
+from minidist.checks.kit.compare import FAMILY, counted, seeded, show, tensor_error, untouched
 from minidist.checks.kit.groups import raise_verdict, wrong_group_hint
 from minidist.checks.lab5_tensor_parallel.cases import (B, CFG, S, SEQ, TOL, WORLD, ce_inputs, f_g_inputs, heads_split,
                                                         linear_cuts, linear_layer, module_inputs, part, sp_block_inputs,
@@ -30,7 +30,7 @@ PHASES = ("forward", "backward")
 # ----------------------------------------------------------------------------- values
 def compared(what: str, got, want: torch.Tensor) -> str | None:
     """The kit's comparison with one process, at lab 5's tolerance (:data:`.cases.TOL`)."""
-    return tensor_error(what, got, want, tol=TOL.get(want.dtype), against="one process")
+    return tensor_error(what, got, want, tol=TOL, against="one process")
 
 
 def hinted(problem, got, want, world, t):
@@ -53,13 +53,10 @@ def masked(full, dim, r, t):
     return out
 
 
-def untouched(answer: dict, originals: dict) -> str | None:
+def held_unchanged(answer: dict, originals: dict) -> str | None:
     """The caller's tensors ({name: as they went in}) unchanged after the forward, then after the backward."""
-    for when, digests in zip(("the forward", "the backward"), answer["held"]):
-        for name, was in originals.items():
-            if problem := unchanged(name, digests.get(name), was, when):
-                return problem
-    return None
+    return (untouched(answer["held"][0], originals, "the forward")
+            or untouched(answer["held"][1], originals, "the backward"))
 
 
 # ----------------------------------------------------------------------------- traffic
@@ -97,12 +94,12 @@ def f_g(name, item, answer) -> list:
     world = world_sum(case["shape"], d["base"], case["dtype"], t)
     if name == "copy_to_tp":
         x, total = d["x"], sum(d["ups"])
-        errs = [untouched(answer, {"x": x}), compared("the output", answer["out"], x),
+        errs = [held_unchanged(answer, {"x": x}), compared("the output", answer["out"], x),
                 hinted(compared("x.grad", answer["grad"], total), answer["grad"], total, world, t)]
         want = {"backward": Counter({("all-reduce", x.numel() * x.element_size()): 1})}
     else:
         total, up = sum(d["xs"]), d["up"]
-        errs = [untouched(answer, {"x": d["xs"][r]}),
+        errs = [held_unchanged(answer, {"x": d["xs"][r]}),
                 hinted(compared("the output", answer["out"], total), answer["out"], total, world, t),
                 compared("x.grad", answer["grad"], up)]
         want = {"forward": Counter({("all-reduce", up.numel() * up.element_size()): 1})}
@@ -115,12 +112,12 @@ def sp(name, item, answer) -> list:
     full = d["full"]
     shard_bytes, full_bytes = full.nbytes // t, full.nbytes
     if name == "sp_gather":
-        errs = [untouched(answer, {"x": part(full, SEQ, r, t)}), compared("the output", answer["out"], full),
+        errs = [held_unchanged(answer, {"x": part(full, SEQ, r, t)}), compared("the output", answer["out"], full),
                 compared("x.grad", answer["grad"], part(sum(d["ups"]), SEQ, r, t))]
         want = {"forward": Counter({("all-gather", shard_bytes): 1}),
                 "backward": Counter({("reduce-scatter", full_bytes): 1})}
     else:
-        errs = [untouched(answer, {"x": d["xs"][r]}),
+        errs = [held_unchanged(answer, {"x": d["xs"][r]}),
                 compared("the output", answer["out"], part(sum(d["xs"]), SEQ, r, t)),
                 compared("x.grad", answer["grad"], d["up"])]
         want = {"forward": Counter({("reduce-scatter", full_bytes): 1}),
@@ -137,7 +134,7 @@ def linear(name, item, answer) -> list:
                  if v is not None}
     y = lin(x.requires_grad_())
     (y * up).sum().backward()
-    errs = [untouched(answer, originals), compared("the output", answer["out"], cut["out"](y.detach()))]
+    errs = [held_unchanged(answer, originals), compared("the output", answer["out"], cut["out"](y.detach()))]
     wants = [cut["x"](x.grad), cut["weight"](lin.weight.grad), cut["bias"](lin.bias.grad) if case["bias"] else None]
     errs += [compared(f"{n}.grad", got, want) for n, got, want in zip(("x", "weight", "bias"), answer["grads"], wants)
              if want is not None]
@@ -153,7 +150,7 @@ def cross_entropy(name, item, answer) -> list:
     full = logits.clone().requires_grad_()
     ref = F.cross_entropy(full.flatten(0, -2), target.flatten(), ignore_index=case["ignore_index"])
     ref.backward()
-    errs = [untouched(answer, {"logits": logits[..., a:b], "target": target}),
+    errs = [held_unchanged(answer, {"logits": logits[..., a:b], "target": target}),
             compared("the loss", answer["out"], ref.detach()),
             compared("logits.grad", answer["grad"], full.grad[..., a:b])]
     tokens, e = target.numel(), logits.element_size()
@@ -202,7 +199,7 @@ def module(name, item, answer) -> list:
     (ref(x) * up).sum().backward()
     y, dims = ref(x).detach(), MLP_DIMS if name == "tp_mlp" else ATTN_DIMS
     errs = per_call(answer["calls"], lambda done: [
-        untouched(done, held), compared("the output", done["out"], y), compared("x.grad", done["x_grad"], x.grad),
+        held_unchanged(done, held), compared("the output", done["out"], y), compared("x.grad", done["x_grad"], x.grad),
         *sharded_grads(ref, done["grads"][0], r, t, dims)])
     colls = cost.tp_layer_collectives(B, S, cfg.d_model, t, sublayers=1, elem_bytes=x.element_size()) if t > 1 else []
     return with_traffic(errs, t, answer["calls"], {p: expected(colls, p) for p in PHASES})
@@ -218,7 +215,7 @@ def sp_block(name, item, answer) -> list:
     y = x + mlp(ln(x))
     (y * up).sum().backward()
     errs = per_call(answer["calls"], lambda done: (
-        [untouched(done, held), compared("the output", done["out"], part(y.detach(), SEQ, r, t)),
+        [held_unchanged(done, held), compared("the output", done["out"], part(y.detach(), SEQ, r, t)),
          compared("x.grad", done["x_grad"], part(x.grad, SEQ, r, t))]
         + [compared(f"ln.{n}.grad", got, p.grad) for (n, p), got in zip(ln.named_parameters(), done["grads"][0])]
         + [f"mlp.{e}" if e else None for e in sharded_grads(mlp, done["grads"][1], r, t, MLP_DIMS)]))

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.kit.compare import show, tensor_error, unchanged
+from minidist.checks.kit.compare import show, tensor_error, untouched
 from minidist.checks.kit.groups import describe_case, raise_verdict
 from minidist.checks.lab6_context_parallel.cases import (B, D, F32, F64, LATE_S, MERGE, S, SEQ, a2a_inputs,
                                                          merge_inputs, part, qkv, zigzag_input)
@@ -54,12 +54,9 @@ def merged(out_a, lse_a, out_b, lse_b):
     return out, lse
 
 
-def untouched(digests: list, names: str | tuple, inputs: list) -> str | None:
+def given_unchanged(digests: list, names: str | tuple, inputs: list) -> str | None:
     """The caller's tensors ``names`` came back as they went in (``digests`` of them after the call)."""
-    for name, got, was in zip(names, digests, inputs):
-        if problem := unchanged(name, got, was):
-            return problem
-    return None
+    return untouched(dict(zip(names, digests)), dict(zip(names, inputs)))
 
 
 # ----------------------------------------------------------------------------- traffic
@@ -118,7 +115,7 @@ def all_to_all(item, answer) -> list:
         return raise_verdict(answer, f"dim {sd} of size {shape[sd]} does not split into {t} equal chunks")
     x = part(full, gd, r, t)
     errs = [tensor_error("the output", answer["out"], part(full, sd, r, t)),
-            tensor_error("x.grad", answer["grad"], part(up, gd, r, t)), untouched([answer["given"]], "x", [x])]
+            tensor_error("x.grad", answer["grad"], part(up, gd, r, t)), given_unchanged([answer["given"]], "x", [x])]
     if t > 1 and not any(errs):
         one = Counter({("all-to-all", x.numel() * x.element_size()): 1})
         errs += [compare_all_to_alls(answer[phase], one, phase) for phase in PHASES]
@@ -139,7 +136,7 @@ def ulysses(item, answer) -> list:
     (ref * w).sum().backward()
     errs = [tensor_error("the output", answer["out"], cut(ref.detach()))]
     errs += [tensor_error(f"{n}.grad", g, cut(f.grad)) for n, g, f in zip("qkv", answer["grads"], full)]
-    errs.append(untouched(answer["given"], "qkv", [cut(x) for x in (q, k, v)]))
+    errs.append(given_unchanged(answer["given"], "qkv", [cut(x) for x in (q, k, v)]))
     if t > 1 and not any(errs):
         want = cost.ulysses_collectives(B, S, h, D, t, h_kv, elem_bytes=torch.empty(0, dtype=dtype).element_size())
         errs += [compare_all_to_alls(answer[phase], Counter(("all-to-all", c.nbytes) for c in want if c.phase == phase),
@@ -157,7 +154,7 @@ def ring(item, answer) -> list:
     lse_dtype = F64 if dtype == F64 else F32                    # the helper's: float32 at least
     errs = [tensor_error("the output", answer["out"], cut(ref), dtype=dtype),
             tensor_error("the lse", answer["lse"], part(lse, 2, r, t), dtype=lse_dtype),
-            untouched(answer["given"], "qkv", [cut(x) for x in (q, k, v)]),
+            given_unchanged(answer["given"], "qkv", [cut(x) for x in (q, k, v)]),
             overlap(r, answer["late"]) if case.get("late") else None]
     if t > 1 and not any(errs):
         elem = torch.empty(0, dtype=dtype).element_size()
@@ -171,7 +168,7 @@ def zigzag(item, answer) -> list:
     x, seq = zigzag_input(case), case["shape"][SEQ]
     if seq % (2 * t):
         return raise_verdict(answer, f"a sequence of {seq} does not cut into 2P = {2 * t} chunks")
-    errs = [tensor_error("the shard", answer["out"], zigzag_part(x, r, t)), untouched([answer["given"]], "x", [x])]
+    errs = [tensor_error("the shard", answer["out"], zigzag_part(x, r, t)), given_unchanged([answer["given"]], "x", [x])]
     if answer["traffic"]:
         ops = ", ".join(f"{k} of {b} B" for k, b in answer["traffic"])
         errs.append(f"zigzag_shard communicated ({ops}): every rank holds the full tensor already")
@@ -191,7 +188,7 @@ def merge(case, answer) -> str | None:
     rounding = 2 * torch.finfo(case["dtype"]).eps * top * max(a.abs().max().item() for a in (args[0], args[2]))
     problem = (tensor_error("out", result[0], want_out, slack=rounding, dtype=case["dtype"])
                or tensor_error("lse", result[1], want_lse, dtype=case["dtype"])
-               or untouched(answer["given"], ("out_a", "lse_a", "out_b", "lse_b"), args))
+               or given_unchanged(answer["given"], ("out_a", "lse_a", "out_b", "lse_b"), args))
     if problem:
         finite = all(torch.isfinite(r).all() for r in result if isinstance(r, torch.Tensor))
         big = f" (lse's reach {top:.0f} here: does an exp overflow?)" if top > 80 and not finite else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from minidist import mesh
-from minidist.checks.kit.compare import tensor_error, unchanged
+from minidist.checks.kit.compare import tensor_error, untouched
 from minidist.checks.kit.launch import TOL
 from minidist.checks.lab7_3d_parallel.cases import BATCH, CFG, PARTS, WORLD, MemoryConfig, batch, one_process
 from minidist.cost.parallel3d import memory_per_rank, stage_numel, step_collectives
@@ -221,9 +221,9 @@ def step_failure(name: str, layout: Layout, rank: int, row: dict) -> str | None:
     for step, after in enumerate(row["inputs"]):
         if len(after) != 2:
             return f"{where}: {len(after)} digests of the caller's (ids, targets) after step {step}"
-        for what, got, original in zip(("ids", "targets"), after, batch(step)):
-            if problem := unchanged(what, got, original, f"step {step}"):
-                return f"{where}: {problem}"
+        names = ("ids", "targets")
+        if problem := untouched(dict(zip(names, after)), dict(zip(names, batch(step))), f"step {step}"):
+            return f"{where}: {problem}"
     stage = mesh.coordinate(rank, layout.dp, layout.pp, layout.tp)[1]
     problem = (schedule_problem(row["trace"].events, layout, stage)
                or traffic_problem(traffic_by_axis(row["trace"].comm(), rank, layout), layout, stage))
