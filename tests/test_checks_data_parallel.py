@@ -224,6 +224,29 @@ def test_the_reference_zero_is_the_notebooks_given_classes():
     assert inspect.getsource(lab3_reference.Zero).strip() == given["given_Zero"]
 
 
+UNAVERAGED_REDUCE_SCATTER = """
+def reduce_scatter_gradients(unit):
+    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)
+    mine = flat_grad.new_empty(unit.shard.shape)
+    dist.reduce_scatter_tensor(mine, flat_grad)          # the sum over ranks, never divided by N
+    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
+    for p in unit.params:
+        p.grad = None
+"""
+
+
+def test_each_stage_grades_its_functions_and_the_reference_stands_in_for_the_others():
+    """A notebook whose reduce_scatter_gradients forgets to average: ZeRO-2 grades it and fails; ZeRO-1 grades
+    sharded_step alone, the lab's reference standing in for the rest in the rank's copy of the notebook's globals."""
+    notebook = {"__name__": "__main__"}
+    exec(compile(inspect.getsource(lab3_reference), "<notebook cell>", "exec"), notebook)
+    exec(compile(UNAVERAGED_REDUCE_SCATTER, "<notebook cell>", "exec"), notebook)
+    lab3.check_zero(notebook["Zero"], stage=1)
+    with pytest.raises(AssertionError, match=r"Zero\(stage=2\), grading your reduce_scatter_gradients .* rank 0's "
+                                             r"parameter vector differs from single-process training"):
+        lab3.check_zero(notebook["Zero"], stage=2)
+
+
 def test_a_students_own_assert_reads_as_theirs():
     def asserting(params, cap_bytes):
         assert cap_bytes > 10 ** 9, "my own sanity check"

@@ -84,7 +84,7 @@ def equal_problem(name: str, world_size: int, cases: list[dict], per_rank: list,
             what = f"{name} (world_size={n}, {describe_case(case)})"
             for r in range(n):
                 got = per_rank[r][i]["params"]
-                problem = tensor_error(f"rank {r}'s parameters", got, ref, tol=TOL,
+                problem = tensor_error(f"rank {r}'s parameter vector", got, ref, tol=TOL,
                                        against="single-process training on the whole batch")
                 if problem is None:
                     continue

@@ -51,9 +51,13 @@ def training(models, cap=None, steps=3, batch=24) -> list[dict]:
     return [dict(model_kwargs=MODELS[m], steps=steps, batch=batch, cap=cap) for m in models]
 
 
+def _average_models(hidden: bool) -> list[str]:
+    return list(MODELS) if hidden else ["plain", "frozen"]
+
+
 def average_cases(hidden: bool) -> list[tuple]:
     """(world size, training cases) per launch; each launch also runs the rank-dependent model."""
-    return [(n, training(list(MODELS) if hidden else ["plain", "frozen"])) for n in ((3, 4) if hidden else (2,))]
+    return [(n, training(_average_models(hidden))) for n in ((3, 4) if hidden else (2,))]
 
 
 AVERAGE_TRAFFIC_MODELS = ["frozen", "tied"]
@@ -65,9 +69,8 @@ def average_traffic_cases() -> list[tuple]:
 
 def average_covered(hidden: bool) -> str:
     runs = average_cases(hidden)
-    models = list(MODELS) if hidden else ["plain", "frozen"]
-    return (f"N={_sizes(n for n, _ in runs)}, models {', '.join(models)}: parameters vs one process on the "
-            f"whole batch, a rank-dependent model")
+    return (f"N={_sizes(n for n, _ in runs)}, models {', '.join(_average_models(hidden))}: parameters vs one "
+            f"process on the whole batch, a rank-dependent model")
 
 
 def average_traffic_covered() -> str:
@@ -128,13 +131,14 @@ def overlap_cases() -> list[int]:
 
 def bucketed_covered(hidden: bool) -> str:
     runs = bucketed_cases(hidden)
-    return (f"N={_sizes(n for n, _ in runs)}, {len(runs[0][1])} models and caps: parameters vs one process, "
+    return (f"N={_sizes(n for n, _ in runs)}; {len(runs[0][1])} models and caps: parameters vs one process, "
             f"a rank-dependent model")
 
 
 def bucketed_traffic_covered() -> str:
     runs = bucketed_traffic_cases()
-    return f"N={_sizes(n for n, _ in runs)}, {len(runs[0][1])} models and caps: one all-reduce per bucket, Ψ·4 bytes per step"
+    return (f"N={_sizes(n for n, _ in runs)}; {len(runs[0][1])} models and caps: one all-reduce per bucket, "
+            f"Ψ·4 bytes per step")
 
 
 def overlap_covered() -> str:

@@ -167,7 +167,8 @@ def average_traffic(case, answers) -> str | None:
         what, training, res = item
         n_params = len([p for p in TinyMLP(**training["model_kwargs"]).parameters() if p.requires_grad])
         if len(res["events"]) != n_params:
-            return f"{what}: {len(res['events'])} all-reduces per step; expected one per trainable parameter ({n_params})"
+            return (f"{what}: {len(res['events'])} all-reduces per step; expected one per trainable parameter "
+                    f"({n_params})")
     return None
 
 

@@ -53,7 +53,7 @@ def grad_seed(rank: int, k: int, micro: int) -> int:
 
 def unit_covered(hidden: bool) -> str:
     runs = unit_cases(hidden)
-    return (f"N={_sizes(n for n, _ in runs)}, {len(runs[0][1])} units" + (" in fp32/fp64" if hidden else "")
+    return (f"N={_sizes(n for n, _ in runs)}; {len(runs[0][1])} units" + (" in fp32/fp64" if hidden else "")
             + ": the accumulated shard gradient, parameters unchanged, one reduce-scatter per call")
 
 

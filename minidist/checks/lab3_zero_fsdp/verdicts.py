@@ -72,7 +72,8 @@ def _unit(n: int, shapes, missing, dtype, answers: list) -> str | None:
 def unit(case, answers) -> list:
     """Every unit of a launch ``(world size, units)``, on every rank, against the shards computed here."""
     n, units = case
-    return [_unit(n, shapes, missing, dtype, [a[i] for a in answers]) for i, (shapes, missing, dtype) in enumerate(units)]
+    return [_unit(n, shapes, missing, dtype, [a[i] for a in answers])
+            for i, (shapes, missing, dtype) in enumerate(units)]
 
 
 # ----------------------------------------------------------------------------- Zero
