@@ -1,23 +1,40 @@
 """minidist.checks.lab2_data_parallel and lab3_zero_fsdp: the library's own implementations pass, typical mistakes fail with
 a message that says what is wrong."""
+import dataclasses
+import inspect
+import json
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import ROOT
 from minidist.checks import lab2_data_parallel as lab2
-from minidist.checks import lab3_grading
 from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks.kit.refusal import StudentAssertion
+from minidist.checks.lab3_zero_fsdp import reference as lab3_reference
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
 from minidist.harness.data_parallel import step_time_vs_bucket_size
+
+
+def _without_refusal(monkeypatch, lab):
+    """Every check of ``lab`` with nothing refused, as its public functions run it (the registry's entries)."""
+    off = lambda check: dataclasses.replace(check, refusal=None)      # noqa: E731
+    for name, (stub, checks, by) in list(lab.CHECKS.entries.items()):
+        if isinstance(checks, dict):
+            checks = {k: tuple(map(off, v)) if isinstance(v, tuple) else off(v) for k, v in checks.items()}
+        else:
+            checks = tuple(map(off, checks)) if isinstance(checks, tuple) else off(checks)
+        monkeypatch.setitem(lab.CHECKS.entries, name, (stub, checks, by))
 
 
 @pytest.fixture(autouse=True)
 def _library_answers_allowed(monkeypatch):
     """These tests hand minidist's own implementations to the lab checks, which must accept them:
     the refusal of library answers (tests/test_library_answers.py) is off here."""
-    monkeypatch.setattr(lab2, "REFUSED", None)
-    monkeypatch.setattr(lab3_grading, "REFUSED", None)     # lab 3's checks read it there
+    _without_refusal(monkeypatch, lab2)
+    _without_refusal(monkeypatch, lab3)
 
 
 def good_split(x, y, rank, world_size):
@@ -52,7 +69,7 @@ def test_split_and_bucket_checks_fail_a_function_that_changes_the_callers_tensor
         with torch.no_grad():
             params[0].zero_()
         return make_buckets(params, cap)
-    with pytest.raises(AssertionError, match="changed the caller's x or y"):
+    with pytest.raises(AssertionError, match="the caller's x changed during split_batch"):
         lab2.check_split_batch(split_then_clear)
     with pytest.raises(AssertionError, match="changed the values of the parameters"):
         lab2.check_make_buckets(buckets_then_clear)
@@ -178,7 +195,15 @@ class LibZero:
 def test_zero_checks_accept_the_library(stage):
     lab3.check_zero(LibZero, stage)
     lab3.check_zero_traffic(LibZero, stage)
-    lab3.check_zero_memory(LibZero, stage)
+    if stage > 1:
+        lab3.check_zero_memory(LibZero, stage)
+        return
+    # The library's ZeRO-1 keeps one flat full-gradient buffer per bucket from step to step (backward
+    # accumulates into it in place); the lab's Zero drops every full gradient once reduce-scattered. Next
+    # to the lab's reference measured on the same rank, that buffer is the model-sized copy the rule catches.
+    with pytest.raises(AssertionError, match=r"rank \d: throughout a training step .* holds \d+ bytes more than "
+                                             r"the lab's reference \([01]\.\d\d× the parameters'"):
+        lab3.check_zero_memory(LibZero, stage)
 
 
 def test_zero_memory_check_rejects_an_unsharded_stage():
@@ -187,6 +212,39 @@ def test_zero_memory_check_rejects_an_unsharded_stage():
         lab3.check_zero_memory(unsharded, 3)
     with pytest.raises(AssertionError, match="1.5x|2× the parameters|expected 2×"):
         lab3.check_zero_traffic(unsharded, 3)
+
+
+def test_the_reference_zero_is_the_notebooks_given_classes():
+    """The memory check measures the lab's reference Zero before the student's, on the same rank: it is
+    the notebook's given ShardedUnit and Zero, word for word (on the reference's four functions)."""
+    with open(os.path.join(ROOT, "solutions", "lab3_zero_fsdp", "lab3_zero_fsdp.ipynb")) as f:
+        cells = json.load(f)["cells"]
+    given = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]).strip() for c in cells}
+    assert inspect.getsource(lab3_reference.ShardedUnit).strip() == given["given_ShardedUnit"]
+    assert inspect.getsource(lab3_reference.Zero).strip() == given["given_Zero"]
+
+
+UNAVERAGED_REDUCE_SCATTER = """
+def reduce_scatter_gradients(unit):
+    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)
+    mine = flat_grad.new_empty(unit.shard.shape)
+    dist.reduce_scatter_tensor(mine, flat_grad)          # the sum over ranks, never divided by N
+    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
+    for p in unit.params:
+        p.grad = None
+"""
+
+
+def test_each_stage_grades_its_functions_and_the_reference_stands_in_for_the_others():
+    """A notebook whose reduce_scatter_gradients forgets to average: ZeRO-2 grades it and fails; ZeRO-1 grades
+    sharded_step alone, the lab's reference standing in for the rest in the rank's copy of the notebook's globals."""
+    notebook = {"__name__": "__main__"}
+    exec(compile(inspect.getsource(lab3_reference), "<notebook cell>", "exec"), notebook)
+    exec(compile(UNAVERAGED_REDUCE_SCATTER, "<notebook cell>", "exec"), notebook)
+    lab3.check_zero(notebook["Zero"], stage=1)
+    with pytest.raises(AssertionError, match=r"Zero\(stage=2\), grading your reduce_scatter_gradients .* rank 0's "
+                                             r"parameter vector differs from single-process training"):
+        lab3.check_zero(notebook["Zero"], stage=2)
 
 
 def test_a_students_own_assert_reads_as_theirs():

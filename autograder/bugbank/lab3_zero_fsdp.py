@@ -4,7 +4,7 @@ Each bug replaces one solution cell of solutions/lab3_zero_fsdp/lab3_zero_fsdp.i
 names the test cells that must lose points (format: autograder/bugbank/README.md).
 
 Each stage's end-to-end tests grade only the functions that stage adds (the lab's reference
-stands in for the others: minidist.checks.lab3_zero_fsdp.GRADED), so a bug in
+stands in for the others: minidist.checks.lab3_zero_fsdp.cases.GRADED), so a bug in
 reduce_scatter_gradients is caught by its own test and ZeRO-2's, one in sharded_step by
 ZeRO-1's, one in gather/free by ZeRO-3's. Three kinds of tests catch them: equality with single-process training (Adam, and SGD with
 momentum for a wrong gradient scale), the traced collectives and their bytes, and the

@@ -8,8 +8,7 @@
   ``bindings``: what graded code must leave bound as it found it (the checks, torch's comparisons);
 * ``lab1_collectives`` ... ``lab9_expert_parallel`` (one per lab, named like its notebook):
   each lab's graded checks, with their case runners in ``labN_cases`` and their references
-  in ``labN_reference`` where a lab has them (lab 3: what each test grades in
-  ``lab3_grading``, the one-unit check in ``lab3_reduce_scatter``). A lab imports its own as ``checks``::
+  in ``labN_reference`` where a lab has them. A lab imports its own as ``checks``::
 
       from minidist.checks import lab1_collectives as checks
       checks.check_function("ring_all_reduce", ring_all_reduce)

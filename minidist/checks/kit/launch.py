@@ -70,8 +70,11 @@ def mark_case(progress: str, text: str) -> None:
 def stand_in_lab_functions(fn, stand_ins: dict) -> None:
     """Inside a rank: the notebook's other lab functions that ``fn`` calls by name become
     ``stand_ins`` ({name: minidist's or the lab's reference}), so a test grades one function
-    and not the ones it builds on. Only a student's function is touched (its module globals
-    are the notebook's); never call this in the process that grades, only in its ranks."""
+    and not the ones it builds on. For a class (lab 3's ``Zero``), the globals its ``__init__``
+    runs in: its methods call the lab's functions by name there. Only a student's function or
+    class is touched (its module globals are the notebook's); never call this in the process that
+    grades, only in its ranks."""
+    fn = getattr(fn, "__init__", None) if isinstance(fn, type) else fn
     names = getattr(fn, "__globals__", None) if callable(fn) and hasattr(fn, "__code__") else None
     if names is None or not is_student_code(fn.__code__.co_filename):
         return

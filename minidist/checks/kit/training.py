@@ -3,14 +3,17 @@
 Shared by the checks of labs 2 and 3: the student's function or class is wrapped in a
 :class:`minidist.harness.data_parallel.Trainer` and trained by the one data-parallel loop
 (:func:`minidist.harness.data_parallel.train`), so the checks, the tests and the tour all
-train the same way. Equality is with :func:`minidist.models.train_reference` on the whole
-batch; when it fails, the message says which usual mistake the parameters match.
+train the same way. An answer trains its cases on a rank (:func:`trained`); a verdict compares
+every rank's parameters with :func:`minidist.models.train_reference` on the whole batch
+(:func:`equal_problem`) and, when they differ, says which usual mistake they match.
 """
 from __future__ import annotations
 
 import torch
 
-from minidist.checks.kit.launch import TOL, launch_named, mark_case, one_thread
+from minidist.checks.kit.compare import tensor_error
+from minidist.checks.kit.launch import TOL, one_thread
+from minidist.checks.kit.run import mark
 from minidist.harness.data_parallel import Trainer, train
 from minidist.models import TinyMLP, describe_mlp, flat_parameters, make_optimizer, train_reference
 
@@ -49,21 +52,15 @@ def describe_case(case: dict) -> str:
     return text
 
 
-def _train_body(progress, cases, kind, impl):
+def trained(kind: str, impl, cases: list[dict]) -> list[dict]:
+    """Inside a rank (an answer): every case trained with the student's ``impl``, each marked as it
+    starts; per case, the :func:`~minidist.harness.data_parallel.train` result."""
     out = []
     for case in cases:
-        mark_case(progress, describe_case(case))
+        mark(describe_case(case))
         make = student_trainer(kind, impl, case.get("cap"), case.get("stage"), case.get("optimizer", "sgd"))
         out.append(train(make, case["model_kwargs"], case["steps"], case["batch"], measure=case.get("measure", False)))
     return out
-
-
-def train_student(kind: str, impl, world_size: int, cases: list[dict], name: str, timeout: float,
-                  refuse=None) -> list:
-    """Every case trained on ``world_size`` ranks in one launch: per rank, a list of
-    :func:`~minidist.harness.data_parallel.train` results. ``refuse``: the lab's
-    :class:`~minidist.checks.kit.launch.Refusal` (library answers fail the check)."""
-    return launch_named(_train_body, world_size, cases, kind, impl, name=name, timeout=timeout, refuse=refuse)
 
 
 def _reference(case, **wrong) -> torch.Tensor:
@@ -72,29 +69,34 @@ def _reference(case, **wrong) -> torch.Tensor:
                                            optimizer=case.get("optimizer", "sgd"), **wrong))
 
 
-def check_equal(name: str, world_size: int, cases: list[dict], out: list, diagnose: bool = True) -> None:
-    """Every rank's final parameters equal single-process training (NaN fails), and the
-    replicas are identical; ``diagnose`` names the usual mistake a mismatch matches."""
+def _matches(got, want) -> bool:
+    return tensor_error("the parameters", got, want, tol=TOL) is None
+
+
+def equal_problem(name: str, world_size: int, cases: list[dict], per_rank: list, diagnose: bool = True) -> str | None:
+    """Why the parameters every rank trained (``per_rank[r][i]``: :func:`trained`'s result for case i)
+    are not those of single-process training on the whole batch (NaN fails), or why the replicas
+    differ; None when neither. ``diagnose`` names the usual mistake a mismatch matches."""
     n = world_size
     with one_thread():
         for i, case in enumerate(cases):
             ref = _reference(case)
             what = f"{name} (world_size={n}, {describe_case(case)})"
             for r in range(n):
-                got = out[r][i]["params"]
-                err = (got - ref).abs().max().item()
-                if err <= TOL:
+                got = per_rank[r][i]["params"]
+                problem = tensor_error(f"rank {r}'s parameter vector", got, ref, tol=TOL,
+                                       against="single-process training on the whole batch")
+                if problem is None:
                     continue
                 hint = ""
-                if diagnose and (got - _reference(case, only_slice=(r, n))).abs().max().item() < TOL:
+                if diagnose and _matches(got, _reference(case, only_slice=(r, n))):
                     hint = (" The parameters equal training on this rank's slice alone: the gradients were "
                             "never synchronised.")
-                elif diagnose and any((got - _reference(case, loss_scale=s)).abs().max().item() < TOL
-                                      for s in (n, 1 / n)):
+                elif diagnose and any(_matches(got, _reference(case, loss_scale=s)) for s in (n, 1 / n)):
                     hint = (" The parameters equal training with gradients summed instead of averaged"
                             " (or averaged twice): check the division by the world size.")
-                raise AssertionError(f"{what}: rank {r}'s parameters differ from single-process training on "
-                                     f"the whole batch, max |error| = {err:.3g} (tolerance {TOL:g}).{hint}")
-            if any(not torch.equal(out[r][i]["params"], out[0][i]["params"]) for r in range(n)):
-                raise AssertionError(f"{what}: the ranks ended with different parameters; after every step all "
-                                     f"replicas must be identical (every rank must apply the same averaged gradient)")
+                return f"{what}: {problem}.{hint}"
+            if any(not torch.equal(per_rank[r][i]["params"], per_rank[0][i]["params"]) for r in range(n)):
+                return (f"{what}: the ranks ended with different parameters; after every step all replicas "
+                        f"must be identical (every rank must apply the same averaged gradient)")
+    return None
