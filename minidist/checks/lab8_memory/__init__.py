@@ -57,8 +57,10 @@ STEPS = {name: CHECKS.check(name, cases.step_cases, partial(answers.step, sharde
          for name, sharded in (("mixed_precision_step", False), ("zero1_mixed_precision_step", True))}
 RECOMPUTE = CHECKS.check("recompute_blocks", cases.recompute_cases, answers.recompute, verdicts.recompute,
                          refusal=REFUSED, covered=partial(cases.covered, "recompute_blocks"))
-#: graded name -> its checks, in the order a call runs them (the scaler's bookkeeping before unscale_)
-FUNCTIONS = {"DynamicLossScaler": (SCALER_HERE, SCALER_RANKS), **STEPS, "recompute_blocks": RECOMPUTE}
+#: graded name (in the notebook's order) -> its checks, in the order a call runs them (the scaler's
+#: bookkeeping before unscale_)
+FUNCTIONS = {name: {"DynamicLossScaler": (SCALER_HERE, SCALER_RANKS), **STEPS, "recompute_blocks": RECOMPUTE}[name]
+             for name in cases.GRADED}
 
 __all__ = ["CHECKS", "REFUSED", "check_function", "measure_bytes", "measure_recompute"]
 

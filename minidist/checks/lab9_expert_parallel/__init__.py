@@ -44,13 +44,14 @@ _HERE = {"top_k_router": (cases.router_cases, answers.router, verdicts.router, c
 _ON_RANKS = {"ep_dispatch": (partial(cases.exchange_cases, "ep_dispatch"), answers.ep_dispatch, verdicts.ep_dispatch),
              "ep_combine": (partial(cases.exchange_cases, "ep_combine"), answers.ep_combine, verdicts.ep_combine),
              "moe_layer": (cases.moe_cases, answers.moe_layer, verdicts.moe_layer)}
-#: graded name -> its check, in the notebook's order
-FUNCTIONS = {
+_CHECKS = {
     **{name: CHECKS.check(name, case_list, answer, verdict, refusal=REFUSED, covered=covered)
        for name, (case_list, answer, verdict, covered) in _HERE.items()},
     **{name: CHECKS.check(name, case_list, answer, verdict, where="groups", world=cases.WORLD, refusal=REFUSED,
                           stand_ins=partial(cases.stand_ins, name), covered=partial(cases.on_ranks_covered, name))
        for name, (case_list, answer, verdict) in _ON_RANKS.items()}}
+#: graded name -> its check, in the notebook's order
+FUNCTIONS = {name: _CHECKS[name] for name in cases.GRADED}
 
 #: Route: what ep_dispatch returns for ep_combine (handed out); make_experts: the experts the checks use
 __all__ = ["CHECKS", "REFUSED", "Route", "check_function", "make_experts", "measure"]
