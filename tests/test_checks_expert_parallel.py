@@ -65,3 +65,21 @@ def test_lab9_refuses_the_library_and_stands_in_the_reference():
         lab9.check_function("top_k_router", router_without_renormalising)
     # a layer written on the notebook's unfinished functions passes: the reference stands in inside the ranks
     lab9.check_function("moe_layer", moe_on_the_notebooks_functions)
+
+
+def router_with_an_integer_keep(logits, k, capacity_factor=None):
+    top, idx = logits.softmax(-1).topk(k)
+    return idx, top / top.sum(-1, keepdim=True), torch.ones_like(idx)
+
+
+def router_scribbling_on_the_callers_logits(logits, k, capacity_factor=None):
+    top, idx = logits.softmax(-1).topk(k)
+    logits.data[0, 0] += 1.0            # after use: the results are right, the caller's tensor is not
+    return idx, top / top.sum(-1, keepdim=True), torch.ones_like(idx, dtype=torch.bool)
+
+
+def test_lab9_compares_with_the_kits_one_comparison():
+    with pytest.raises(AssertionError, match="keep is int64, expected bool"):
+        lab9.check_function("top_k_router", router_with_an_integer_keep)
+    with pytest.raises(AssertionError, match="the caller's logits changed during the call"):
+        lab9.check_function("top_k_router", router_scribbling_on_the_callers_logits)

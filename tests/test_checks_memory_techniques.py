@@ -30,3 +30,31 @@ def test_lab8_refuses_the_library(name, fn, what):
 def test_lab8_names_its_graded_functions():
     with pytest.raises(ValueError, match="graded: DynamicLossScaler, mixed_precision_step"):
         lab8.check_function("zero2_step", lambda *a: None)
+
+
+class OwnNumber(float):
+    """A number of the student's own: its code would run wherever the answer is read."""
+
+
+class ScalerWithItsOwnNumber:
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, group=None):
+        self.scale_now = init_scale
+
+    @property
+    def loss_scale(self):
+        return OwnNumber(self.scale_now)
+
+
+def test_lab8_answers_carry_no_object_of_the_students():
+    with pytest.raises(AssertionError, match="DynamicLossScaler.loss_scale returned a OwnNumber: return plain values"):
+        lab8.check_function("DynamicLossScaler", ScalerWithItsOwnNumber)
+
+
+def test_lab8_checks_run_where_the_registry_says():
+    """The scaler in two parts (its bookkeeping here, unscale_ on groups of ranks), recompute_blocks here."""
+    _, functions, by = lab8.CHECKS.entries["check_function"]
+    where = {name: [c.where for c in (checks if isinstance(checks, tuple) else (checks,))]
+             for name, checks in functions.items()}
+    assert by == "name"
+    assert where == {"DynamicLossScaler": ["here", "groups"], "mixed_precision_step": ["groups"],
+                     "zero1_mixed_precision_step": ["groups"], "recompute_blocks": ["here"]}

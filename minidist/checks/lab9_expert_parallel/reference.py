@@ -5,7 +5,8 @@ Shazeer et al. 2017 (top-k gating), Lepikhin et al. 2020 (GShard: capacity, firs
 second choices, dispatch by all-to-all), Fedus et al. 2021 (Switch: the load-balancing loss
 ``E · Σ_i f_i · P_i``). The checks stand these in for the notebook's other functions inside the ranks
 (a mistake in ``ep_dispatch`` costs its own test, not ``moe_layer``'s), and build every expected
-value from :func:`plan`, which needs every rank's choices but no communication.
+value from :func:`plan`, which needs every rank's choices but no communication. The one file of
+this lab's checks besides the four of every lab: the lab's own implementation, whole.
 
 The contract (the lab's): E experts over a group of e ranks, group rank r owns experts
 ``r·E/e .. (r+1)·E/e − 1``. A (token, choice) pair is numbered ``token·k + choice``; a dropped

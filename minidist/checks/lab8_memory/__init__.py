@@ -1,0 +1,72 @@
+"""Lab 8's checks (memory beyond sharding: mixed precision with a dynamic loss scale, ZeRO-1 in
+mixed precision, activation recomputation): each graded function against an fp32 reference.
+
+Micikevicius et al. 2018 (mixed precision training, loss scaling); Rajbhandari et al. 2019 (ZeRO:
+2 + 2 + 12 bytes per parameter with Adam, 2 + 2 + 12/N with ZeRO-1); Chen et al. 2016 and
+Korthikanti et al. 2022 (full and selective recomputation). A lab test cell is a one-liner::
+
+    checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step)
+    checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step, hidden=True)
+
+The distributed functions run in one launch of 4 ranks per call, cut into data-parallel groups of
+t consecutive ranks (visible t = 2, 4; hidden 1–4; t = 3 runs next to a group of one). The steps
+train a 43-parameter MLP (uneven shards over 2, 3 and 4 ranks) for two or three steps: the
+master weights must equal an fp32 shadow fed with every rank's actual gradients, the model's
+weights must be the masters cast back, the loss scale must follow the reference, the gradients
+must be freed, and with Adam the model-state bytes each rank holds
+(:func:`minidist.memory.model_state_bytes`) must be 2 + 2 + 12 (or 12/N) per parameter before the
+step and 2 + 12 after it. Hidden: an overflow injected in one rank's gradient only (every rank
+skips, the scale backs off, the next step recovers), bf16 without a scaler, mixed precision
+against fp32 training in one process within ``cases.VS_FP32``, masters that do not fit
+(``ValueError`` before any collective). ``DynamicLossScaler`` is checked in two parts: its
+bookkeeping in this process, ``unscale_`` on the ranks. ``recompute_blocks`` has no communication
+and is checked in this process: output, input and parameter gradients equal the blocks run
+plainly with the same random state, the random state afterwards is the same too, the caller's
+input and weights are untouched, and the bytes saved for backward
+(:class:`minidist.memory.ActivationMeter`) equal :func:`verdicts.expected_saved` to the byte.
+minidist's own implementation (``minidist.memory_techniques``) is refused while a graded function
+runs. The cases are in ``cases.py``, the code that runs the student's functions in ``answers.py``,
+the comparisons in ``verdicts.py``, the demo cells' measurements in ``demo.py`` (docs/AUTHORING.md).
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from minidist.checks.kit.check import Registry
+from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
+from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.lab8_memory import answers, cases, verdicts
+from minidist.checks.lab8_memory.demo import measure_bytes, measure_recompute
+from minidist.runtime import import_optimizers_before_fork
+
+import_optimizers_before_fork()      # the ranks build optimizers: they inherit the import
+
+#: minidist.memory_techniques is refused in graded code; the lab hands out no helper from it.
+REFUSED = Refusal("mixed precision, loss scaling and recomputation", ("minidist.memory_techniques",),
+                  checks=__name__)
+CHECKS = Registry(__name__)
+_ON_RANKS = dict(where="groups", world=cases.WORLD, refusal=REFUSED)
+
+SCALER_HERE = CHECKS.check("DynamicLossScaler", cases.scaler_cases, answers.scaler, verdicts.scaler,
+                           refusal=REFUSED)
+SCALER_RANKS = CHECKS.check("DynamicLossScaler unscale_", cases.unscale_cases, answers.unscale, verdicts.unscale,
+                            title="DynamicLossScaler", covered=partial(cases.covered, "DynamicLossScaler"),
+                            **_ON_RANKS)
+STEPS = {name: CHECKS.check(name, cases.step_cases, partial(answers.step, sharded=sharded),
+                            partial(verdicts.step, sharded=sharded), covered=partial(cases.covered, name), **_ON_RANKS)
+         for name, sharded in (("mixed_precision_step", False), ("zero1_mixed_precision_step", True))}
+RECOMPUTE = CHECKS.check("recompute_blocks", cases.recompute_cases, answers.recompute, verdicts.recompute,
+                         refusal=REFUSED, covered=partial(cases.covered, "recompute_blocks"))
+#: graded name (in the notebook's order) -> its checks, in the order a call runs them (the scaler's
+#: bookkeeping before unscale_)
+FUNCTIONS = {name: {"DynamicLossScaler": (SCALER_HERE, SCALER_RANKS), **STEPS, "recompute_blocks": RECOMPUTE}[name]
+             for name in cases.GRADED}
+
+__all__ = ["CHECKS", "REFUSED", "check_function", "measure_bytes", "measure_recompute"]
+
+
+@CHECKS.entry(FUNCTIONS, by="name")
+def check_function(name: str, fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Lab 8's graded function ``name``: the steps and the scaler's unscale_ on 4 ranks cut into
+    groups of t (visible t = 2, 4; hidden 1–4) against fp32 references, bytes per rank against
+    2 + 2 + 12/N; the scaler's bookkeeping and recompute_blocks in this process."""

@@ -1,0 +1,225 @@
+"""Lab 9's cases: the case tables (visible and hidden), the tokens, expert choices, experts and
+gradients every case draws from its seeds (so one process rebuilds any rank's case), the stand-ins
+for the notebook's other functions, and what a passing test's ✓ line says it covered.
+
+Group rank s holds ``N + s`` tokens (uneven on purpose); hidden cases send every token to one
+rank, starve an expert, or drop every choice of a rank. Routes and rows of a whole group come from
+:func:`minidist.checks.lab9_expert_parallel.reference.plan`.
+"""
+from __future__ import annotations
+
+import torch
+
+import minidist
+from minidist.checks.kit.compare import seeded
+from minidist.checks.lab9_expert_parallel import reference as ref
+
+WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
+AUX = 0.5                                # weight of the load-balancing loss in the moe_layer checks' loss
+F32, F64 = torch.float32, torch.float64
+CPU = torch.device("cpu")
+TOL = 1e-5                               # relative, in fp32 and fp64 alike: every value against one process
+GRADED = ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine", "moe_layer")
+
+#: the notebook's functions stood in for by the reference inside the ranks, except the graded one's own cell
+STAND_INS = {"top_k_router": ref.top_k_router, "load_balancing_loss": ref.load_balancing_loss,
+             "ep_dispatch": ref.ep_dispatch, "all_to_all_rows": ref.all_to_all_rows,
+             "AllToAllRows": ref.AllToAllRows, "ep_combine": ref.ep_combine}
+OWN_CELL = {"ep_dispatch": ("ep_dispatch", "all_to_all_rows", "AllToAllRows")}
+
+
+def stand_ins(name: str, params: dict) -> dict:
+    """The stand-ins of a check of ``name``: every other function of the notebook."""
+    own = OWN_CELL.get(name, (name,))
+    return {other: stand_in for other, stand_in in STAND_INS.items() if other not in own}
+
+
+# ----------------------------------------------------------------------------- the case tables
+def router_cases(hidden: bool) -> list[dict]:
+    cases = [dict(n=10, E=4, k=2, capacity=None, dtype=F32), dict(n=10, E=4, k=1, capacity=1.0, dtype=F32, skew=3.0)]
+    if hidden:
+        cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0),
+                  dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
+                  dict(n=16, E=8, k=2, capacity=1.0, dtype=F32, skew=2.0), dict(n=7, E=5, k=5, capacity=None, dtype=F64),
+                  dict(n=10, E=4, k=2, capacity=2.0, dtype=F32, skew=4.0), dict(n=11, E=4, k=2, capacity=0.7, dtype=F64),
+                  dict(n=6, E=4, k=5, capacity=None, dtype=F32, raises="k > E"),
+                  dict(n=6, E=4, k=0, capacity=None, dtype=F32, raises="k = 0"),
+                  dict(n=6, E=4, k=1, capacity=0.0, dtype=F32, raises="capacity_factor = 0"),
+                  dict(n=6, E=4, k=1, capacity=-1.0, dtype=F32, raises="capacity_factor < 0"),
+                  dict(n=6, E=4, k=1, capacity=None, dtype=F32, raises="logits of 3 dimensions")]
+    return cases
+
+
+def loss_cases(hidden: bool) -> list[dict]:
+    cases = [dict(n=10, E=4, k=2, dtype=F32)]
+    if hidden:
+        cases += [dict(n=12, E=8, k=1, dtype=F64), dict(n=10, E=4, k=2, dtype=F32, starve=True),
+                  dict(n=9, E=6, k=3, dtype=F64), dict(n=6, E=4, k=1, dtype=F32, raises=True)]
+    return cases
+
+
+def exchange_cases(name: str, hidden: bool) -> list[dict]:
+    """``ep_dispatch``'s and ``ep_combine``'s cases on groups of t ranks (dispatch's bad input too)."""
+    cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
+    if hidden:
+        cases += [dict(t=1, E=4, k=2, dtype=F64), dict(t=2, E=2, k=1, dtype=F64),
+                  dict(t=4, E=8, k=1, dtype=F32, load="one_rank"), dict(t=2, E=8, k=2, dtype=F64, load="one_rank"),
+                  dict(t=4, E=8, k=2, dtype=F32, load="empty_expert"),
+                  dict(t=2, E=6, k=2, dtype=F32, load="dropped"),
+                  dict(t=4, E=4, k=1, dtype=F64, load="dropped")]
+        if name == "ep_dispatch":
+            cases += [dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="rows")]
+    return cases
+
+
+def moe_cases(hidden: bool) -> list[dict]:
+    cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
+    if hidden:
+        cases += [dict(t=1, E=2, k=1, dtype=F64), dict(t=2, E=4, k=1, dtype=F64, skew=True),
+                  dict(t=4, E=8, k=2, dtype=F32, capacity=1.0, skew=True),
+                  dict(t=2, E=6, k=2, dtype=F64, capacity=0.5), dict(t=4, E=4, k=1, dtype=F32, capacity=1.5),
+                  dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="k"),
+                  dict(t=2, E=4, k=2, dtype=F32, capacity=0.0, raises="capacity"),
+                  dict(t=4, E=4, k=1, dtype=F32, raises="shape")]
+    return cases
+
+
+def router_covered(hidden: bool) -> str:
+    return ("indices, weights and their gradient, kept choices; k = 1, 2 and k = E, capacity dropping and dropless, "
+            "fp32/fp64" + (", bad k and capacity" if hidden else ""))
+
+
+def loss_covered(hidden: bool) -> str:
+    return "value and gradient; k = 1, 2, 3, fp32/fp64" + (", an expert nobody chose, probs that do not match E"
+                                                            if hidden else "")
+
+
+_COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
+            "ep_combine": "output, expert_outputs.grad, weights.grad and traced bytes",
+            "moe_layer": "output, aux loss, x/router/expert gradients and traced bytes"}
+
+
+def on_ranks_covered(name: str, hidden: bool) -> str:
+    ts = sorted({c["t"] for c in (moe_cases(hidden) if name == "moe_layer" else exchange_cases(name, hidden))})
+    extra = "; k = 2, fp32"
+    if hidden:
+        extra = ("; k = 1, 2, fp32/fp64, capacity and dropless, a starved expert, bad input" if name == "moe_layer" else
+                 "; k = 1, 2, fp32/fp64, one busy rank, a starved expert, a rank that sends nothing"
+                 + (", bad input" if name == "ep_dispatch" else ""))
+    return f"t = {', '.join(map(str, ts))}: {_COVERED[name]}{extra}"
+
+
+# ----------------------------------------------------------------------------- data
+def make_experts(num_experts: int, hidden: int = HID, ffn: int = FFN, seed: int = 0, dtype=F32, device=None) -> list:
+    """E experts, each Linear(hidden, ffn) → GELU → Linear(ffn, hidden), drawn on the CPU from ``seed``
+    (the same on every rank), then moved to ``device`` (default ``minidist.device()``)."""
+    experts = []
+    for j in range(num_experts):
+        layers = []
+        for i, (fan_in, fan_out) in enumerate(((hidden, ffn), (ffn, hidden))):
+            lin = torch.nn.Linear(fan_in, fan_out, device=CPU, dtype=F64)
+            at = 1000 * seed + 4 * j + 2 * i
+            with torch.no_grad():
+                lin.weight.copy_(seeded((fan_out, fan_in), at, F64) / fan_in ** 0.5)
+                lin.bias.copy_(0.1 * seeded((fan_out,), at + 1, F64))
+            layers.append(lin)
+        expert = torch.nn.Sequential(layers[0], torch.nn.GELU(), layers[1]).to(dtype)
+        experts.append(expert.to(device if device is not None else minidist.device()))
+    return experts
+
+
+def tokens_of(s: int) -> int:
+    return N + s
+
+
+def choices(case: dict, s: int, t: int) -> torch.Tensor:
+    """Group rank s's expert indices (n, k): distinct experts per token; ``load`` shapes them:
+    random, one_rank (only group rank 0's experts), empty_expert (each rank's last expert never chosen),
+    dropped (a third of the choices −1, group rank 0's all of them: it sends nothing)."""
+    num_experts, k, load = case["E"], case["k"], case.get("load", "random")
+    local, n = num_experts // t, tokens_of(s)
+    gen = torch.Generator().manual_seed(1000 + 31 * s + 7 * num_experts + k)
+    allowed = torch.arange(num_experts, device=CPU)
+    if load == "one_rank":
+        allowed = allowed[:local]
+    elif load == "empty_expert":
+        allowed = allowed[allowed % local != local - 1]
+    idx = allowed[torch.rand(n, len(allowed), generator=gen, device=CPU).argsort(-1)[:, :k]]
+    if load == "dropped":
+        drop = torch.rand(n, k, generator=gen, device=CPU) < 0.35
+        idx = idx.masked_fill(drop | (s == 0), -1)
+    return idx
+
+
+def router_logits(case: dict) -> torch.Tensor:
+    n, num_experts = case["n"], case["E"]
+    favourites = torch.arange(num_experts, 0, -1, device=CPU) / num_experts      # expert 0 most
+    logits = (seeded((n, num_experts), 5 + n, F64) + case.get("skew", 0.0) * favourites).to(case["dtype"])
+    return logits[None] if "dimensions" in case.get("raises", "") else logits
+
+
+def router_upstream(case: dict) -> torch.Tensor:
+    """The gradient the check sends back through the router's weights."""
+    return seeded((case["n"], case["k"]), 6, case["dtype"])
+
+
+def loss_inputs(case: dict):
+    """(router probabilities, the top-k expert indices) of a load_balancing_loss case."""
+    logits = seeded((case["n"], case["E"]), 8 + case["n"], F64)
+    if case.get("starve"):
+        logits[:, -1] = -50.0
+    probs = torch.softmax(logits, -1).to(case["dtype"])
+    return probs, probs.topk(case["k"], dim=-1).indices
+
+
+def dispatch_inputs(case: dict, t: int):
+    """(every group rank's tokens, their expert indices, the group's plan); no plan for bad input."""
+    toks = [seeded((tokens_of(s), HID), 10 + s, case["dtype"]) for s in range(t)]
+    if case.get("raises"):
+        return toks, None, None
+    picks = [choices(case, s, t) for s in range(t)]
+    return toks, picks, ref.plan(picks, case["E"])
+
+
+def dispatch_upstream(case: dict, p, t: int) -> list:
+    """Per group rank, the gradient the check sends back through the rows its experts received."""
+    return [seeded((len(p.src[d]), HID), 20 + d, case["dtype"]) for d in range(t)]
+
+
+def dispatch_raise(case: dict, r: int, t: int):
+    """Bad input of a dispatch case: (expert indices for rank r, why it must raise)."""
+    idx = torch.zeros(tokens_of(r) + (case["raises"] == "rows"), case["k"], dtype=torch.long, device=CPU)
+    what = (f"{case['E']} experts do not split over {t} ranks" if case["raises"] == "split"
+            else "expert_indices has a row more than there are tokens")
+    return idx, what
+
+
+def combine_inputs(case: dict, t: int):
+    """(the group's plan, expert outputs, weights and upstream gradients per group rank)."""
+    num_experts, k, dtype = case["E"], case["k"], case["dtype"]
+    picks = [choices(case, s, t) for s in range(t)]
+    p = ref.plan(picks, num_experts)
+    outs = [seeded((len(p.src[d]), HID), 30 + d, dtype).requires_grad_() for d in range(t)]
+    ws = [seeded((tokens_of(s), k), 40 + s, dtype).abs().requires_grad_() for s in range(t)]
+    ups = [seeded((tokens_of(s), HID), 50 + s, dtype) for s in range(t)]
+    return p, outs, ws, ups
+
+
+def moe_inputs(case: dict, t: int):
+    """(router weight, every group rank's tokens) of a moe_layer case."""
+    num_experts, dtype = case["E"], case["dtype"]
+    w = seeded((HID, num_experts), 60, F64)
+    xs = [seeded((tokens_of(s), HID), 70 + s, F64) for s in range(t)]
+    if case.get("skew"):             # a constant feature: the last expert starves, expert 0 is everyone's favourite
+        for x in xs:
+            x[:, 0] = 1.0
+        w[0, -1], w[0, 0] = -30.0, 2.0
+    return w.to(dtype), [x.to(dtype) for x in xs]
+
+
+def moe_upstream(case: dict, t: int) -> list:
+    return [seeded((tokens_of(s), HID), 80 + s, case["dtype"]) for s in range(t)]
+
+
+MOE_RAISES = {"split": "{E} experts do not split over {t} ranks", "k": "k > E = {E}",
+              "capacity": "capacity_factor = {cf}", "shape": "router_weight has a row more than the tokens' size"}
