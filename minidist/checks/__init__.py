@@ -1,14 +1,16 @@
-"""Checks shared by ``tests/``, the lab notebooks and the autograder: one module per lab.
+"""The labs' checks, used alike by the lab notebooks' test cells, by ``tests/`` and by the grader.
 
-* ``common``: timeouts, tolerance, and ``launch_named`` (launch, name the failing case);
-* ``collectives``: any collective against torch, and its traced pattern;
-* ``training``: a student's data-parallel code trained by the one loop, vs one process;
-* ``groups``: cases on groups of t ranks inside one launch (labs 5, 6, 8, 9);
-* ``refusal``: minidist's own implementation refused while a graded function runs, and
-  ``bindings``: what graded code must leave bound as it found it (the checks, torch's comparisons);
-* ``lab1_collectives`` ... ``lab9_expert_parallel`` (one per lab, named like its notebook):
-  each lab's graded checks, with their case runners in ``labN_cases`` and their references
-  in ``labN_reference`` where a lab has them. A lab imports its own as ``checks``::
+* ``kit/``: the grading kit, written once: a :class:`~minidist.checks.kit.check.Check` and the lab's
+  registry of them (``check.py``), running one (``run.py``: the guard around the answers, the docket
+  filing, the verdict), the one comparison (``compare.py``), launching (``launch.py``) and groups of
+  ranks (``groups.py``), the guard's parts (``refusal.py``, ``refused_code.py``, ``bindings.py``,
+  ``returned.py``, ``student_code.py``, ``quiet.py``), the docket (``docket.py``), the must-raise
+  rule (``raises.py``), and two shared kinds of check (``collectives.py``, ``training.py``);
+* a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab9_expert_parallel``, and
+  ``toylab``, the grader's test fixture and docs/AUTHORING.md's worked example), each with the same
+  files: ``__init__.py`` (``REFUSED``, the registry ``CHECKS`` and the public checks), ``cases.py``,
+  ``answers.py`` (the only file that calls student code), ``verdicts.py`` (never reads ``answers``)
+  and ``demo.py`` where the notebook plots measurements. A notebook imports its lab's as ``checks``::
 
       from minidist.checks import lab1_collectives as checks
       checks.check_function("ring_all_reduce", ring_all_reduce)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.distributed import distributed_c10d as c10d
 
 from minidist.checks.kit.compare import digest
-from minidist.checks.kit.docket import outcome
+from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.returned import require_plain
 from minidist.checks.kit.run import mark
 from minidist.checks.kit.training import trained

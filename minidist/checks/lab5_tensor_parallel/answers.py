@@ -13,7 +13,7 @@ import copy
 import torch.nn as nn
 
 from minidist.checks.kit.compare import digest, on_rank, traffic
-from minidist.checks.kit.groups import attempt
+from minidist.checks.kit.raises import attempt
 from minidist.checks.lab5_tensor_parallel.cases import (SEQ, ce_inputs, f_g_inputs, heads_split, linear_cuts,
                                                         linear_layer, module_inputs, part, sp_block_inputs, sp_inputs)
 from minidist.runtime.device import device as rank_device

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from minidist import cost
 from minidist.checks.kit.compare import FAMILY, counted, seeded, show, tensor_error, untouched
-from minidist.checks.kit.groups import raise_verdict, wrong_group_hint
+from minidist.checks.kit.groups import wrong_group_hint
+from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.lab5_tensor_parallel.cases import (B, CFG, S, SEQ, TOL, WORLD, ce_inputs, f_g_inputs, heads_split,
                                                         linear_cuts, linear_layer, module_inputs, part, sp_block_inputs,
                                                         sp_inputs)

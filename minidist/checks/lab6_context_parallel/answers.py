@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from minidist.checks.kit.compare import digest, on_rank, traffic
-from minidist.checks.kit.groups import attempt
+from minidist.checks.kit.raises import attempt
 from minidist.checks.lab6_context_parallel.cases import (F64, LATE_S, SEQ, a2a_inputs, merge_inputs, part, qkv,
                                                          zigzag_input)
 from minidist.runtime.device import device as rank_device

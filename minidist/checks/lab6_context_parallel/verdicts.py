@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from minidist import cost
 from minidist.checks.kit.compare import show, tensor_error, untouched
-from minidist.checks.kit.groups import describe_case, raise_verdict
+from minidist.checks.kit.groups import describe_case
+from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.lab6_context_parallel.cases import (B, D, F32, F64, LATE_S, MERGE, S, SEQ, a2a_inputs,
                                                          merge_inputs, part, qkv, zigzag_input)
 

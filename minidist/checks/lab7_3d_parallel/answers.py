@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 
 from minidist.checks.kit.compare import digest
-from minidist.checks.kit.docket import outcome
+from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.launch import one_thread
 from minidist.checks.kit.returned import foreign_part
 from minidist.checks.kit.run import mark

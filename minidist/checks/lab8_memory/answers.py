@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit.compare import digest, on_rank, traffic
-from minidist.checks.kit.docket import outcome
-from minidist.checks.kit.groups import attempt
+from minidist.checks.kit.raises import outcome
+from minidist.checks.kit.raises import attempt
 from minidist.checks.kit.launch import one_thread
 from minidist.checks.kit.returned import foreign_part
 from minidist.checks.kit.run import RankCase, first

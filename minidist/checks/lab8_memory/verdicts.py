@@ -19,7 +19,8 @@ import torch
 
 from minidist import cost
 from minidist.checks.kit.compare import counted, show, tensor_error, unchanged
-from minidist.checks.kit.groups import describe_case, raise_verdict
+from minidist.checks.kit.groups import describe_case
+from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.kit.launch import one_thread
 from minidist.checks.lab8_memory.cases import (F32, FLAGS, LOW, RB, SCALER, VS_FP32, ReferenceScaler, batch,
                                                blocks_and_input, flat, loss_of, make_models, make_optimizer,

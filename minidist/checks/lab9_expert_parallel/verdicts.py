@@ -16,7 +16,8 @@ from functools import partial
 import torch
 
 from minidist.checks.kit.compare import counted, show, tensor_error, unchanged
-from minidist.checks.kit.groups import describe_case, raise_verdict
+from minidist.checks.kit.groups import describe_case
+from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.lab9_expert_parallel import reference as ref
 from minidist.checks.lab9_expert_parallel.cases import (AUX, CPU, HID, MOE_RAISES, TOL, combine_inputs,
                                                         dispatch_inputs, dispatch_raise, dispatch_upstream,
@@ -31,12 +32,8 @@ NO_BACKWARD = "the backward pass did not run"
 
 
 def _raise_problem(label: str, what: str, answer: dict) -> str | None:
-    if answer.get("raised") == "ValueError":
-        return None
-    if "raised" in answer:
-        return (f"{label}: raised {answer['raised']} ({answer.get('message')}) although {what}; the lab asks for a "
-                "ValueError with a clear message")
-    return f"{label}: returned although {what}; the lab asks for a ValueError"
+    problem = raise_verdict(answer, what)
+    return f"{label}: {problem}" if problem else None
 
 
 def _not_plain(label: str, answer: dict) -> str | None:
