@@ -31,7 +31,7 @@ BAD = [   # argv, text the one-line message must contain
     (LLAMA + ["--headroom", "lots"], "cannot read 'lots'"),
     (LLAMA + ["--zero", "4"], "invalid choice: 4"),
     (["lab"], "required: copy"),
-    (["lab", "copy", "99", "somewhere"], "there is no lab 99; the labs are 1, 2"),
+    (["lab", "copy", "99", "somewhere"], "there is no lab 99; the labs are 1-"),
     (["lab", "copy", "one", "somewhere"], "invalid int value: 'one'"),
     (["bench"], "required: NAME"),
     (["bench", "nosuch"], "invalid choice: 'nosuch'"),
@@ -115,8 +115,26 @@ def test_lab_copy_copies_the_released_lab_and_never_overwrites(tmp_path, capsys)
         main(["lab", "copy", "1", str(tmp_path)])
     assert exit.value.code == 2 and "refusing to overwrite" in capsys.readouterr().err
     assert copied.read_text() == "my work"
-    assert main(["lab", "copy", "2", str(tmp_path / "mine")]) == 0        # a new folder of that name
-    assert (tmp_path / "mine" / "lab2_data_parallel.ipynb").exists()
+    # DEST is always the parent: a missing one is created, and the lab keeps its own name inside it
+    capsys.readouterr()
+    assert main(["lab", "copy", "2", str(tmp_path / "new" / "mine")]) == 0
+    made = tmp_path / "new" / "mine" / "lab2_data_parallel"
+    assert (made / "lab2_data_parallel.ipynb").exists()
+    out = capsys.readouterr().out
+    assert f"to {made}" in out and f"jupyter lab {made}/" in out      # absolute paths, to paste anywhere
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit):
+        main(["lab", "copy", "3", str(tmp_path / "a_file")])
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_lab_copy_help_lists_every_released_lab(capsys):
+    from minidist.cli.lab import lab_folders, numbers_text
+    numbers = sorted(lab_folders())
+    assert numbers[:9] == list(range(1, 10))
+    with pytest.raises(SystemExit):
+        main(["lab", "copy", "--help"])
+    assert f"the lab's number ({numbers_text(numbers)})" in " ".join(capsys.readouterr().out.split())
 
 
 def test_bench_cli_times_every_help_the_parser_offers():

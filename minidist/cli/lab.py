@@ -12,9 +12,9 @@ import shutil
 LABS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "labs")
 
 DESCRIPTION = """\
-Copy a lab's folder (labs/labN_*) out of the repository, to work in your own copy. DEST is the
-new folder; if DEST is an existing folder, the lab's folder is made inside it. Nothing is ever
-overwritten."""
+Copy a lab's folder (labs/labN_*) out of the repository, to work in your own copy. The copy is
+always DEST/labN_name (DEST is created when missing), so every lab you copy to the same DEST sits
+side by side under its own name. Nothing is ever overwritten."""
 
 EPILOG = """\
 examples:
@@ -32,13 +32,21 @@ def lab_folders() -> dict[int, str]:
     return out
 
 
+def numbers_text(numbers) -> str:
+    """'1-9' for a run of numbers, '1, 2, 4' otherwise (what the help and the errors list)."""
+    numbers = sorted(numbers)
+    if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{numbers[0]}-{numbers[-1]}"
+    return ", ".join(map(str, numbers))
+
+
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="lab_command", required=True, metavar="copy")
     copy = sub.add_parser("copy", help="copy labs/labN_* to DEST (never overwriting)", description=DESCRIPTION,
                           epilog=EPILOG, formatter_class=p.formatter_class)
     copy.set_defaults(error=copy.error)
-    copy.add_argument("number", type=int, metavar="N", help="the lab's number (1-7)")
-    copy.add_argument("dest", metavar="DEST", help="the folder to create (or an existing folder to put it in)")
+    copy.add_argument("number", type=int, metavar="N", help=f"the lab's number ({numbers_text(lab_folders()) or 'none released'})")
+    copy.add_argument("dest", metavar="DEST", help="the folder to put the lab's folder in (created when missing)")
 
 
 def run(args, error) -> int:
@@ -46,17 +54,21 @@ def run(args, error) -> int:
     if not folders:
         error(f"no labs found in {LABS} (lab copy works from a clone of the repository)")
     if args.number not in folders:
-        error(f"there is no lab {args.number}; the labs are {', '.join(map(str, sorted(folders)))}")
+        error(f"there is no lab {args.number}; the labs are {numbers_text(folders)}")
     source = folders[args.number]
-    dest = os.path.expanduser(args.dest)
-    target = os.path.join(dest, os.path.basename(source)) if os.path.isdir(dest) else dest
+    dest = os.path.abspath(os.path.expanduser(args.dest))
+    target = os.path.join(dest, os.path.basename(source))
+    if os.path.lexists(dest) and not os.path.isdir(dest):
+        error(f"{dest} exists and is not a folder (choose another DEST)")
     if os.path.lexists(target):
         error(f"{target} already exists; refusing to overwrite it (choose another DEST)")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(target))):
-        error(f"{os.path.dirname(os.path.abspath(target))} does not exist")
+    try:
+        os.makedirs(dest, exist_ok=True)
+    except OSError as e:
+        error(f"cannot create {dest}: {e.strerror}")
     shutil.copytree(source, target, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     notebooks = sorted(glob.glob(os.path.join(target, "*.ipynb")))
-    print(f"copied {os.path.relpath(source)} to {target}")
+    print(f"copied {source} to {target}")
     if notebooks:
         print(f"open it with: jupyter lab {notebooks[0]}   (kernel \"Python (minidist)\")")
     return 0
