@@ -311,6 +311,30 @@ def test_a_failure_names_each_ranks_case_and_the_rank_that_skipped_a_collective(
     assert "test_checks_collectives.py" in message
 
 
+def _rank_1_crashes_in_case_2_while_rank_0_goes_on(progress):
+    from minidist.checks.kit.launch import mark_case
+    for case in ("case 1", "case 2", "case 3"):
+        mark_case(progress, case)
+        if case == "case 2":
+            if dist.get_rank() == 0:
+                dist.send(torch.ones(4), 1)          # completes on rank 0's side: it goes on
+            else:
+                dist.recv(torch.empty(2), 0)         # 16 bytes where 8 were expected: gloo aborts
+        if case == "case 3":
+            dist.barrier()
+    return 0
+
+
+def test_a_crash_names_the_case_it_happened_in_even_when_a_peer_went_on():
+    from minidist.checks.kit.launch import launch_named
+    with pytest.raises(minidist.LaunchError) as info:
+        launch_named(_rank_1_crashes_in_case_2_while_rank_0_goes_on, 2, name="crasher", timeout=10)
+    message = str(info.value)
+    assert message.startswith("crasher (world_size=2, case 2); rank 0 had finished this case and went on"), message
+    assert "different cases" not in message
+    assert "rank 1: killed by signal SIGABRT" in message
+
+
 def test_wrong_group_hint_names_a_sum_over_the_world():
     from minidist.checks.kit.groups import wrong_group_hint
     xs = [torch.full((3,), float(r + 1)) for r in range(4)]

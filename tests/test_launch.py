@@ -335,14 +335,21 @@ def receive_the_wrong_dtype():
         dist.recv(torch.empty(4), 0)
 
 
-def test_a_rank_aborted_in_cpp_is_reported_with_the_cause_and_the_line():
+def test_a_rank_aborted_in_cpp_is_reported_with_the_cause_and_the_line(capsys):
     with pytest.raises(LaunchError) as info:
         minidist.launch(receive_the_wrong_dtype, 2, timeout=10)
     message = str(info.value)
-    assert "rank 1: killed by signal SIGABRT" in message
-    assert "Received data size doesn't match" in message               # gloo's own words
-    assert "dist.recv(torch.empty(4), 0)" in message                   # the user's line
-    assert "launcher.py" not in message                                # not the parent's frames
+    summary, _, details = message.partition("\n\ndetails: ")
+    assert summary.startswith("1 of 2 ranks failed\nrank 1: killed by signal SIGABRT")   # the summary first
+    assert "Received data size doesn't match" in summary               # gloo's own words
+    assert "dist.recv(torch.empty(4), 0)" in summary                   # the user's line
+    assert "launcher.py" not in summary                                # not the parent's frames
+    # faulthandler's dump is folded: not relayed line by line before the error, kept (trimmed) after it
+    relayed = capsys.readouterr().out
+    assert "Fatal Python error" not in relayed and "Extension modules" not in relayed
+    assert "[rank 1] crashed: its dump" in relayed
+    assert details.startswith("rank 1's crash output") and "in recv" in details and "Thread 0x" in details
+    assert "Extension modules" not in details and len(details.splitlines()) <= 30
 
 
 def test_results_come_back_as_plain_data_whatever_their_nesting():

@@ -22,6 +22,11 @@ from minidist.runtime.rank_process import format_frame, indent, student_frames
 
 # C++ log lines of c10d/gloo and the profiler's (kineto's) chatter: not the user's output.
 NOISE = re.compile(r"^(\[rank\d+\]:)?\[[WIE]\d{4} |^\s*warnings\.warn\(|^(USDT|STAGE):")
+# Where a dying rank's C++ abort message and faulthandler's dump start. From there on its output is
+# not relayed line by line (90 lines of every thread's frames and the extension modules would bury
+# the summary): the report quotes the cause and the user's frames, and :func:`crash_details` keeps
+# the crashed thread's frames for the end of the error.
+CRASH_START = re.compile(r"^(terminate called after throwing|Fatal Python error: )")
 
 
 def failure_report(r, timeout: float, user_clock_started: bool) -> str:
@@ -99,6 +104,23 @@ def _report(r, user_clock_started: bool) -> str:
         return f"rank {r.rank}: exited without returning a result (os._exit(0) inside the function?)"
     tail = output_tail(r.path("out"))
     return f"rank {r.rank}: exited with code {num} without an exception (os._exit()?)" + (f"\n{indent(tail)}" if tail else "")
+
+
+def crash_details(lines: list[str], limit: int = 25) -> list[str]:
+    """The folded crash output worth keeping: the C++ message and the crashed thread's frames
+    (faulthandler's "Current thread" block, else its first), without the other threads and
+    the list of extension modules."""
+    head, blocks = [], []
+    for line in lines:
+        if line.startswith("Extension modules:"):
+            break
+        if line.startswith(("Current thread", "Thread 0x")):
+            blocks.append([line])
+        elif line.strip():
+            (blocks[-1] if blocks else head).append(line)
+    chosen = next((b for b in blocks if b[0].startswith("Current thread")), blocks[0] if blocks else [])
+    kept = head + chosen
+    return kept[:limit] + ([f"... ({len(kept) - limit} more lines)"] if len(kept) > limit else [])
 
 
 def stack_frames(path, main_thread):

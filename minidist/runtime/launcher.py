@@ -55,9 +55,9 @@ import torch
 from minidist.protocol import LAUNCH_PREFIX, TIMEOUT_SCALE_ENV
 from minidist.runtime import plain_data
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
-from minidist.runtime.failure_report import failure_report, missing_call
+from minidist.runtime.failure_report import crash_details, failure_report, missing_call
 from minidist.runtime.rank_handle import RankHandle
-from minidist.runtime.rank_process import STARTUP_TIMEOUT, rank_main
+from minidist.runtime.rank_process import STARTUP_TIMEOUT, indent, rank_main
 from minidist.runtime.torchrun import launch_under_torchrun
 
 LAUNCH_TIMEOUT = 60.0       # seconds of user code, counted once every rank has joined
@@ -235,7 +235,10 @@ def _supervise(ranks: list[RankHandle], timeout: float, grace: float = WATCHDOG_
         head = f"{n_failed} of {len(ranks)} ranks failed" + (f"; {len(stuck)} still running were stopped" if stuck else "")
     body = "\n".join(failures[k] for k in order)
     head += "".join(f"\n{cause}" for cause in [missing_call(failures, len(ranks))] if cause)
-    raise LaunchError(f"{head}\n{body}", {k: failures[k] for k in order})
+    # The summary comes first; what the crashed ranks printed as they died comes last, trimmed.
+    details = "".join(f"\n\ndetails: rank {r.rank}'s crash output (folded above)\n" + indent(crash_details(r.crash_output))
+                      for r in ranks if r.crash_output)
+    raise LaunchError(f"{head}\n{body}{details}", {k: failures[k] for k in order})
 
 
 def _load_result(r: RankHandle):

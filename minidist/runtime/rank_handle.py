@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 
-from minidist.runtime.failure_report import NOISE
+from minidist.runtime.failure_report import CRASH_START, NOISE
 from minidist.runtime.rank_process import STATUS_BYTES, spawn_entry
 
 OUTPUT_LIMIT = 100_000      # characters relayed per rank; the rest is counted, not printed
@@ -33,6 +33,7 @@ class RankHandle:
         self.out_pos = 0
         self.out_printed = 0
         self.out_partial = b""
+        self.crash_output = []     # what it printed from its abort on: folded, not relayed
         self.op_when_stopped = ""
 
     def start_fork(self, target):
@@ -93,11 +94,17 @@ class RankHandle:
             line = raw.decode(errors="replace")
             if (not line and final) or NOISE.search(line):
                 continue
+            if self.crash_output or CRASH_START.search(line):
+                self.crash_output.append(line)
+                continue
             if self.out_printed < OUTPUT_LIMIT:
                 print(f"[rank {self.rank}] {line}", flush=True)
             elif self.out_printed - len(line) < OUTPUT_LIMIT:
                 print(f"[rank {self.rank}] ... output beyond {OUTPUT_LIMIT} characters not shown", flush=True)
             self.out_printed += len(line) + 1
+        if final and self.crash_output:
+            print(f"[rank {self.rank}] crashed: its dump ({len(self.crash_output)} lines) is folded; "
+                  f"the error below says why and where", flush=True)
 
     def dump_stack(self):
         if self.pid is not None and self.poll() is None:

@@ -63,8 +63,8 @@ def mark_case(progress: str, text: str) -> None:
     """Inside a rank: record the case this rank starts now (named if the launch fails); the case
     before it must have waited for every asynchronous handle it launched."""
     strict_async.check_all_waited()
-    with open(os.path.join(progress, f"rank{dist.get_rank()}"), "w") as f:
-        f.write(text)
+    with open(os.path.join(progress, f"rank{dist.get_rank()}"), "a") as f:
+        f.write(text.replace("\n", " ") + "\n")      # the rank's cases in order: see _running_cases
 
 
 def stand_in_lab_functions(fn, stand_ins: dict) -> None:
@@ -126,29 +126,43 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         if any("SIGABRT" in text for text in err.failures.values()):     # gloo aborts on a size mismatch
             hint = ("\nHint: a rank crashed inside gloo. The usual cause is a send and its receive of "
                     "different sizes (e.g. a wrong chunk index when chunks differ in length); gloo's own "
-                    "message ('Received data size doesn't match expected size') is in the output above.")
-        raise LaunchError(f"{where} failed:\n{err}{hint}", err.failures) from None
+                    "message ('Received data size doesn't match expected size') is quoted above.")
+        summary, details, folded = str(err).partition("\n\ndetails: ")   # the hint before the dump
+        raise LaunchError(f"{where} failed:\n{summary}{hint}{details}{folded}", err.failures) from None
     finally:
         shutil.rmtree(progress, ignore_errors=True)
 
 
 def _running_cases(name: str, world_size: int, progress: str) -> str:
-    """``name (case)`` when every rank was running the same case, else the case of each rank on a
-    line of its own (a failure that mixes two cases must say which rank ran which)."""
-    per_rank = {}
+    """``name (case)`` naming the case the failure happened in.
+
+    When ranks are in different cases only because some went on after a peer crashed (their
+    collective had completed on their side), the failing case is the one the others are still in,
+    and every rank has been through it: that case is named, with who went on. Only ranks that
+    truly ran different cases get the case of each rank on a line of its own."""
+    history = {}
     for p in os.listdir(progress):
         with open(os.path.join(progress, p)) as f:
-            text = f.read()
-        if text and p.startswith("rank") and p[4:].isdigit():
-            per_rank[int(p[4:])] = text
-    cases = sorted(set(per_rank.values()))
-    if len(cases) <= 1:
-        running = cases[0] if cases else ""
-        if running.startswith("world_size="):           # the case names it already
-            return f"{name} ({running})"
-        return f"{name} (world_size={world_size}{', ' + running if running else ''})"
-    lines = "".join(f"\n  rank {r} was running: {per_rank[r]}" for r in sorted(per_rank))
-    return f"{name} (world_size={world_size}; the ranks were in different cases:{lines}\n)"
+            cases = f.read().splitlines()
+        if cases and p.startswith("rank") and p[4:].isdigit():
+            history[int(p[4:])] = cases
+    last = {r: cases[-1] for r, cases in history.items()}
+    if len(set(last.values())) > 1:
+        shared = [c for c in set(last.values()) if all(c in cases for cases in history.values())]
+        if len(shared) == 1:            # the earliest case every rank reached, the others went past it
+            ahead = sorted(r for r, c in last.items() if c != shared[0])
+            who = f"rank {ahead[0]}" if len(ahead) == 1 else f"ranks {', '.join(map(str, ahead))}"
+            return (f"{_one_case(name, world_size, shared[0])}; {who} had finished this case and went on to "
+                    f"the next before the failure stopped {'it' if len(ahead) == 1 else 'them'}")
+        lines = "".join(f"\n  rank {r} was running: {last[r]}" for r in sorted(last))
+        return f"{name} (world_size={world_size}; the ranks were in different cases:{lines}\n)"
+    return _one_case(name, world_size, next(iter(last.values()), ""))
+
+
+def _one_case(name: str, world_size: int, running: str) -> str:
+    if running.startswith("world_size="):           # the case names it already
+        return f"{name} ({running})"
+    return f"{name} (world_size={world_size}{', ' + running if running else ''})"
 
 
 class NcclWouldReject(RuntimeError):
