@@ -330,7 +330,7 @@ def test_a_crash_names_the_case_it_happened_in_even_when_a_peer_went_on():
     with pytest.raises(minidist.LaunchError) as info:
         launch_named(_rank_1_crashes_in_case_2_while_rank_0_goes_on, 2, name="crasher", timeout=10)
     message = str(info.value)
-    assert message.startswith("crasher (world_size=2, case 2); rank 0 had finished this case and went on"), message
+    assert message.startswith("crasher (world_size=2, case 2) (rank 0 had already finished this case) failed:"), message
     assert "different cases" not in message
     assert "rank 1: killed by signal SIGABRT" in message
 

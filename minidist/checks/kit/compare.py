@@ -17,6 +17,7 @@ from collections import Counter
 
 import torch
 
+from minidist.checks.kit.diagnosis import diagnose
 from minidist.checks.kit.returned import tensor_problem
 from minidist.runtime.device import device as rank_device
 
@@ -29,11 +30,14 @@ def _name(dtype) -> str:
 
 
 def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float | dict | None = None,
-                 slack: float = 0.0, against: str = "the reference") -> str | None:
+                 slack: float = 0.0, against: str = "the reference", factors: dict | None = None) -> str | None:
     """Why ``got`` is not ``want`` (None if it is), compared on the CPU. ``dtype``: the dtype ``got``
     must have (default: ``want``'s); ``tol``: the relative tolerance (default: by dtype; a dict
     overrides some dtypes' of :data:`TOLERANCE`), plus an absolute ``slack``; ``against``: what
-    ``want`` is, in the message ("one process", "the fp32 run")."""
+    ``want`` is, in the message ("one process" where the reference is the same computation
+    without communication, "the fp32 run"). A float mismatch says where it is worst and, when the
+    numbers show it, the likely cause (:mod:`minidist.checks.kit.diagnosis`; ``factors``: the
+    case's sizes by name, {"t, the group's size": 2, ...}, that a constant factor may be)."""
     if problem := tensor_problem(what, got, want):
         return problem
     dtype = dtype or want.dtype
@@ -53,7 +57,8 @@ def tensor_error(what: str, got, want: torch.Tensor, *, dtype=None, tol: float |
     if diff <= tol * scale + slack:             # NaN fails too
         return None
     allowed = f"tolerance {tol:.3g}" + (f" relative + {slack:.3g}" if slack else "")
-    return f"{what} differs from {against} (max |error| {diff:.3g}, scale {scale:.3g}, {allowed})"
+    return (f"{what} differs from {against} (max |error| {diff:.3g}, scale {scale:.3g}, {allowed})"
+            + diagnose(got, want, tol * scale + slack, factors, what))
 
 
 # ----------------------------------------------------------------------------- inputs that must come back unchanged

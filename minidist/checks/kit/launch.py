@@ -152,8 +152,7 @@ def _running_cases(name: str, world_size: int, progress: str) -> str:
         if len(shared) == 1:            # the earliest case every rank reached, the others went past it
             ahead = sorted(r for r, c in last.items() if c != shared[0])
             who = f"rank {ahead[0]}" if len(ahead) == 1 else f"ranks {', '.join(map(str, ahead))}"
-            return (f"{_one_case(name, world_size, shared[0])}; {who} had finished this case and went on to "
-                    f"the next before the failure stopped {'it' if len(ahead) == 1 else 'them'}")
+            return f"{_one_case(name, world_size, shared[0])} ({who} had already finished this case)"
         lines = "".join(f"\n  rank {r} was running: {last[r]}" for r in sorted(last))
         return f"{name} (world_size={world_size}; the ranks were in different cases:{lines}\n)"
     return _one_case(name, world_size, next(iter(last.values()), ""))

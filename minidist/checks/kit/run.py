@@ -79,12 +79,16 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
         options = dict(check.launch or {})
         out = launch_named(_group_answers, check.world, check, fn, cases, stand_ins, name=check.shown,
                            timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal, **options)
+        failed, sizes = None, {}
         for i, item in enumerate(check.judged_cases(params)):
             problem, data = out[item.rank][i // check.world]
             if data is not None:
                 problem = problem or docket.file(check.key, params, i, data, check.shown)
-            if problem:
-                raise AssertionError(check.stated(item, problem))
+            if not (problem or "").startswith("not run"):        # a case never run tells nothing
+                sizes.setdefault(item.t, []).append(problem is None)
+            failed = failed or (check.stated(item, problem) if problem else None)
+        if failed:
+            raise AssertionError(failed + by_group_size(sizes))
     if check.covered is not None:
         report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
 
@@ -139,12 +143,30 @@ def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
                 out.append((f"returned something that is not plain data ({err})", None))
             else:
                 out.append((check.found(RankCase(case, rank, r, t), plain_data.loads(data)), data))
-            if check.stop_at_first_failure:
-                failed = torch.tensor([int(out[-1][0] is not None)], device=rank_device())
-                dist.all_reduce(failed)
-                if failed.item():
-                    break
+            if check.stop_at_first_failure and not every_rank_passed(out[-1][0] is None):
+                break
     return out + [("not run: an earlier case failed", None)] * (len(cases) - len(out))
+
+
+def by_group_size(sizes: dict) -> str:
+    """"\n(groups of t = 4 pass; of t = 2, some fail)" when the group's size is what tells the passing
+    cases from the failing ones (``sizes``: {t: [passed, ...] over its cases and ranks}), else ""."""
+    passing = sorted(t for t, ok in sizes.items() if all(ok))
+    failing = sorted(t for t, ok in sizes.items() if not all(ok))
+    if not passing or not failing:
+        return ""
+    show = lambda ts: ", ".join(f"t = {t}" for t in ts)     # noqa: E731
+    return (f"\n(every case with {show(passing)} passes; cases with {show(failing)} fail: what differs "
+            f"between those group sizes?)")
+
+
+def every_rank_passed(passed: bool, group=None) -> bool:
+    """Inside a rank: whether every rank of ``group`` passed (one all-reduce of a flag, outside any
+    trace). Ranks that go on to the next half of a case (a backward pass, the next step) only
+    together never leave a peer alone in a collective: one rank's failure stops its whole group."""
+    failed = torch.tensor([int(not passed)], device=rank_device())
+    dist.all_reduce(failed, group=group)
+    return not failed.item()
 
 
 # ----------------------------------------------------------------------------- marking the running case

@@ -17,7 +17,7 @@ from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.raises import attempt
 from minidist.checks.kit.launch import one_thread
 from minidist.checks.kit.returned import foreign_part
-from minidist.checks.kit.run import RankCase, first
+from minidist.checks.kit.run import RankCase, every_rank_passed, first
 from minidist.checks.lab8_memory import verdicts
 from minidist.checks.lab8_memory.cases import (FLAGS, LOW, SGD_LR, ReferenceScaler, batch, blocks_and_input, flat,
                                                loss_of, make_models, make_optimizer, run_blocks, scaler_grads,
@@ -150,7 +150,8 @@ def step(fn, case, on, sharded: bool) -> dict:
             "scale": scaler.loss_scale if scaler is not None else None, "master": flat(master),
             "model": flat(params), "grads_left": any(p.grad is not None for p in params + master),
             "before": before, "after": model_state_bytes(params + master, opt)})
-        if first(verdicts.step(RankCase(case, dist.get_rank(), r, t), answer, sharded, partial=True)):
+        passed = not first(verdicts.step(RankCase(case, dist.get_rank(), r, t), answer, sharded, partial=True))
+        if not every_rank_passed(passed, group):     # the group stops together, never one rank in a step alone
             break
     return answer
 

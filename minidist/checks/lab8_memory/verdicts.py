@@ -18,11 +18,11 @@ from __future__ import annotations
 import torch
 
 from minidist import cost
-from minidist.checks.kit.compare import counted, show, tensor_error, unchanged
+from minidist.checks.kit.compare import TOLERANCE, counted, show, tensor_error, unchanged
 from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.kit.launch import one_thread
-from minidist.checks.lab8_memory.cases import (F32, FLAGS, LOW, RB, SCALER, VS_FP32, ReferenceScaler, batch,
+from minidist.checks.lab8_memory.cases import (F32, FLAGS, LOW, RB, SCALER, VS_FP32, WORLD, ReferenceScaler, batch,
                                                blocks_and_input, flat, loss_of, make_models, make_optimizer,
                                                run_blocks, scaler_grads, shard_bounds)
 
@@ -120,6 +120,7 @@ def step(item, answer, sharded: bool, partial: bool = False) -> list:
         if case["scaler"]:
             mean = mean * (1.0 / shadow_scaler.loss_scale)
         found = case["scaler"] and not torch.isfinite(mean).all().item()
+        before = shadow.detach()[start:end].clone()
         if not found:
             shadow.grad = mean
             shadow_opt.step()
@@ -136,7 +137,8 @@ def step(item, answer, sharded: bool, partial: bool = False) -> list:
             problems.append(f"{label}: loss scale {got['scale']:g} afterwards, expected {shadow_scaler.loss_scale:g} "
                             f"(call scaler.update(found_inf) once per step)")
         where = f" [{start}:{end}]" if sharded else ""
-        problems.append(tensor_error(f"{label}: master weights{where}", got["master"], shadow.detach()[start:end]))
+        problems.append(_master_weights(f"{label}: master weights{where}", got["master"], shadow.detach()[start:end],
+                                        before, t))
         if not torch.equal(got["model"][start:end], got["master"].to(dtype).float()):
             problems.append(f"{label}: the model's {case['dtype']} weights{where} are not your master weights cast to "
                             f"{case['dtype']} (copy them back after the step)")
@@ -157,6 +159,19 @@ def step(item, answer, sharded: bool, partial: bool = False) -> list:
                                      flat(ref.parameters())[start:end], tol=VS_FP32[dtype],
                                      against="fp32 training in one process"))
     return problems
+
+
+def _master_weights(what, got, want, before, t) -> str | None:
+    """The master weights against the shadow's; when they differ, the step they took (after - before)
+    is diagnosed too: a gradient averaged over the wrong ranks shows there as a constant factor,
+    hidden in the weights themselves by the much larger weights before the step."""
+    problem = tensor_error(what, got, want)
+    if problem is None or not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        return problem
+    sizes = {"t, the group's size": t, "N, the world's size": WORLD, "N/t": WORLD / t}
+    step = tensor_error("the step they took (after - before)", got.double() - before.double(), want.double() - before.double(),
+                        tol=TOLERANCE[want.dtype], factors=sizes)
+    return f"{problem}\n  {step}" if step else problem
 
 
 def expected_bytes(psi: int, shard: int, tensors: int, precision: str) -> dict:

@@ -5,7 +5,7 @@ In this process (the whole answer runs as one graded call): the router and the l
 their results and the gradient they send back. On a rank of a group (:class:`~minidist.checks.kit.run.OnRank`):
 dispatch, combine and the layer on this rank's inputs (copies on the rank's device), the traffic
 traced forward and backward, digests of the caller's tensors. A rank runs the backward pass only
-where the forward pass passed its verdict, as every rank of a correct solution does.
+where the forward pass passed its verdict on every rank of its group, as in a correct solution.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from minidist.checks.kit.compare import digest, on_rank, traffic
 from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.raises import attempt
 from minidist.checks.kit.returned import foreign_part
-from minidist.checks.kit.run import RankCase, first
+from minidist.checks.kit.run import RankCase, every_rank_passed, first
 from minidist.checks.lab9_expert_parallel import reference as ref
 from minidist.checks.lab9_expert_parallel import verdicts
 from minidist.checks.lab9_expert_parallel.cases import (AUX, combine_inputs, dispatch_inputs, dispatch_raise,
@@ -73,8 +73,10 @@ def load_balancing_loss(fn, case) -> dict:
 
 # ----------------------------------------------------------------------------- on ranks
 def _forward_passed(verdict, case, on, answer) -> bool:
-    """Whether the forward half of ``answer`` passes (the rank then runs the backward pass)."""
-    return first(verdict(RankCase(case, dist.get_rank(), on.r, on.t), answer)) == verdicts.NO_BACKWARD
+    """Whether the forward half of ``answer`` passes on every rank of the group (they then run the
+    backward pass together; one rank alone in it would wait for its peers' all-to-alls)."""
+    mine = first(verdict(RankCase(case, dist.get_rank(), on.r, on.t), answer)) == verdicts.NO_BACKWARD
+    return every_rank_passed(mine, on.group)
 
 
 def ep_dispatch(fn, case, on) -> dict:

@@ -27,6 +27,8 @@ from minidist.cost import expert_parallel as cost
 
 #: the lab's comparison: kit.compare's, within TOL (fp32 and fp64 alike) of the layer in one process
 close = partial(tensor_error, tol=TOL, against="one process")
+#: the same for the functions that do not communicate: their reference is not "one process" of many
+local = partial(tensor_error, tol=TOL)
 #: a forward pass that passes, with no backward answered yet: the rank then runs the backward pass
 NO_BACKWARD = "the backward pass did not run"
 
@@ -55,11 +57,12 @@ def router(case, answer) -> str | None:
         return f"{label}: must return (expert_indices, weights, keep)"
     theirs = logits.clone().requires_grad_()
     want = ref.top_k_router(theirs, k, case["capacity"])
-    problem = (close("expert_indices", result[0], want[0]) or close("weights", result[1], want[1].detach())
-               or close("keep", result[2], want[2]) or unchanged("logits", answer["given"], logits))
+    sizes = {"k": k, "E, the number of experts": logits.shape[-1]}
+    problem = (local("expert_indices", result[0], want[0]) or local("weights", result[1], want[1].detach(), factors=sizes)
+               or local("keep", result[2], want[2]) or unchanged("logits", answer["given"], logits))
     if not problem:
         (want[1] * router_upstream(case)).sum().backward()
-        problem = close("logits.grad", answer["grad"], theirs.grad)
+        problem = local("logits.grad", answer["grad"], theirs.grad, factors=sizes)
     return f"{label}: {problem}" if problem else None
 
 
@@ -72,11 +75,12 @@ def load_balancing_loss(case, answer) -> str | None:
     probs, idx = loss_inputs(case)
     theirs = probs.clone().requires_grad_()
     want = ref.load_balancing_loss(theirs, idx, case["E"])
-    problem = (close("the loss", answer["loss"], want.detach()) or unchanged("router_probs", answer["given"][0], probs)
-               or unchanged("expert_indices", answer["given"][1], idx))
+    sizes = {"k": idx.shape[-1], "E, the number of experts": case["E"], "n, the number of tokens": probs.shape[0]}
+    problem = (local("the loss", answer["loss"], want.detach(), factors=sizes)
+               or unchanged("router_probs", answer["given"][0], probs) or unchanged("expert_indices", answer["given"][1], idx))
     if not problem:
         want.backward()
-        problem = close("router_probs.grad", answer["grad"], theirs.grad)
+        problem = local("router_probs.grad", answer["grad"], theirs.grad, factors=sizes)
     return f"{label}: {problem}" if problem else None
 
 

@@ -1,0 +1,141 @@
+"""Why a tensor is wrong: the worst element, and the likely cause when the numbers show one.
+
+A failure that says only "differs from the reference (max |error| 0.0878)" leaves a student to
+guess. The classic mistakes of distributed training leave fingerprints in the numbers, and
+:func:`diagnose` reads them, most specific first:
+
+* **a constant factor** ``got = c · want``: ``c = -1`` is a flipped sign; ``c`` equal to one of the
+  case's named sizes (``factors``: the group's size t, the world's size N, k, …) or its inverse
+  names that size ("off by a factor of 2 = t, the group's size"), the signature of a sum divided
+  by the wrong count or an average taken twice; 2 is always tried (a sum counted twice);
+* **zeros** where values were expected: a gradient that never arrived (a detached tensor, no
+  backward path), or a result never written;
+* **the right values in another order**: every row of the answer is a row of the reference
+  (a permutation applied the wrong way, a chunk sent to the wrong peer), or the transpose;
+* **only some rows wrong**: which ones (one rank's share, one chunk).
+
+Each is tested on its classic mistake in ``tests/test_diagnosis.py``. Tolerances are those of the
+comparison that found the mismatch (:func:`minidist.checks.kit.compare.tensor_error`), so a
+diagnosis never names a cause the comparison itself would not accept as equal.
+"""
+from __future__ import annotations
+
+import torch
+
+ALWAYS = {"2": 2.0}     # a sum counted twice, or halved once too often
+
+
+def diagnose(got: torch.Tensor, want: torch.Tensor, atol: float, factors: dict | None = None,
+             what: str = "") -> str:
+    """``"; worst at [i, j]: got x, expected y; likely cause: ..."`` for float64 CPU tensors of the
+    same shape that differ by more than ``atol`` somewhere (``factors``: {name: size})."""
+    text = f"; {worst_element(got, want)}"
+    cause = likely_cause(got, want, atol, factors, what)
+    return text + (f"; {cause}" if cause else "")
+
+
+def worst_element(got: torch.Tensor, want: torch.Tensor) -> str:
+    diff = (got - want).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
+    flat = int(diff.reshape(-1).argmax())
+    index = list(torch.unravel_index(torch.tensor(flat), got.shape)) if got.dim() else []
+    at = f"[{', '.join(str(int(i)) for i in index)}]" if index else "(the scalar)"
+    return f"worst at {at}: got {float(got.reshape(-1)[flat]):.6g}, expected {float(want.reshape(-1)[flat]):.6g}"
+
+
+def likely_cause(got, want, atol: float, factors: dict | None = None, what: str = "") -> str:
+    """The likely cause in a few words, or "" when the numbers show none."""
+    for reading in (_factor, _zeros, _rows_reordered, _transposed, _values_reordered, _some_rows):
+        cause = reading(got, want, atol, {**(factors or {}), **ALWAYS}, what)
+        if cause:
+            return cause
+    return ""
+
+
+def _close(a, b, atol) -> bool:
+    return a.shape == b.shape and bool(((a - b).abs() <= atol).all())
+
+
+def _factor(got, want, atol, factors, what):
+    big = want.abs() > 10 * atol
+    if not bool(big.any()):
+        return ""
+    ratio = (got[big] / want[big]).median().item()
+    if abs(ratio - 1) < 1e-6 or abs(ratio) < 1e-6 or not _close(got, ratio * want, atol * max(1.0, abs(ratio))):
+        return ""
+    if abs(ratio + 1) < 1e-3:
+        return "likely cause: the sign is flipped (got = -expected everywhere)"
+    for size in sorted({float(v) for v in factors.values() if v not in (0, 1)}, reverse=True):
+        for c, how in ((size, "times"), (1 / size, "divided by")):
+            if abs(ratio - c) <= 1e-3 * abs(c):
+                names = [name for name, v in factors.items() if float(v) == size and name != f"{size:g}"]
+                label = " = ".join([f"{size:g}"] + names)
+                return (f"likely cause: every value is the expected one {how} {label} (off by a factor of {label}; "
+                        f"was a sum divided by the wrong count, or an average taken twice?)")
+    return f"likely cause: every value is {ratio:.4g} times the expected one (a constant factor)"
+
+
+def _zeros(got, want, atol, factors, what):
+    if not bool((got.abs() <= atol).all()):
+        return ""
+    if "grad" in what:
+        return ("likely cause: it is all zeros: no gradient flowed back to it (a detached tensor, or a "
+                "path with no backward, such as a communication outside an autograd.Function)")
+    return "likely cause: it is all zeros, where nonzero values were expected (a result never written or added?)"
+
+
+def _rows(x):
+    return x.reshape(x.shape[0], -1)
+
+
+def _match_rows(got, want, atol):
+    """For every row of ``got``, a row of ``want`` it equals, each used once (repeated rows, as when
+    one token goes to two experts, pair up in turn), or None where none is left."""
+    if got.dim() < 1 or got.shape[0] < 2 or got.shape[0] > 1024:
+        return None
+    equal = (torch.cdist(_rows(got), _rows(want), p=float("inf")) <= atol).tolist()
+    used, matched = set(), []
+    for i, row in enumerate(equal):
+        if row[i] and i not in used:         # a row in its own place stays there
+            j = i
+        else:
+            j = next((j for j, same in enumerate(row) if same and j not in used and not equal[j][j]), None)
+            j = j if j is not None else next((j for j, same in enumerate(row) if same and j not in used), None)
+        if j is not None:
+            used.add(j)
+        matched.append(j)
+    return matched
+
+
+def _rows_reordered(got, want, atol, factors, what):
+    matched = _match_rows(got, want, atol)
+    if matched is None or None in matched or sorted(matched) != list(range(len(matched))):
+        return ""
+    moved = [(i, j) for i, j in enumerate(matched) if i != j]
+    shown = ", ".join(f"row {i} holds expected row {j}" for i, j in moved[:4]) + (", ..." if len(moved) > 4 else "")
+    return (f"likely cause: the right rows in the wrong order ({shown}): was a permutation applied the "
+            f"wrong way round (its inverse), or a chunk placed at the sender's index instead of the receiver's?")
+
+
+def _transposed(got, want, atol, factors, what):
+    if got.dim() == 2 and got.shape[0] == got.shape[1] and _close(got, want.T, atol):
+        return "likely cause: it is the transpose of the expected matrix"
+    return ""
+
+
+def _values_reordered(got, want, atol, factors, what):
+    if got.numel() < 2 or not _close(got.reshape(-1).sort().values, want.reshape(-1).sort().values, atol):
+        return ""
+    return "likely cause: the right values in another order (an index, a reshape or a view taken the wrong way)"
+
+
+def _some_rows(got, want, atol, factors, what):
+    if got.dim() < 1 or got.shape[0] < 2:
+        return ""
+    wrong = [i for i in range(got.shape[0]) if not _close(_rows(got)[i], _rows(want)[i], atol)]
+    if len(wrong) == got.shape[0]:
+        return ""
+    unit = "row" if got.dim() > 1 else "element"
+    listed = ", ".join(map(str, wrong[:8])) + (", ..." if len(wrong) > 8 else "")
+    return (f"{len(wrong)} of {got.shape[0]} {unit}s are wrong ({unit}{'s' if len(wrong) > 1 else ''} {listed}), the "
+            f"others are right: look at what is special about those (one rank's share, one chunk, the last one)")

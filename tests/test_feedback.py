@@ -1,0 +1,52 @@
+"""Feedback that teaches: a bank bug's failure message names the likely cause (issue 43).
+
+Each row takes a realistic mistake from a lab's bug bank (``autograder/bugbank``), runs the
+solution notebook's cells with that one cell broken, in this process, then the test cell that
+must catch it, and asserts the words of the diagnosis (:mod:`minidist.checks.kit.diagnosis`):
+the numbers a classic mistake leaves (a factor of the group's size, of k, rows in the wrong
+order) are named, not only "differs from the reference"."""
+import os
+
+import nbformat
+import pytest
+
+from autograder.course import grade_id, nbg, strip_solution_markers
+from autograder.notebooks import skip_demos
+from autograder.selftest import inject, load_bank
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MISTAKES = [
+    # (lab, bank bug, test cell, words its failure must hold)
+    ("lab8_memory", "mixed_sum_not_mean", "test_mixed_precision_step",
+     ["the step they took (after - before)", "times 2 = t, the group's size"]),
+    ("lab9_expert_parallel", "loss_fraction_not_divided_by_k", "test_load_balancing_loss",
+     ["the loss differs from the reference", "times 2 = k"]),
+    ("lab9_expert_parallel", "loss_missing_num_experts_factor", "test_load_balancing_loss",
+     ["divided by 4 = E, the number of experts"]),
+    ("lab9_expert_parallel", "dispatch_rows_left_in_source_order", "test_ep_dispatch",
+     ["expert_inputs differs from one process", "the right rows in the wrong order"]),
+]
+
+
+def failure_of(lab: str, bug_name: str, test_id: str) -> str:
+    """The AssertionError the test cell ``test_id`` raises on the solution with ``bug_name`` injected."""
+    bug = next(b for b in load_bank(lab)["BUGS"] if b["name"] == bug_name)
+    nb = nbformat.read(os.path.join(ROOT, "solutions", lab, f"{lab}.ipynb"), as_version=4)
+    nb = skip_demos(inject(bug, {lab: nb})[lab])
+    namespace = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if cell.cell_type != "code" or (nbg(cell).get("grade") and not nbg(cell).get("solution")):
+            continue            # test cells: only the one asked for runs, below
+        exec(compile(strip_solution_markers(cell.source), f"<solution {grade_id(cell)}>", "exec"), namespace)
+    test = next(c for c in nb.cells if grade_id(c) == test_id)
+    with pytest.raises(AssertionError) as info:
+        exec(compile(test.source, f"<grader {test_id}>", "exec"), namespace)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("lab, bug, test, words", MISTAKES, ids=[m[1] for m in MISTAKES])
+def test_a_classic_mistake_is_diagnosed_in_its_failure(lab, bug, test, words):
+    message = failure_of(lab, bug, test)
+    for word in words:
+        assert word in message, message
