@@ -28,6 +28,13 @@ BUGS = [
         why="found_inf is each rank's own: a rank without the inf steps while the others skip",
     ),
     dict(
+        name="scaler_agrees_over_the_world",
+        cell="DynamicLossScaler",
+        replace=[("op=dist.ReduceOp.MAX, group=self.group)", "op=dist.ReduceOp.MAX)")],
+        catches=[SCALER],
+        why="the flag is all-reduced over every rank, not the scaler's group: one group's overflow skips the others",
+    ),
+    dict(
         name="scaler_agrees_with_min",
         cell="DynamicLossScaler",
         replace=[("op=dist.ReduceOp.MAX", "op=dist.ReduceOp.MIN")],

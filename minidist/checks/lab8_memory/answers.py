@@ -84,7 +84,8 @@ def unscale(cls, case, on) -> dict:
     for p, grad in zip(params, grads):
         p.grad = None if grad is None else on_rank(grad)
     bad_rank = case.get("bad_rank")
-    if bad_rank is not None and on.r == bad_rank % on.t:
+    in_bad_group = case.get("bad_group") in (None, dist.get_rank() // on.t)     # groups are consecutive ranks
+    if bad_rank is not None and on.r == bad_rank % on.t and in_bad_group:
         params[0].grad[1, 2] = case.get("bad", float("inf"))
     ptrs = [None if p.grad is None else p.grad.data_ptr() for p in params]
     with trace() as tr:

@@ -54,6 +54,8 @@ def unscale_cases(hidden: bool) -> list[dict]:
     """The scaler's ``unscale_`` on groups of t ranks: an inf, NaN or -inf on one rank only."""
     ts = (1, 2, 3, 4) if hidden else (2, 4)
     cases = [dict(t=t, dtype=F32, **v) for t in ts for v in ({}, {"bad_rank": 0})]
+    # an overflow in the first group only: the other group must not skip (agreement within a group)
+    cases += [dict(t=2, dtype=F32, bad_rank=1, bad_group=0)]
     if hidden:
         cases += [dict(t=t, dtype=F32, bad_rank=t - 1, bad=float("nan"), no_grad=1) for t in ts]
         cases += [dict(t=t, dtype=F16, bad_rank=1, bad=float("-inf")) for t in (2, 3)]
@@ -82,7 +84,8 @@ def recompute_cases(hidden: bool) -> list[dict]:
 
 
 COVERED = {
-    "DynamicLossScaler": ("scale, update's history, unscale_ in place on t=2,4 with an inf on one rank",
+    "DynamicLossScaler": ("scale, update's history, unscale_ in place on t=2,4 with an inf on one rank, "
+                          "and an inf in one group only (the other group must not skip)",
                           "t=1..4, NaN/-inf on one rank, fp16 grads, a missing grad, scale 1000, bad arguments"),
     "mixed_precision_step": ("t=2,4: fp16+scaler+SGD, bf16+Adam vs the fp32 shadow; bytes 2+2+12 / 2+12",
                              "t=1..4: overflow on one rank skipped everywhere, 3 steps, vs fp32 training, ValueError"),

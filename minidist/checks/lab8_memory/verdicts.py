@@ -76,13 +76,16 @@ def scaler(case, answer) -> str | None:
 def unscale(item, answer) -> list:
     """unscale_: every gradient divided by the scale in place, found_inf the same on every rank
     (an inf or NaN on one rank only), one all-reduce."""
-    case, _, r, t = item
+    case, rank, r, t = item
     dtype, scale, bad_rank = case["dtype"], case.get("scale", 2.0 ** 10), case.get("bad_rank")
-    problems, expect = [], bad_rank is not None
+    elsewhere = bad_rank is not None and case.get("bad_group") not in (None, rank // t)
+    problems, expect = [], bad_rank is not None and not elsewhere
     if answer["found"] is None or answer["found"] != expect:
-        where = f"group rank {bad_rank % t} only" if expect else "no rank"
+        where = f"group rank {bad_rank % t} only" if expect else "no rank of this group"
         problems.append(f"unscale_ returned {answer['shown']}, expected {expect} (a non-finite gradient on {where}): "
-                        f"every rank must agree")
+                        + ("every rank must agree" if not elsewhere else
+                           "the overflow was in another group only, and ranks agree within their own group: "
+                           "was the flag all-reduced over the whole world (group= left out)?"))
     ops = counted(answer["traffic"])
     if t > 1 and sum(n for (kind, _), n in ops.items() if kind == "all-reduce") != 1 or sum(ops.values()) > 1:
         problems.append(f"unscale_ must agree with exactly one all-reduce (of a flag), it called {show(ops)}")

@@ -36,7 +36,9 @@ def stand_ins(name: str, params: dict) -> dict:
 
 # ----------------------------------------------------------------------------- the case tables
 def router_cases(hidden: bool) -> list[dict]:
-    cases = [dict(n=10, E=4, k=2, capacity=None, dtype=F32), dict(n=10, E=4, k=1, capacity=1.0, dtype=F32, skew=3.0)]
+    cases = [dict(n=10, E=4, k=2, capacity=None, dtype=F32), dict(n=10, E=4, k=1, capacity=1.0, dtype=F32, skew=3.0),
+             # first choices first: here a queue in token order would keep 6 other choices
+             dict(n=10, E=4, k=2, capacity=1.0, dtype=F32, skew=3.0)]
     if hidden:
         cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0),
                   dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
@@ -84,14 +86,28 @@ def moe_cases(hidden: bool) -> list[dict]:
     return cases
 
 
+def _ks_and_dtypes(cases: list[dict]) -> str:
+    ran = [c for c in cases if not c.get("raises")]
+    ks = sorted({c["k"] for c in ran}) + (["E"] if any(c["k"] == c["E"] for c in ran) else [])
+    dtypes = "/".join(n for n, d in (("fp32", F32), ("fp64", F64)) if any(c["dtype"] == d for c in ran))
+    return f"k = {', '.join(map(str, ks))}, {dtypes}"
+
+
 def router_covered(hidden: bool) -> str:
-    return ("indices, weights and their gradient, kept choices; k = 1, 2 and k = E, capacity dropping and dropless, "
-            "fp32/fp64" + (", bad k and capacity" if hidden else ""))
+    """What the ✓ line says, from the cases that ran."""
+    cases = router_cases(hidden)
+    dropping = [c for c in cases if c["capacity"] is not None and not c.get("raises")]
+    capacity = ("capacity dropping" + (" (first choices first)" if any(c["k"] > 1 for c in dropping) else "")
+                + (" and dropless" if any(c["capacity"] is None for c in cases) else "")) if dropping else "dropless"
+    return (f"indices, weights and their gradient, kept choices; {_ks_and_dtypes(cases)}, {capacity}"
+            + (", bad k and capacity" if any(c.get("raises") for c in cases) else ""))
 
 
 def loss_covered(hidden: bool) -> str:
-    return "value and gradient; k = 1, 2, 3, fp32/fp64" + (", an expert nobody chose, probs that do not match E"
-                                                            if hidden else "")
+    cases = loss_cases(hidden)
+    return (f"value and gradient; {_ks_and_dtypes(cases)}"
+            + (", an expert nobody chose" if any(c.get("starve") for c in cases) else "")
+            + (", probs that do not match E" if any(c.get("raises") for c in cases) else ""))
 
 
 _COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",

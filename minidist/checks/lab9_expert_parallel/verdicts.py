@@ -59,11 +59,27 @@ def router(case, answer) -> str | None:
     want = ref.top_k_router(theirs, k, case["capacity"])
     sizes = {"k": k, "E, the number of experts": logits.shape[-1]}
     problem = (local("expert_indices", result[0], want[0]) or local("weights", result[1], want[1].detach(), factors=sizes)
-               or local("keep", result[2], want[2]) or unchanged("logits", answer["given"], logits))
+               or _keep(result[2], want, case) or unchanged("logits", answer["given"], logits))
     if not problem:
         (want[1] * router_upstream(case)).sum().backward()
         problem = local("logits.grad", answer["grad"], theirs.grad, factors=sizes)
     return f"{label}: {problem}" if problem else None
+
+
+def _keep(got, want, case) -> str | None:
+    """keep against the reference's; a queue in token order (each token's choices together) is named:
+    the rule the lab stresses is that every first choice is queued before any second choice."""
+    problem = local("keep", got, want[2])
+    if (problem and isinstance(got, torch.Tensor) and got.dtype == torch.bool and got.shape == want[2].shape
+            and case["k"] > 1 and case["capacity"] is not None):
+        n, num_experts = want[0].shape[0], case["E"]
+        onehot = torch.nn.functional.one_hot(want[0].reshape(-1), num_experts)      # token order: row by row
+        position = (onehot.cumsum(0) * onehot).sum(-1) - 1
+        if torch.equal(got, (position < ref.capacity(case["capacity"], n, case["k"], num_experts)).view(n, -1)):
+            return (f"{problem}: your queue takes each token's choices together (token order); the capacity rule "
+                    f"queues every token's first choice before any token's second choice (first choices first), "
+                    f"so a later token's first choice wins a slot over an earlier token's second")
+    return problem
 
 
 def load_balancing_loss(case, answer) -> str | None:
