@@ -218,6 +218,16 @@ def causal_attention(q, k, v, future: torch.Tensor, dropout=None) -> torch.Tenso
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention (Vaswani et al. 2017), with the head split and merge in view:
+
+        x (b, s, d) --q, k, v--> (b, s, a·h_d) --view--> (b, s, a, h_d) --transpose--> (b, a, s, h_d)
+        per head: softmax(q kᵀ / √h_d + causal mask) v                          (b, a, s, h_d)
+        merge: transpose --> (b, s, a, h_d) --reshape--> (b, s, a·h_d) --o--> (b, s, d)
+
+    ``a`` heads of ``h_d = d / a`` numbers (``n_kv_heads < a``: grouped-query attention, each k/v head
+    shared by ``a / n_kv_heads`` query heads). The heads never mix before ``o``: that is why tensor
+    parallelism can give each rank whole heads (lab 5)."""
+
     def __init__(self, cfg: GPTConfig, device=None):
         super().__init__()
         device = device or rank_device()
@@ -239,6 +249,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class GPTMLP(nn.Module):
+    """The block's feed-forward: x (b, s, d) --fc--> (b, s, d_ff) --GELU--> --proj--> (b, s, d), then
+    dropout; d_ff = 4d by default. Every token goes through it on its own (no mixing across
+    positions), and the GELU acts element by element: fc can be split by columns and proj by
+    rows with a single sum at the end (Megatron's MLP, lab 5)."""
+
     def __init__(self, cfg: GPTConfig, device=None):
         super().__init__()
         device = device or rank_device()

@@ -22,7 +22,7 @@ from minidist.runtime import device
 def _measure_body(progress, mixed_step, zero1_step, ts):
     groups = consecutive_groups(ts, WORLD)
     rows = []
-    for t, kind in [(1, "mixed")] + [(t, "zero1") for t in ts]:
+    for t, kind in [(t, "mixed") for t in ts] + [(t, "zero1") for t in ts]:
         group, r, size = groups[t]
         mark_case(progress, f"{kind}, t={t}")
         model = TinyGPT(n_layers=2, device=device())
@@ -55,8 +55,9 @@ def _measure_body(progress, mixed_step, zero1_step, ts):
 def measure_bytes(mixed_precision_step, zero1_mixed_precision_step, ts=(1, 2, 4),
                   timeout: float = TRAINING_CHECK_TIMEOUT) -> list[dict]:
     """Model-state bytes per parameter that rank 0 holds before and after the second bf16 Adam step of a
-    TinyGPT (Ψ ≈ 30k) with your steps: section 3's at N = 1, ZeRO-1 at each N in ``ts``; next to
-    :func:`minidist.cost.mixed_precision_bytes_per_param` (2 + 2 + 12/N, and 2 less after the step)."""
+    TinyGPT (Ψ ≈ 30k) with your steps, section 3's (data parallel: 2 + 2 + 12 whatever N) and ZeRO-1
+    at each N in ``ts``; next to :func:`minidist.cost.mixed_precision_bytes_per_param` (2 + 2 + 12/N
+    for ZeRO-1, and 2 less after the step)."""
     out = launch_named(_measure_body, WORLD, mixed_precision_step, zero1_mixed_precision_step, tuple(ts),
                        name="measure_bytes", timeout=timeout)
     return [row for row in out[0]]
