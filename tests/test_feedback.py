@@ -19,6 +19,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MISTAKES = [
     # (lab, bank bug, test cell, words its failure must hold)
+    ("lab2_data_parallel", "avg_forgets_to_average", "test_average_gradients_equal",
+     ["summed instead of averaged", "check the division by the world size"]),
+    ("lab3_zero_fsdp", "rs_forgets_to_average", "test_reduce_scatter_gradients",
+     ["It is N times too large: divide the sum by the world size"]),
+    ("lab5_tensor_parallel", "g_averages", "test_reduce_from_tp",
+     ["the output differs from one process", "divided by 2 = t, the tensor-parallel group's size"]),
+    ("lab5_tensor_parallel", "f_all_reduces_forward", "test_copy_to_tp",
+     ["the output differs from one process", "times 2 = t, the tensor-parallel group's size"]),
     ("lab8_memory", "mixed_sum_not_mean", "test_mixed_precision_step",
      ["the step they took (after - before)", "times 2 = t, the group's size"]),
     ("lab9_expert_parallel", "loss_fraction_not_divided_by_k", "test_load_balancing_loss",

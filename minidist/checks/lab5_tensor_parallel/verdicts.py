@@ -29,9 +29,11 @@ PHASES = ("forward", "backward")
 
 
 # ----------------------------------------------------------------------------- values
-def compared(what: str, got, want: torch.Tensor) -> str | None:
-    """The kit's comparison with one process, at lab 5's tolerance (:data:`.cases.TOL`)."""
-    return tensor_error(what, got, want, tol=TOL, against="one process")
+def compared(what: str, got, want: torch.Tensor, t: int | None = None) -> str | None:
+    """The kit's comparison with one process, at lab 5's tolerance (:data:`.cases.TOL`); with the
+    group's size ``t``, a constant factor of t (f or g summing or averaging once too often) is named."""
+    factors = {"t, the tensor-parallel group's size": t} if t else None
+    return tensor_error(what, got, want, tol=TOL, against="one process", factors=factors)
 
 
 def hinted(problem, got, want, world, t):
@@ -95,14 +97,14 @@ def f_g(name, item, answer) -> list:
     world = world_sum(case["shape"], d["base"], case["dtype"], t)
     if name == "copy_to_tp":
         x, total = d["x"], sum(d["ups"])
-        errs = [held_unchanged(answer, {"x": x}), compared("the output", answer["out"], x),
-                hinted(compared("x.grad", answer["grad"], total), answer["grad"], total, world, t)]
+        errs = [held_unchanged(answer, {"x": x}), compared("the output", answer["out"], x, t),
+                hinted(compared("x.grad", answer["grad"], total, t), answer["grad"], total, world, t)]
         want = {"backward": Counter({("all-reduce", x.numel() * x.element_size()): 1})}
     else:
         total, up = sum(d["xs"]), d["up"]
         errs = [held_unchanged(answer, {"x": d["xs"][r]}),
-                hinted(compared("the output", answer["out"], total), answer["out"], total, world, t),
-                compared("x.grad", answer["grad"], up)]
+                hinted(compared("the output", answer["out"], total, t), answer["out"], total, world, t),
+                compared("x.grad", answer["grad"], up, t)]
         want = {"forward": Counter({("all-reduce", up.numel() * up.element_size()): 1})}
     return with_traffic(errs, t, [answer], want)
 
@@ -113,14 +115,14 @@ def sp(name, item, answer) -> list:
     full = d["full"]
     shard_bytes, full_bytes = full.nbytes // t, full.nbytes
     if name == "sp_gather":
-        errs = [held_unchanged(answer, {"x": part(full, SEQ, r, t)}), compared("the output", answer["out"], full),
-                compared("x.grad", answer["grad"], part(sum(d["ups"]), SEQ, r, t))]
+        errs = [held_unchanged(answer, {"x": part(full, SEQ, r, t)}), compared("the output", answer["out"], full, t),
+                compared("x.grad", answer["grad"], part(sum(d["ups"]), SEQ, r, t), t)]
         want = {"forward": Counter({("all-gather", shard_bytes): 1}),
                 "backward": Counter({("reduce-scatter", full_bytes): 1})}
     else:
         errs = [held_unchanged(answer, {"x": d["xs"][r]}),
-                compared("the output", answer["out"], part(sum(d["xs"]), SEQ, r, t)),
-                compared("x.grad", answer["grad"], d["up"])]
+                compared("the output", answer["out"], part(sum(d["xs"]), SEQ, r, t), t),
+                compared("x.grad", answer["grad"], d["up"], t)]
         want = {"forward": Counter({("reduce-scatter", full_bytes): 1}),
                 "backward": Counter({("all-gather", shard_bytes): 1})}
     return with_traffic(errs, t, [answer], want)
