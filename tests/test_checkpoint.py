@@ -171,3 +171,59 @@ def test_the_sampler_resumes_the_same_order():
 
 def ckpt_sampler():
     return ResumableSampler(20, 6, seed=5)       # 3 batches an epoch: 9 batches cross two epochs
+
+
+# ----------------------------------------------------------------------------- torch DCP as the reference
+def _dcp_layout(state_full: dict, placements_of, mesh):
+    from torch.distributed.tensor import distribute_tensor
+    return {k: distribute_tensor(v, mesh, placements_of(k, v)) for k, v in state_full.items()}
+
+
+def _placements_a(key, t):
+    from torch.distributed.tensor import Replicate, Shard
+    return [Shard(0)] if t.dim() == 2 else [Replicate()]        # rows of every matrix, vectors replicated
+
+
+def _placements_b(key, t):
+    from torch.distributed.tensor import Shard
+    return [Shard(t.dim() - 1)]                                 # columns of matrices, pieces of vectors
+
+
+def _full_gpt_state():
+    from minidist.models import GPTConfig, TinyGPT
+    model = TinyGPT(GPTConfig(vocab=32, d_model=16, n_heads=4, n_layers=1, seq_len=8), device="cpu")
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _save_both(root):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    state = _dcp_layout(_full_gpt_state(), _placements_a, mesh)
+    dcp.save(state, checkpoint_id=os.path.join(root, "dcp"))
+    ckpt.save(os.path.join(root, "ours"), ckpt.dtensors(state), 0)
+
+
+def _load_both(root):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    full = _full_gpt_state()
+    zeros = {k: torch.zeros_like(v) for k, v in full.items()}
+    by_dcp, by_us = _dcp_layout(zeros, _placements_b, mesh), _dcp_layout(zeros, _placements_b, mesh)
+    dcp.load(by_dcp, checkpoint_id=os.path.join(root, "dcp"))
+    ckpt.load(os.path.join(root, "ours", "step_00000000"), ckpt.dtensors(by_us))
+    want = _dcp_layout(full, _placements_b, mesh)
+    return {"same_as_dcp": all(torch.equal(by_us[k].to_local(), by_dcp[k].to_local()) for k in full),
+            "right_values": all(torch.equal(by_us[k].to_local(), want[k].to_local()) for k in full),
+            "shards": len(by_us), "local_elements": sum(t.to_local().numel() for t in by_us.values())}
+
+
+def test_dcp_is_the_reference_saved_on_4_loaded_on_2_under_another_sharding(tmp_path):
+    launch(_save_both, 4, str(tmp_path))
+    out = launch(_load_both, 2, str(tmp_path))
+    full = _full_gpt_state()
+    assert all(o["same_as_dcp"] and o["right_values"] for o in out), out
+    assert sum(o["local_elements"] for o in out) == sum(v.numel() for v in full.values())
