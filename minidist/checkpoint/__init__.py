@@ -8,9 +8,10 @@
 
 Files, in reading order: ``pieces`` (a shard is a box; flat ZeRO shards are unions of boxes),
 ``layouts`` (which boxes each layout holds), ``save`` (sharded, atomic, async), ``load``
-(verify, intersect, copy), ``sampler`` (a data order that resumes), ``restart`` (resume from the
-newest good checkpoint after a failure: Young 1974, Daly 2006 for how often to save).
-Costs: :mod:`minidist.cost.checkpoint`.
+(verify, intersect, copy), ``sampler`` (a data order that resumes). Surviving a failure:
+``minidist.launch(..., max_restarts=R)`` starts the ranks again and each resumes from
+:func:`latest` (:mod:`minidist.harness.checkpoint` does it). How often to save (Young 1974,
+Daly 2006) and what it costs: :mod:`minidist.cost.checkpoint`.
 """
 from minidist.checkpoint.layouts import (State, dtensors, ensure_optimizer_state, flat_sharded, replicated, rng_state,
                                          trainer3d)

@@ -1,7 +1,7 @@
 """What a checkpoint costs, and how often to take one: Young 1974, Daly 2006.
 
 **Size.** A checkpoint holds the model states: per parameter the fp32 weight and, with Adam,
-its two moments (12 bytes; 16 with fp32 master weights next to bf16 ones), plus a few numbers
+its two moments (12 bytes; 14 with the bf16 weights next to the fp32 master copy), plus a few numbers
 (the step, the data position, the loss scale). Ψ parameters on a DP × PP × TP layout:
 
 * TP and PP cut every tensor into t·p disjoint pieces: each (pp, tp) position owns Ψ/(t·p);
@@ -41,7 +41,8 @@ import math
 __all__ = ["BYTES_PER_PARAM", "flat_shard_elements", "checkpoint_bytes_per_rank", "save_seconds", "young_interval",
            "daly_interval", "goodput", "LLAMA3_MTBF_S"]
 
-BYTES_PER_PARAM = {"adam": 12, "adam-mixed": 16, "sgd": 8}     # fp32 weight + optimizer states (+ master)
+# fp32 weight and Adam's two moments; mixed precision adds the bf16 weights to the fp32 master copy
+BYTES_PER_PARAM = {"adam": 12, "adam-mixed": 14, "sgd": 8}
 LLAMA3_MTBF_S = 54 * 24 * 3600 / 419                           # Dubey et al. 2024: about 3.1 hours
 
 
