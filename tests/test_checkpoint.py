@@ -227,3 +227,13 @@ def test_dcp_is_the_reference_saved_on_4_loaded_on_2_under_another_sharding(tmp_
     full = _full_gpt_state()
     assert all(o["same_as_dcp"] and o["right_values"] for o in out), out
     assert sum(o["local_elements"] for o in out) == sum(v.numel() for v in full.values())
+
+
+def test_our_safetensors_writer_is_read_by_safetensors(tmp_path):
+    from safetensors.torch import load_file
+    from minidist.checkpoint.save import write_safetensors
+    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64), "s": torch.tensor(2.5),
+               "h": torch.randn(4, dtype=torch.bfloat16), "u": torch.randint(0, 255, (9,), dtype=torch.uint8)}
+    write_safetensors(str(tmp_path / "x.safetensors"), tensors, {"k": "v"})
+    back = load_file(str(tmp_path / "x.safetensors"))
+    assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)

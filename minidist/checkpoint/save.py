@@ -61,8 +61,34 @@ def _host_copy(state: State) -> list[tuple[str, torch.Tensor, tuple, tuple]]:
     return [(p.key, p.tensor.detach().to("cpu", copy=True).contiguous(), p.global_shape, p.offsets) for p in state.save]
 
 
+# The safetensors layout (github.com/huggingface/safetensors): an 8-byte little-endian header
+# length, a JSON header (per tensor: dtype, shape, [begin, end) in the data), then the raw bytes.
+# Written here with plain file writes, which release the GIL while the bytes go out, so an
+# async save's thread does not hold up the training thread; safetensors itself reads it.
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL"}
+
+
+def write_safetensors(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    header, at = {"__metadata__": metadata}, 0
+    for name, t in tensors.items():
+        if t.dtype not in _ST_DTYPES:
+            raise TypeError(f"{name}: dtype {t.dtype} cannot be checkpointed")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + n]}
+        at += n
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for t in tensors.values():
+            f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _write_rank(tmp: str, rank: int, token: str, pieces, fault=None) -> None:
-    from safetensors.torch import save_file
     fname = f"rank{rank:05d}.safetensors"
     tensors, shards = {}, []
     for key, t, shape, offsets in pieces:
@@ -71,7 +97,7 @@ def _write_rank(tmp: str, rank: int, token: str, pieces, fault=None) -> None:
         shards.append({"key": key, "name": name, "shape": list(shape), "offsets": list(offsets),
                        "lengths": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")})
     path = os.path.join(tmp, fname)
-    save_file(tensors, path, metadata={"format": FORMAT, "token": token})
+    write_safetensors(path, tensors, {"format": FORMAT, "token": token})
     if fault is not None:
         fault("after_file")         # tests: a rank that dies with its file written, its record not
     _write_json(os.path.join(tmp, f"rank{rank:05d}.json"),

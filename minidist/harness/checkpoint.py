@@ -50,7 +50,7 @@ def dataset(spec) -> tuple[torch.Tensor, torch.Tensor]:
 class Run:
     """One rank's part of a layout: ``step(x, y)``, ``state()`` (its checkpoint pieces)."""
 
-    def __init__(self, spec, group=None):
+    def __init__(self, spec, group=None, mlp: dict | None = None):
         self.spec, self.rank = spec, dist.get_rank()
         kind = spec[0]
         if kind == "3d":
@@ -58,7 +58,7 @@ class Run:
             self.trainer = Trainer3D(TinyGPT(GPT), dp, pp, tp, batch=BATCH, micro_batches=2, lr=LR)
             return
         self.world = dist.get_world_size(group)
-        model = TinyMLP(**MLP_DIMS)
+        model = TinyMLP(**(mlp or MLP_DIMS))
         if kind == "ddp":
             self.wrapper, self.model = BucketedDDP(model, group=group), model
             self.optimizer = make_optimizer(model.parameters(), "adam", LR)
@@ -128,3 +128,26 @@ def full_state(path: str, spec) -> dict[str, torch.Tensor]:
     state = ckpt.replicated(model, opt)
     ckpt.load(path, state)
     return {p.key: p.tensor.detach().clone() for p in state.load}
+
+
+def save_stall(root: str, blocking: bool, hidden: int = 1024, n_hidden: int = 6, steps: int = 6) -> dict:
+    """Inside a rank (ZeRO-3 on a wider TinyMLP): seconds of each training step, the step that
+    saves (blocking, or only the host copy when async) counted together with the save call;
+    then the seconds ``wait()`` still had to wait for the writer."""
+    dims = dict(MLP_DIMS, hidden=hidden, n_hidden=n_hidden)
+    run, device = Run(("zero", 3), mlp=dims), rank_device()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCH, dims["d_in"], generator=g).to(device), torch.randn(BATCH, dims["d_out"], generator=g).to(device)
+    times, pending, wait_s = [], None, 0.0
+    for step in range(steps):
+        dist.barrier()
+        t = time.perf_counter()
+        run.step(x, y)
+        if step == 1:
+            pending = ckpt.save(root, run.state(), step, blocking=blocking)
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    if pending is not None and not blocking:
+        pending.wait()
+    wait_s = time.perf_counter() - t
+    return {"step_s": times, "wait_s": wait_s, "bytes": run.state().bytes_written}
