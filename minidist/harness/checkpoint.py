@@ -121,20 +121,25 @@ def train(spec, root: str, steps: int, every: int = 2, crash_at: tuple | None = 
     return {"start": start, "resumed_from": resumed, "seconds": time.perf_counter() - t0}
 
 
-def full_state(path: str, spec) -> dict[str, torch.Tensor]:
+def full_state(path: str, spec, mlp: dict | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of checkpoint ``path`` (model and optimizer) in one process, by name."""
-    model = TinyGPT(GPT, device="cpu") if spec[0] == "3d" else TinyMLP(**MLP_DIMS, device="cpu")
+    model = TinyGPT(GPT, device="cpu") if spec[0] == "3d" else TinyMLP(**(mlp or MLP_DIMS), device="cpu")
     opt = make_optimizer(model.parameters(), "adam", LR)
     state = ckpt.replicated(model, opt)
     ckpt.load(path, state)
     return {p.key: p.tensor.detach().clone() for p in state.load}
 
 
+def stall_dims(hidden: int = 1024, n_hidden: int = 6) -> dict:
+    """The wider TinyMLP of :func:`save_stall` (about 6 M parameters: 75 MB of model states)."""
+    return dict(MLP_DIMS, hidden=hidden, n_hidden=n_hidden)
+
+
 def save_stall(root: str, blocking: bool, hidden: int = 1024, n_hidden: int = 6, steps: int = 6) -> dict:
     """Inside a rank (ZeRO-3 on a wider TinyMLP): seconds of each training step, the step that
     saves (blocking, or only the host copy when async) counted together with the save call;
     then the seconds ``wait()`` still had to wait for the writer."""
-    dims = dict(MLP_DIMS, hidden=hidden, n_hidden=n_hidden)
+    dims = stall_dims(hidden, n_hidden)
     run, device = Run(("zero", 3), mlp=dims), rank_device()
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(BATCH, dims["d_in"], generator=g).to(device), torch.randn(BATCH, dims["d_out"], generator=g).to(device)
