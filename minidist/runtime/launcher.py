@@ -100,11 +100,14 @@ def launch(fn, world_size: int, *args, device: str | None = None, backend: str |
     ranks again, up to R times, as torchrun's elastic agent does; ``fn`` itself resumes, e.g.
     from its newest good checkpoint (:mod:`minidist.checkpoint`). ``on_restart(attempt, error)``
     is called before each restart; it may return a new world size (fewer ranks after a lost
-    node), or None to keep it. The last failure is raised once the restarts are used up."""
+    node), or None to keep it. The last failure is raised once the restarts are used up. Under
+    torchrun, restarts are the agent's (``torchrun --max-restarts``): ``max_restarts`` is ignored."""
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     if on_restart is not None and not callable(on_restart):
         raise TypeError(f"on_restart must be callable, got {type(on_restart).__name__}")
+    if os.environ.get("TORCHELASTIC_RUN_ID") and "RANK" in os.environ:
+        max_restarts = 0            # under torchrun the agent restarts the job (--max-restarts), not one rank
     attempt = 0
     while True:
         try:
