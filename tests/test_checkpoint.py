@@ -237,3 +237,27 @@ def test_our_safetensors_writer_is_read_by_safetensors(tmp_path):
     write_safetensors(str(tmp_path / "x.safetensors"), tensors, {"k": "v"})
     back = load_file(str(tmp_path / "x.safetensors"))
     assert back.keys() == tensors.keys() and all(torch.equal(back[k], tensors[k]) for k in tensors)
+
+
+def test_a_restart_on_fewer_ranks_reshards_and_ends_equal(tmp_path, zero3_run):
+    """A node is lost: the job comes back on 2 ranks instead of 4 and resumes from the 4-rank checkpoint."""
+    root, marker = str(tmp_path / "ckpts"), str(tmp_path / "crash-once")
+    open(marker, "w").close()
+    out = launch(harness.train, 4, ("zero", 3), root, STEPS, every=HALF, crash_at=(1, 3, "step"),
+                 crash_marker=marker, max_restarts=1, on_restart=lambda attempt, err: 2)
+    assert len(out) == 2 and all(o["start"] == HALF for o in out)
+    want = harness.full_state(os.path.join(zero3_run, "step_00000004"), ("zero", 3))
+    got = harness.full_state(os.path.join(root, "step_00000004"), ("zero", 3))
+    assert rel_err(got, want) <= 1e-6
+
+
+def _rng_round_trip(root):
+    state = ckpt.rng_state(0)
+    ckpt.save(root, state, 1)
+    first = torch.rand(4)
+    ckpt.load(os.path.join(root, "step_00000001"), ckpt.rng_state(0))
+    return torch.equal(first, torch.rand(4))
+
+
+def test_the_random_state_is_part_of_the_checkpoint(tmp_path):
+    assert launch(_rng_round_trip, 1, str(tmp_path)) == [True]

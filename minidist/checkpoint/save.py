@@ -201,8 +201,9 @@ def save(root: str, state: State, step: int, *, extra: dict | None = None, group
     json.dumps(extra or {})         # plain JSON or a clear error now, not in the thread
     # One number agreed by all ranks names this attempt: a record left by a crashed earlier
     # save of the same step cannot be mistaken for this one's.
-    token = torch.randint(0, 2**62, (1,), device=rank_device()) if rank == 0 else torch.zeros(1, dtype=torch.int64,
-                                                                                              device=rank_device())
+    # (os.urandom, not torch's generator: a save must not move the training's random stream)
+    token = torch.tensor([int.from_bytes(os.urandom(7), "little") if rank == 0 else 0], dtype=torch.int64,
+                         device=rank_device())
     dist.broadcast(token, group=group, group_src=0)
     token = f"{int(token.item()):x}"
     final = checkpoint_dir(root, step)
