@@ -261,3 +261,12 @@ def _rng_round_trip(root):
 
 def test_the_random_state_is_part_of_the_checkpoint(tmp_path):
     assert launch(_rng_round_trip, 1, str(tmp_path)) == [True]
+
+
+def test_async_saves_give_the_same_checkpoints_as_blocking_ones(tmp_path, zero3_run):
+    root = str(tmp_path / "async")
+    launch(harness.train, 4, ("zero", 3), root, STEPS, every=HALF, blocking=False)
+    for step in ("step_00000002", "step_00000004"):
+        want = harness.full_state(os.path.join(zero3_run, step), ("zero", 3))
+        got = harness.full_state(os.path.join(root, step), ("zero", 3))
+        assert all(torch.equal(got[k], want[k]) for k in want)

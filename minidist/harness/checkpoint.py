@@ -110,14 +110,21 @@ def train(spec, root: str, steps: int, every: int = 2, crash_at: tuple | None = 
             os.remove(crash_marker)
             os._exit(17)            # no cleanup, no exception: what a killed process does
 
+    pending = None
     for step in range(start, steps):
         idx = sampler.next_batch()
         x, y = xs[idx], ys[idx]
         run.step(x.to(device), y.to(device))
         maybe_crash(step, "step")
         if (step + 1) % every == 0 or step + 1 == steps:
-            ckpt.save(root, run.state(), step + 1, extra={"sampler": sampler.state_dict()}, blocking=blocking,
-                      fault=lambda at, s=step: maybe_crash(s, "save"))
+            if pending is not None:
+                pending.wait()              # one save in flight at a time
+            saved = ckpt.save(root, run.state(), step + 1, extra={"sampler": sampler.state_dict()},
+                              blocking=blocking, fault=lambda at, s=step: maybe_crash(s, "save"))
+            pending = None if blocking else saved
+    if not blocking and pending is not None:
+        pending.wait()
+        dist.barrier()                      # the last checkpoint is committed before anyone returns
     return {"start": start, "resumed_from": resumed, "seconds": time.perf_counter() - t0}
 
 
