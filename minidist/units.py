@@ -79,6 +79,17 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def parse_positive_float(text: str) -> float:
+    """A number above 0: ``3.1``, ``50``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise UnitError(f"cannot read {text!r}; write a number such as 3.5") from None
+    if not value > 0 or value == float("inf"):
+        raise UnitError(f"{text!r} must be a number above 0")
+    return value
+
+
 def _arg(parse):
     def read(text):
         try:
@@ -95,3 +106,4 @@ byte_list_arg = _arg(parse_byte_list)
 count_arg = _arg(parse_count)
 fraction_arg = _arg(parse_fraction)
 positive_int_arg = _arg(parse_positive_int)
+positive_float_arg = _arg(parse_positive_float)

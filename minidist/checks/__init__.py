@@ -6,7 +6,7 @@
   ranks (``groups.py``), the guard's parts (``refusal.py``, ``refused_code.py``, ``bindings.py``,
   ``returned.py``, ``student_code.py``, ``quiet.py``), the docket (``docket.py``), the must-raise
   rule (``raises.py``), and two shared kinds of check (``collectives.py``, ``training.py``);
-* a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab9_expert_parallel``, and
+* a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab10_checkpointing``, and
   ``toylab``, the grader's test fixture and docs/AUTHORING.md's worked example), each with the same
   files: ``__init__.py`` (``REFUSED``, the registry ``CHECKS`` and the public checks), ``cases.py``,
   ``answers.py`` (the only file that calls student code), ``verdicts.py`` (never reads ``answers``)

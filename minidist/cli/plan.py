@@ -9,7 +9,8 @@ import json
 
 from minidist.cli.output import format_table, plain, wrap
 from minidist.presets import PRESETS, describe
-from minidist.units import count_arg, fraction_arg, memory_arg, positive_int_arg
+from minidist.cost.checkpoint import BYTES_PER_PARAM
+from minidist.units import count_arg, fraction_arg, memory_arg, positive_float_arg, positive_int_arg
 
 MODEL_FIELDS = ("params", "layers", "hidden", "heads", "seq")
 MOE_FIELDS = ("experts", "top_k", "ffn")                # optional: a dense GPT without them
@@ -32,6 +33,7 @@ examples:
   minidist plan --model llama-7b --seq 8192 --gpus 16 --gpu-memory 40GB --zero 3
   minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json
   minidist plan --model mixtral-8x7b --seq 4096 --gpus 64
+  minidist plan --model llama-70b --gpus 64 --mtbf 3.1 --storage-bw 50
   minidist plan --params 20B --layers 24 --hidden 2048 --heads 16 --seq 4096 \\
       --experts 64 --top-k 2 --gpus 64"""
 
@@ -64,6 +66,11 @@ def add_arguments(p) -> None:
                           help="activation recomputation")
     training.add_argument("--headroom", type=fraction_arg, metavar="SHARE", default="10%",
                           help="memory to leave free per GPU; layouts that do rank first")
+    ck = p.add_argument_group("checkpoints (give both: adds size, save time, Young's interval and goodput)")
+    ck.add_argument("--mtbf", type=positive_float_arg, metavar="HOURS",
+                    help="mean time between failures of the whole job, in hours (Llama 3: about 3.1)")
+    ck.add_argument("--storage-bw", type=positive_float_arg, metavar="GB/s",
+                    help="write bandwidth of the checkpoint storage, all writers together, in GB/s")
     out = p.add_argument_group("output")
     out.add_argument("--top", type=positive_int_arg, metavar="N", default=15, help="rows of the table (--json lists every layout)")
     out.add_argument("--json", action="store_true", help="every layout, the excluded ones with their reason")
@@ -111,7 +118,11 @@ def assumptions(args, numbers: dict, cluster) -> str:
         f"mixed-precision Adam with ZeRO-{args.zero} over DP x CP; recomputation {recompute}; "
         f"sequence parallelism with TP; 1F1B schedule; no overlap of communication with compute.",
         f"Headroom: layouts leaving at least {args.headroom:.0%} of GPU memory free rank first.",
-    ])
+    ] + ([f"Checkpoints: fp32 master weights and Adam's two moments plus the bf16 weights "
+          f"({BYTES_PER_PARAM['adam-mixed']} bytes per parameter), written by DP x CP rank 0 without ZeRO and by "
+          f"every rank with it; {args.storage_bw:g} GB/s shared by all writers; blocking saves every "
+          f"sqrt(2 x save x MTBF) (Young 1974), MTBF {args.mtbf:g} h, restart time not counted."]
+         if args.mtbf is not None else []))
 
 
 def run(args, error) -> int:
@@ -127,10 +138,16 @@ def run(args, error) -> int:
                              recompute=args.recompute, headroom=args.headroom)
     except ValueError as err:           # the model or cluster cannot be split at all
         error(str(err))
+    if (args.mtbf is None) != (args.storage_bw is None):
+        error("give both --mtbf and --storage-bw (or neither)")
+    if args.mtbf is not None:
+        for p in plans:
+            p.checkpoint = checkpoint_numbers(p, numbers["params"], args)
     warning = headroom_warning(plans, cluster, args.headroom)
     if args.json:
+        layouts = [p.as_dict() | ({"checkpoint": p.checkpoint} if args.mtbf is not None else {}) for p in plans]
         print(json.dumps({"assumptions": assumptions(args, numbers, cluster).splitlines(), "warning": warning,
-                          "explanation": explain(plans, cluster), "layouts": [p.as_dict() for p in plans]},
+                          "explanation": explain(plans, cluster), "layouts": layouts},
                          indent=2, default=str))
         return 0
     feasible = [p for p in plans if p.feasible]
@@ -139,7 +156,7 @@ def run(args, error) -> int:
     print(wrap(f"{len(feasible)} layouts fit on {args.gpus} GPUs; {len(plans) - len(feasible)} excluded "
                f"(--json gives each one's reason)."))
     if feasible:
-        print(format_table(_rows(feasible[:args.top])))
+        print(format_table(_rows(feasible[:args.top], args.mtbf is not None)))
         print("(b: sequences per micro-batch, m: micro-batches per step per DP rank"
               + ("; EP inside DP, (IB): its all-to-alls cross nodes)" if numbers["experts"] > 1 else ")"))
     print()
@@ -149,7 +166,17 @@ def run(args, error) -> int:
     return 0 if feasible else 1
 
 
-def _rows(plans) -> list[dict]:
+def checkpoint_numbers(plan, params: float, args) -> dict:
+    """Bytes on the busiest rank, save seconds, Young's interval and the goodput it gives."""
+    from minidist.cost.checkpoint import checkpoint_bytes_per_rank, goodput, save_seconds, young_interval
+    per_rank = checkpoint_bytes_per_rank(int(params), plan.dp * plan.cp, plan.tp, plan.pp, args.zero, "adam-mixed")
+    cost, mtbf = save_seconds(per_rank, args.storage_bw * 1e9), args.mtbf * 3600
+    interval = young_interval(cost, mtbf)
+    return {"max_rank_bytes": max(per_rank), "save_s": cost, "interval_s": interval,
+            "goodput": goodput(interval, cost, mtbf)}
+
+
+def _rows(plans, checkpoints: bool = False) -> list[dict]:
     """One unit per column, named in its header: ms or s (by the top layout's step), GB, %.
     b is the micro-batch size (sequences), m the micro-batches per step."""
     seconds = plans[0].time["total"] >= 1
@@ -162,4 +189,7 @@ def _rows(plans) -> list[dict]:
                f"compute ({unit})": t(p.time["compute"]), f"bubble ({unit})": t(p.time["bubble"]),
                f"comm ({unit})": t(sum(p.time.get(a, 0.0) for a in ("tp", "cp", "pp", "dp", "ep"))),
                "memory (GB)": f"{p.memory['total'] / 1e9:.1f}", "free (%)": f"{p.free * 100:.0f}"}
+            | ({"ckpt/rank (GB)": f"{p.checkpoint['max_rank_bytes'] / 1e9:.2f}", "save (s)": f"{p.checkpoint['save_s']:.1f}",
+                "every (min)": f"{p.checkpoint['interval_s'] / 60:.1f}", "goodput (%)": f"{p.checkpoint['goodput'] * 100:.1f}"}
+               if checkpoints else {})
             for i, p in enumerate(plans)]

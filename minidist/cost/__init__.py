@@ -15,7 +15,9 @@
 * ``expert_parallel``: bytes per rank of MoE dispatch and combine (forward and backward), load
   imbalance over the expert ranks, their α-β time, MoE MLP FLOPs;
 * ``memory_techniques``: bytes per parameter by precision × ZeRO stage × N, activation bytes
-  per recomputation policy, recomputation FLOPs, offload traffic (``minidist bench memory``).
+  per recomputation policy, recomputation FLOPs, offload traffic (``minidist bench memory``);
+* ``checkpoint``: checkpoint bytes per rank per layout, save time at a storage bandwidth, Young's
+  (1974) and Daly's (2006) checkpoint intervals, goodput (``minidist plan --mtbf --storage-bw``).
 
 The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
 """
@@ -43,6 +45,8 @@ from minidist.cost.memory_techniques import (PRECISIONS, activation_bytes, activ
                                              layer_forward_flops, mixed_precision_bytes_per_param,
                                              mixed_precision_memory_bytes, offload_memory_bytes,
                                              offload_traffic_bytes, recompute_flops)
+from minidist.cost.checkpoint import (checkpoint_bytes_per_rank, daly_interval, flat_shard_elements, goodput,
+                                      save_seconds, young_interval)
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "allreduce_bytes_per_rank",
            "allreduce_table", "allreduce_terms", "allreduce_time", "busbw", "chunk_sizes", "fit_alpha_beta",
@@ -62,3 +66,5 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
 __all__ += ["PRECISIONS", "activation_bytes", "activation_bytes_paper", "activation_terms", "layer_forward_flops",
             "mixed_precision_bytes_per_param", "mixed_precision_memory_bytes", "offload_memory_bytes",
             "offload_traffic_bytes", "recompute_flops"]
+__all__ += ["checkpoint_bytes_per_rank", "daly_interval", "flat_shard_elements", "goodput", "save_seconds",
+            "young_interval"]

@@ -90,10 +90,39 @@ def timeout_scale() -> float:
 
 
 def launch(fn, world_size: int, *args, device: str | None = None, backend: str | None = None,
-           timeout: float = LAUNCH_TIMEOUT, start_method: str | None = None, **kwargs) -> list:
+           timeout: float = LAUNCH_TIMEOUT, start_method: str | None = None, max_restarts: int = 0,
+           on_restart=None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return their results by rank.
 
-    ``device``: None (a GPU per rank when there are enough, else the CPU), "cpu" or "cuda"."""
+    ``device``: None (a GPU per rank when there are enough, else the CPU), "cpu" or "cuda".
+
+    ``max_restarts=R``: when a launch fails (a rank raised, hung or was killed), start all
+    ranks again, up to R times, as torchrun's elastic agent does; ``fn`` itself resumes, e.g.
+    from its newest good checkpoint (:mod:`minidist.checkpoint`). ``on_restart(attempt, error)``
+    is called before each restart; it may return a new world size (fewer ranks after a lost
+    node), or None to keep it. The last failure is raised once the restarts are used up. Under
+    torchrun, restarts are the agent's (``torchrun --max-restarts``): ``max_restarts`` is ignored."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    if on_restart is not None and not callable(on_restart):
+        raise TypeError(f"on_restart must be callable, got {type(on_restart).__name__}")
+    if os.environ.get("TORCHELASTIC_RUN_ID") and "RANK" in os.environ:
+        max_restarts = 0            # under torchrun the agent restarts the job (--max-restarts), not one rank
+    attempt = 0
+    while True:
+        try:
+            return _launch_once(fn, world_size, *args, device=device, backend=backend, timeout=timeout,
+                                start_method=start_method, **kwargs)
+        except LaunchError as err:
+            if attempt >= max_restarts:
+                raise
+            attempt += 1
+            resized = on_restart(attempt, err) if on_restart is not None else None
+            world_size = world_size if resized is None else resized
+
+
+def _launch_once(fn, world_size: int, *args, device: str | None = None, backend: str | None = None,
+                 timeout: float = LAUNCH_TIMEOUT, start_method: str | None = None, **kwargs) -> list:
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run, got {type(fn).__name__}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

@@ -29,6 +29,7 @@ TOUR_MODULES = [
     "minidist.tour.parallel3d",      # DP 2 x PP 2 x TP 2 TinyGPT on 8 ranks: loss, weights, bytes per axis, memory
     "minidist.tour.memory_techniques",  # mixed precision under ZeRO, selective/full recomputation, offload
     "minidist.tour.expert_parallel", # MoE dispatch/combine, layer vs one process (drops, skew), DP 2 x EP 2 step
+    "minidist.tour.checkpoint",      # reshard ZeRO-3 x 4 -> DDP x 2, async vs blocking save, restart after a crash
 ]
 
 # The heading printed above each module's rows: the lecture (deck in slides/) it tours.
@@ -41,6 +42,7 @@ LECTURES = {
     "minidist.tour.parallel3d": "Lecture 7: 3D parallelism (DP x PP x TP)",
     "minidist.tour.memory_techniques": "Lecture 8: memory: mixed precision, recomputation, offload",
     "minidist.tour.expert_parallel": "Lecture 9: expert parallelism (Mixture of Experts)",
+    "minidist.tour.checkpoint": "Lecture 10: distributed checkpoints, surviving failures",
 }
 
 COLUMNS = ["technique", "world_size", "passed", "max_err", "tolerance", "bytes_per_rank", "bytes_theory",

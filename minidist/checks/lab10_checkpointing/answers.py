@@ -1,0 +1,133 @@
+"""Lab 10's answers, the only code of its checks that calls student code: what the student's function
+did on one case, as plain data. Each runs in this process, in a temporary directory of its own:
+``save_sharded`` on a state (one whose k-th tensor cannot be read, in a crash case: the disk filled
+up), then everything it left on disk read back; ``load_resharded`` on a checkpoint the lab's
+reference wrote, for every rank of the new layout; ``latest_checkpoint`` on a root of checkpoints,
+some of them damaged."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+
+import torch
+
+from minidist.checks.kit.compare import digest
+from minidist.checks.kit.returned import foreign_part
+from minidist.checks.lab10_checkpointing import reference as ref
+from minidist.checks.lab10_checkpointing.cases import state_of
+
+CRASH = "No space left on device (injected: the disk filled up in the middle of the save)"
+
+
+class _DiskFull(Mapping):
+    """The state, except that reading tensor ``at`` fails the way a full disk fails a write."""
+
+    def __init__(self, state: dict, at: str):
+        self._state, self._at = state, at
+
+    def __getitem__(self, name):
+        if name == self._at:
+            raise OSError(28, CRASH)
+        return self._state[name]
+
+    def __iter__(self):
+        return iter(self._state)
+
+    def __len__(self):
+        return len(self._state)
+
+
+def _error(err: BaseException) -> dict:
+    return {"type": type(err).__name__, "message": str(err)[:300]}
+
+
+def _checkpoint_dir(path: str) -> dict:
+    """Everything a save left in ``path``: its files, the metadata, each file's true size and checksum,
+    and every shard the metadata lists, read back (or why it could not be)."""
+    out = {"files": sorted(os.listdir(path))}
+    try:
+        with open(os.path.join(path, "metadata.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as err:
+        return out | {"metadata_error": _error(err)}
+    if foreign_part(meta) is not None or not isinstance(meta, dict):
+        return out | {"metadata_error": {"type": "format", "message": "metadata.json does not hold a JSON object"}}
+    out["metadata"] = meta
+    out["on_disk"] = {f: {"bytes": os.path.getsize(os.path.join(path, f)), "sha256": ref.sha256_of(os.path.join(path, f))}
+                      for f in out["files"] if os.path.isfile(os.path.join(path, f))}
+    read = {}
+    from safetensors import safe_open
+    for name, t in (meta.get("tensors") or {}).items():
+        for i, shard in enumerate(t.get("shards", []) if isinstance(t, dict) else []):
+            file = shard.get("file") if isinstance(shard, dict) else None
+            where = f"{name}#{i}"
+            if not isinstance(file, str) or os.path.basename(file) != file or file not in out["files"]:
+                read[where] = {"error": f"the shard names file {file!r}, which is not in the checkpoint's directory"}
+                continue
+            try:
+                with safe_open(os.path.join(path, file), framework="pt") as fh:
+                    read[where] = {"tensor": fh.get_tensor(name)}
+            except Exception as err:      # noqa: BLE001  (a file the student wrote may be anything)
+                read[where] = {"error": f"{file}: {type(err).__name__}: {str(err)[:200]}"}
+    return out | {"read": read}
+
+
+def save_sharded(fn, case) -> dict:
+    state = state_of(case)
+    keep = {name: digest(t) for name, t in state.items()}
+    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
+        previous, path = os.path.join(root, "step_1"), os.path.join(root, "step_2")
+        ref.write(state_of(dict(case, seed=case["seed"] + 100)), case["layout"], previous)
+        before = {f: ref.sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
+        given = _DiskFull(state, list(state)[case["crash_at"]]) if "crash_at" in case else dict(state)
+        out = {"raised": None}
+        try:
+            fn(given, dict(case["layout"]), path)
+        except Exception as err:     # noqa: BLE001  (the crash case must raise; others must not)
+            out["raised"] = _error(err)
+        out["entries"] = sorted(os.listdir(root))
+        out["previous_intact"] = before == {f: ref.sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
+        if os.path.isdir(path):
+            out["saved"] = _checkpoint_dir(path)
+    out["given_unchanged"] = all(digest(t) == keep[n] for n, t in state.items())
+    return out
+
+
+def load_resharded(fn, case) -> dict:
+    state = state_of(case)
+    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
+        path = os.path.join(root, "step_5")
+        ref.write(state, case["saved"], path)
+        if case.get("torn"):
+            ref.damage(path, "torn")
+            try:
+                fn(path, dict(case["load"]), 0)
+            except Exception as err:      # noqa: BLE001
+                return {"raised": _error(err)}
+            return {"raised": None}
+        pieces = []
+        for r in range(case["load"]["world"]):
+            got = fn(path, dict(case["load"]), r)
+            foreign = foreign_part(got)
+            if foreign is not None or not isinstance(got, dict):
+                return {"rank": r, "not plain": foreign or f"a {type(got).__name__}"}
+            pieces.append({k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()})
+    return {"pieces": pieces}
+
+
+def latest_checkpoint(fn, case) -> dict:
+    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
+        for i, (name, how) in enumerate(case["dirs"]):
+            path = os.path.join(root, name)
+            ref.write(state_of(dict(seed=40 + i, shapes={"w": (4, 3), "b": (4,)})), {"kind": "rows", "world": 2}, path)
+            ref.damage(path, how)
+        got = fn(root)
+        if got is None:
+            return {"returned": None}
+        if not isinstance(got, (str, os.PathLike)):
+            return {"returned_type": type(got).__name__}
+        got = os.fspath(got)
+        inside = os.path.dirname(os.path.abspath(got)) == os.path.abspath(root)
+        return {"returned": os.path.basename(got) if inside else got, "inside_root": inside}

@@ -1,0 +1,142 @@
+"""Lab 10's verdicts: what is wrong with an answer, from the case alone (no student code runs here).
+
+* ``save_sharded``: the checkpoint directory appears only when complete (a crash leaves no
+  ``path`` at all, the error reaches the caller, the previous checkpoint is untouched); its metadata
+  lists every tensor's shape, dtype and shards; each rank's shard is exactly the box the layout gives
+  it (so the bytes per rank are the formula's: ``tensor_split`` rows or columns, a replica on rank 0
+  only), bit-exact; each file's size and SHA-256 are the metadata's.
+* ``load_resharded``: every rank of the new layout gets its box of every tensor, bit-exact (a copy
+  changes no bit); a checkpoint without ``metadata.json`` is refused with an error naming it.
+* ``latest_checkpoint``: the newest ``step_<n>`` (by n) whose metadata parses and whose files have
+  the recorded sizes and checksums; ``None`` when there is none.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minidist.checks.kit.compare import tensor_error
+from minidist.checks.lab10_checkpointing import reference as ref
+from minidist.checks.lab10_checkpointing.cases import describe, state_of
+
+EXACT = {torch.float32: 0.0, torch.float64: 0.0}
+
+
+def _exact(what, got, want):
+    return tensor_error(what, got, want, tol=EXACT, against="the saved tensor")
+
+
+def save_sharded(case, answer) -> str | None:
+    label = f"save_sharded ({describe(case)})"
+    if not answer.get("given_unchanged", True):
+        return f"{label}: changed the state it was given (a save must leave the training state as it is)"
+    if not answer["previous_intact"]:
+        return f"{label}: the previous checkpoint (step_1) changed: a save must not touch it"
+    if "crash_at" in case:
+        if answer["raised"] is None:
+            return f"{label}: the disk filled up while saving, but save_sharded returned as if it had saved"
+        if "saved" in answer:
+            return (f"{label}: after the crash the directory {answer['entries'][-1]!r} exists holding "
+                    f"{answer['saved']['files']}: a torn checkpoint that a restart could load. Write into a "
+                    "temporary directory and rename it to path only when everything is written")
+        return None
+    if answer["raised"] is not None:
+        return f"{label}: raised {answer['raised']['type']}: {answer['raised']['message']}"
+    if "saved" not in answer:
+        return f"{label}: no directory at path after the save (the root holds {answer['entries']})"
+    left = [e for e in answer["entries"] if e not in ("step_1", "step_2")]
+    if left:
+        return f"{label}: left {left} next to the checkpoint (rename the temporary directory, don't copy it)"
+    saved = answer["saved"]
+    if "metadata_error" in saved:
+        return f"{label}: metadata.json could not be read: {saved['metadata_error']['message']}"
+    return _check_saved(label, case, saved)
+
+
+def _check_saved(label, case, saved) -> str | None:
+    state, layout, meta = state_of(case), case["layout"], saved["metadata"]
+    tensors, files = meta.get("tensors"), meta.get("files")
+    if not isinstance(tensors, dict) or not isinstance(files, dict):
+        return f"{label}: metadata.json needs the two keys 'tensors' and 'files' (the lab's format)"
+    if sorted(tensors) != sorted(state):
+        return f"{label}: metadata lists tensors {sorted(tensors)}, the state holds {sorted(state)}"
+    for f in saved["files"]:
+        if f.endswith(".safetensors") and f not in files:
+            return f"{label}: {f} is in the directory but not in the metadata's 'files'"
+    for f, rec in files.items():
+        disk = saved["on_disk"].get(f)
+        if disk is None:
+            return f"{label}: the metadata lists {f}, which is not in the directory"
+        if not isinstance(rec, dict) or rec.get("bytes") != disk["bytes"] or rec.get("sha256") != disk["sha256"]:
+            return (f"{label}: the metadata records {f} as {rec!r}, but the file has {disk['bytes']} bytes and "
+                    f"SHA-256 {disk['sha256'][:12]}…: record them after writing the file")
+    for name, full in state.items():
+        t = tensors[name]
+        if list(t.get("shape", [])) != list(full.shape) or t.get("dtype") != str(full.dtype).removeprefix("torch."):
+            return (f"{label}: {name} is recorded as {t.get('dtype')} {t.get('shape')}; it is "
+                    f"{str(full.dtype).removeprefix('torch.')} {list(full.shape)}")
+        want = {r: ref.box(full.shape, layout, r) for r in range(layout["world"])
+                if ref.owns(layout, r) and all(ref.box(full.shape, layout, r)[1])}
+        shards = t.get("shards", [])
+        got = {}
+        for i, s in enumerate(shards):
+            r = s.get("rank")
+            if r in got:
+                return f"{label}: {name} has two shards from rank {r}"
+            got[r] = (list(s.get("offsets", [])), list(s.get("lengths", [])), i, s.get("file"))
+        held = sum(math.prod(v[1]) for v in got.values())
+        if held != full.numel():
+            return (f"{label}: the shards of {name} hold {held} elements of its {full.numel()} "
+                    f"({'some written by two ranks: a replica is written by rank 0 only' if held > full.numel() else 'some by no rank'})")
+        if sorted(got) != sorted(want):
+            return f"{label}: {name} has shards from ranks {sorted(got)}; under this layout ranks {sorted(want)} own a piece"
+        for r, (off, ln, i, file) in got.items():
+            if [off, ln] != [list(x) for x in want[r]]:
+                return (f"{label}: rank {r}'s shard of {name} is at offsets {off} with lengths {ln}; the layout gives "
+                        f"it offsets {want[r][0]}, lengths {want[r][1]}")
+            if file != f"rank{r}.safetensors":
+                return f"{label}: rank {r}'s shard of {name} is in {file!r}; each rank writes rank<r>.safetensors"
+            read = saved["read"].get(f"{name}#{i}", {})
+            if "error" in read:
+                return f"{label}: {name} of rank {r}: {read['error']}"
+            if problem := _exact(f"rank {r}'s shard of {name}", read["tensor"], ref.piece(full, *want[r])):
+                return f"{label}: {problem}"
+    return None
+
+
+def load_resharded(case, answer) -> str | None:
+    label = f"load_resharded ({describe(case)})"
+    if case.get("torn"):
+        raised = answer["raised"]
+        if raised is None:
+            return f"{label}: returned from a checkpoint without metadata.json; refuse a torn checkpoint with an error"
+        if "metadata.json" not in raised["message"]:
+            return (f"{label}: raised {raised['type']}: {raised['message'][:120]!r}; the error must name the missing "
+                    "file, metadata.json")
+        return None
+    if "not plain" in answer:
+        return f"{label}: rank {answer['rank']} returned {answer['not plain']}; return a dict name -> tensor"
+    state, layout = state_of(case), case["load"]
+    for r, got in enumerate(answer["pieces"]):
+        if sorted(got) != sorted(state):
+            return f"{label}: rank {r} got tensors {sorted(got)}; the checkpoint holds {sorted(state)}"
+        for name, full in state.items():
+            want = ref.piece(full, *ref.box(full.shape, layout, r))
+            if problem := _exact(f"rank {r}'s {name}", got[name], want):
+                return f"{label}: {problem}"
+    return None
+
+
+def latest_checkpoint(case, answer) -> str | None:
+    label = f"latest_checkpoint ({describe(case)})"
+    if "returned_type" in answer:
+        return f"{label}: returned a {answer['returned_type']}; return the checkpoint's path (a str) or None"
+    got, want = answer["returned"], case["want"]
+    if got is not None and not answer.get("inside_root"):
+        return f"{label}: returned {got!r}, which is not a directory of the root"
+    if got != want:
+        why = dict(case["dirs"]).get(got)
+        more = f" ({got} is {why})" if why and why != "good" else ""
+        return f"{label}: returned {got!r}{more}; the newest good checkpoint is {want!r}"
+    return None

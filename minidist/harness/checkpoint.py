@@ -1,0 +1,165 @@
+"""Training runs that save, crash, restart and reshard: what the checkpoint tests, tour and lab run.
+
+A *spec* names a layout: ``("ddp",)``, ``("zero", stage)`` with stage 1, 2 or 3 (FSDP) for
+:class:`minidist.models.TinyMLP`, or ``("3d", dp, pp, tp)`` for :class:`minidist.models.TinyGPT`
+on :class:`minidist.mesh.Trainer3D`. Each step draws its global batch from a fixed data set
+through :class:`~minidist.checkpoint.sampler.ResumableSampler`, so the data order is part of
+the checkpoint and a resumed run takes the same batches as an uninterrupted one.
+
+:func:`train` (inside a rank) resumes from the newest good checkpoint under ``root`` when
+there is one, trains to ``steps``, saves every ``every`` steps and at the end, and can crash on
+purpose (``crash_at``: a rank dies mid-step, or mid-save after writing its file). It returns
+where it started, so a restarted job can report what was lost. :func:`full_state` loads a
+checkpoint into one process (no process group): how runs under different layouts compare.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from minidist import checkpoint as ckpt
+from minidist.checkpoint.sampler import ResumableSampler
+from minidist.data_parallel import BucketedDDP, FullyShardedDataParallel, ZeroDataParallel
+from minidist.mesh import Trainer3D
+from minidist.models import GPTConfig, TinyGPT, TinyMLP, local_slice, make_optimizer
+from minidist.runtime import import_optimizers_before_fork
+from minidist.runtime.device import device as rank_device
+
+import_optimizers_before_fork()
+
+# No linear biases: the key bias gets no gradient in exact arithmetic (softmax ignores a constant
+# added to every score), so its update is Adam-normalised round-off that differs between layouts.
+GPT = GPTConfig(vocab=32, d_model=16, n_heads=4, n_layers=2, seq_len=8, bias=False)
+N_EXAMPLES, BATCH, LR = 48, 8, 1e-2
+MLP_DIMS = dict(d_in=6, d_out=5)
+
+
+def dataset(spec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed data set of a spec's model (CPU; every rank draws the same from the seed)."""
+    g = torch.Generator().manual_seed(7)
+    if spec[0] == "3d":
+        tokens = torch.randint(0, GPT.vocab, (N_EXAMPLES, GPT.seq_len + 1), generator=g)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return torch.randn(N_EXAMPLES, MLP_DIMS["d_in"], generator=g), torch.randn(N_EXAMPLES, MLP_DIMS["d_out"], generator=g)
+
+
+class Run:
+    """One rank's part of a layout: ``step(x, y)``, ``state()`` (its checkpoint pieces)."""
+
+    def __init__(self, spec, group=None, mlp: dict | None = None):
+        self.spec, self.rank = spec, dist.get_rank()
+        kind = spec[0]
+        if kind == "3d":
+            _, dp, pp, tp = spec
+            self.trainer = Trainer3D(TinyGPT(GPT), dp, pp, tp, batch=BATCH, micro_batches=2, lr=LR)
+            return
+        self.world = dist.get_world_size(group)
+        model = TinyMLP(**(mlp or MLP_DIMS))
+        if kind == "ddp":
+            self.wrapper, self.model = BucketedDDP(model, group=group), model
+            self.optimizer = make_optimizer(model.parameters(), "adam", LR)
+        elif kind == "zero" and spec[1] in (1, 2):
+            self.wrapper = ZeroDataParallel(model, spec[1], torch.optim.Adam, group=group, lr=LR)
+        elif kind == "zero" and spec[1] == 3:
+            self.wrapper = FullyShardedDataParallel(model, group=group, lr=LR)
+        else:
+            raise ValueError(f"unknown layout {spec!r}: ('ddp',), ('zero', 1|2|3) or ('3d', dp, pp, tp)")
+
+    def step(self, x, y) -> None:
+        if self.spec[0] == "3d":
+            self.trainer.step(x, y)
+            return
+        x, y = local_slice(x, self.rank, self.world), local_slice(y, self.rank, self.world)
+        F.mse_loss(self.wrapper(x), y).backward()
+        opt = self.optimizer if self.spec[0] == "ddp" else self.wrapper
+        opt.step()
+        opt.zero_grad()
+
+    def state(self) -> ckpt.State:
+        if self.spec[0] == "3d":
+            return ckpt.trainer3d(self.trainer)
+        if self.spec[0] == "ddp":
+            return ckpt.replicated(self.model, self.optimizer, owner=self.rank == 0)
+        return ckpt.flat_sharded(self.wrapper)
+
+
+def train(spec, root: str, steps: int, every: int = 2, crash_at: tuple | None = None, crash_marker: str | None = None,
+          blocking: bool = True) -> dict:
+    """Inside a rank: resume from ``ckpt.latest(root)`` if any, train to ``steps``, save every ``every``.
+
+    ``crash_at=(rank, step, where)``, ``where`` "step" (dies before the optimizer step) or
+    "save" (dies with its file written, its record not): fires once, while ``crash_marker``
+    (a file) exists, and removes it. Returns {"start", "resumed_from", "seconds"}."""
+    t0, device = time.perf_counter(), rank_device()
+    run = Run(spec)
+    sampler = ResumableSampler(N_EXAMPLES, BATCH, seed=3)
+    xs, ys = dataset(spec)
+    start, resumed = 0, ckpt.latest(root)
+    if resumed is not None:
+        extra = ckpt.load(resumed, run.state())
+        start = extra["step"]
+        sampler.load_state_dict(extra["sampler"])
+    me = dist.get_rank()
+
+    def maybe_crash(step, where):
+        if crash_at and tuple(crash_at) == (me, step, where) and crash_marker and os.path.exists(crash_marker):
+            os.remove(crash_marker)
+            os._exit(17)            # no cleanup, no exception: what a killed process does
+
+    pending = None
+    for step in range(start, steps):
+        idx = sampler.next_batch()
+        x, y = xs[idx], ys[idx]
+        run.step(x.to(device), y.to(device))
+        maybe_crash(step, "step")
+        if (step + 1) % every == 0 or step + 1 == steps:
+            if pending is not None:
+                pending.wait()              # one save in flight at a time
+            saved = ckpt.save(root, run.state(), step + 1, extra={"sampler": sampler.state_dict()},
+                              blocking=blocking, fault=lambda at, s=step: maybe_crash(s, "save"))
+            pending = None if blocking else saved
+    if not blocking and pending is not None:
+        pending.wait()
+        dist.barrier()                      # the last checkpoint is committed before anyone returns
+    return {"start": start, "resumed_from": resumed, "seconds": time.perf_counter() - t0}
+
+
+def full_state(path: str, spec, mlp: dict | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of checkpoint ``path`` (model and optimizer) in one process, by name."""
+    model = TinyGPT(GPT, device="cpu") if spec[0] == "3d" else TinyMLP(**(mlp or MLP_DIMS), device="cpu")
+    opt = make_optimizer(model.parameters(), "adam", LR)
+    state = ckpt.replicated(model, opt)
+    ckpt.load(path, state)
+    return {p.key: p.tensor.detach().clone() for p in state.load}
+
+
+def stall_dims(hidden: int = 1024, n_hidden: int = 6) -> dict:
+    """The wider TinyMLP of :func:`save_stall` (about 6 M parameters: 75 MB of model states)."""
+    return dict(MLP_DIMS, hidden=hidden, n_hidden=n_hidden)
+
+
+def save_stall(root: str, blocking: bool, hidden: int = 1024, n_hidden: int = 6, steps: int = 6) -> dict:
+    """Inside a rank (ZeRO-3 on a wider TinyMLP): seconds of each training step, the step that
+    saves (blocking, or only the host copy when async) counted together with the save call;
+    then the seconds ``wait()`` still had to wait for the writer."""
+    dims = stall_dims(hidden, n_hidden)
+    run, device = Run(("zero", 3), mlp=dims), rank_device()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCH, dims["d_in"], generator=g).to(device), torch.randn(BATCH, dims["d_out"], generator=g).to(device)
+    times, pending, wait_s = [], None, 0.0
+    for step in range(steps):
+        dist.barrier()
+        t = time.perf_counter()
+        run.step(x, y)
+        if step == 1:
+            pending = ckpt.save(root, run.state(), step, blocking=blocking)
+        times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    if pending is not None and not blocking:
+        pending.wait()
+    wait_s = time.perf_counter() - t
+    return {"step_s": times, "wait_s": wait_s, "bytes": run.state().bytes_written}
