@@ -31,6 +31,9 @@ from autograder.platforms.graded import Outcome, broken, grade_folder, write_las
 
 ROOT_VAR = "MINIDIST_GRADESCOPE_ROOT"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+#: the submission's wall-clock limit (s): Gradescope's default timeout is 10 minutes, and setting up
+#: the batch and writing the results take some of them
+WALL = 540
 
 RUN = r"""#!/usr/bin/env bash
 # Gradescope runs this once per submission: grades /autograder/submission into
@@ -86,14 +89,16 @@ def run(root: Path, lab: str, hidden: str = "after_due_date", visible: str = "vi
     return data
 
 
-def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "visible") -> Path:
-    """``out/LAB_autograder.zip``: the bundle, ``run_autograder``, all at the zip's root."""
+def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "visible", wall_s: float = WALL) -> Path:
+    """``out/LAB_autograder.zip``: the bundle, ``run_autograder``, all at the zip's root. ``wall_s``: the
+    submission's wall-clock limit in ``run_autograder`` (below Gradescope's timeout, so that the results
+    are written before it)."""
     from autograder.platforms.bundle import make_bundle
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minidist-gradescope-zip-") as tmp:
         tree = make_bundle(lab, Path(tmp) / "zip")
-        opts = f"--hidden-visibility {hidden} --visible-visibility {visible}"
+        opts = f"--hidden-visibility {hidden} --visible-visibility {visible} --wall-timeout {wall_s:g}"
         script = tree / "run_autograder"
         script.write_text(RUN.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab).replace("@OPTS@", opts))
         script.chmod(0o755)
@@ -114,8 +119,9 @@ def main(argv=None) -> int:
     p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/autograder")
     p.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_due_date")
     p.add_argument("--visible-visibility", choices=VISIBILITIES, default="visible")
+    p.add_argument("--wall-timeout", type=float, default=WALL, help="the submission's wall-clock limit (s)")
     a = p.parse_args(argv)
-    run(Path(a.root), a.lab, a.hidden_visibility, a.visible_visibility)
+    run(Path(a.root), a.lab, a.hidden_visibility, a.visible_visibility, wall_s=a.wall_timeout)
     return 0
 
 

@@ -29,6 +29,9 @@ from pathlib import Path
 from autograder.platforms.graded import Outcome, broken, grade_folder, write_last
 
 ROOT_VAR = "MINIDIST_PRAIRIELEARN_ROOT"
+#: info.json's timeout (s), and the submission's wall-clock limit within it (setting up the batch and
+#: writing the results take the rest)
+TIMEOUT, WALL = 600, 540
 
 ENTRY = r"""#!/usr/bin/env bash
 # PrairieLearn's external grader runs this once per submission: grades /grade/student into
@@ -37,7 +40,7 @@ ROOT="${@ROOT_VAR@:-/grade}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/course" || exit 1
 export MINIDIST_SOLUTIONS="$HERE/course/solutions"
-exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.prairielearn @LAB@ --root "$ROOT"
+exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.prairielearn @LAB@ --root "$ROOT" @OPTS@
 """
 
 DOCKERFILE = """# The grader image of PrairieLearn's question minidist/@LAB@: build and push it, name it in info.json.
@@ -99,7 +102,7 @@ def run(root: Path, lab: str, confirm: bool = True, wall_s: float | None = None)
     return data
 
 
-def build(lab: str, out: Path, image: str | None = None) -> Path:
+def build(lab: str, out: Path, image: str | None = None, timeout: int = TIMEOUT) -> Path:
     """``out/LAB_prairielearn/``: ``questions/minidist/LAB/`` (info.json, question.html) for the
     course repository, ``grader-image/`` (the bundle, the entry point, a Dockerfile) for the image."""
     from autograder.course import lab_notebooks
@@ -108,7 +111,8 @@ def build(lab: str, out: Path, image: str | None = None) -> Path:
     shutil.rmtree(dest, ignore_errors=True)
     tree = make_bundle(lab, dest / "grader-image")
     entry = tree / "run_prairielearn"
-    entry.write_text(ENTRY.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab))
+    wall = max(60, timeout - (TIMEOUT - WALL))
+    entry.write_text(ENTRY.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab).replace("@OPTS@", f"--wall-timeout {wall:g}"))
     entry.chmod(0o755)
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     (tree / "Dockerfile").write_text(DOCKERFILE.replace("@LAB@", lab).replace("@PY@", py))
@@ -119,7 +123,7 @@ def build(lab: str, out: Path, image: str | None = None) -> Path:
             "topic": "Distributed training", "tags": ["minidist", "notebook"], "type": "v3",
             "singleVariant": True, "gradingMethod": "External",
             "externalGradingOptions": {"enabled": True, "image": image or f"minidist-grader-{lab.split('_')[0]}",
-                                       "entrypoint": "/minidist/run_prairielearn", "timeout": 600}}
+                                       "entrypoint": "/minidist/run_prairielearn", "timeout": timeout}}
     (q / "info.json").write_text(json.dumps(info, indent=2) + "\n")
     (q / "question.html").write_text(QUESTION.replace("@NB@", " ".join(names)))
     return dest
@@ -130,8 +134,9 @@ def main(argv=None) -> int:
                                 description="grade a PrairieLearn submission (the grader image's entry point)")
     p.add_argument("lab")
     p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/grade")
+    p.add_argument("--wall-timeout", type=float, default=WALL, help="the submission's wall-clock limit (s)")
     a = p.parse_args(argv)
-    run(Path(a.root), a.lab)
+    run(Path(a.root), a.lab, wall_s=a.wall_timeout)
     return 0
 
 
