@@ -97,8 +97,11 @@ def run(root: Path, lab: str, confirm: bool = True, wall_s: float | None = None)
         shutil.rmtree(work, ignore_errors=True)
     outcome.seconds = time.time() - t0
     data = results_json(outcome, succeeded)
-    print(data["message"] + "\n" + data["output"])
     write_last(results / "results.json", data)
+    try:
+        print(data["message"] + "\n" + data["output"])
+    except OSError:
+        pass
     return data
 
 
