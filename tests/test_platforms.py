@@ -34,7 +34,7 @@ import pytest
 
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1800)        # all gradings are in the first test's setup
 
 VIS = ["hidden", "after_due_date", "after_published", "visible"]
 FMT = ["text", "html", "simple_format", "md", "ansi"]

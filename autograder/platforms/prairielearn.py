@@ -3,8 +3,8 @@ the grader image it names; the image's entry point grades ``/grade/student`` wit
 core (:mod:`autograder.platforms.graded`) and writes ``/grade/results/results.json``.
 
 ``results.json``: ``succeeded`` (the grader ran), ``gradable`` (false when nothing could be graded:
-no notebook, several notebooks none of them the lab's, or the grader's own failure; PrairieLearn then
-lets the student submit again), ``score`` in [0, 1] (the automatic tests' points over their maximum),
+no notebook, several notebooks none of them the lab's, or the grader's own failure: PrairieLearn does
+not score the submission), ``score`` in [0, 1] (the automatic tests' points over their maximum),
 ``message`` (the summary), ``output`` (how it was graded and the notes), and ``tests``: ``name``,
 ``description``, ``points``, ``max_points``, ``message`` (the one-line reason and flags). A cell graded
 by hand is listed with ``max_points`` 0: its points are the question's manual points.
