@@ -1,4 +1,4 @@
-"""python -m autograder {release,grade,feedback,export,selftest,bench,new-exercise,doctor} ..."""
+"""python -m autograder {release,grade,feedback,export,selftest,bench,new-exercise,doctor,gradescope,prairielearn,resources} ..."""
 from __future__ import annotations
 
 import argparse
@@ -78,11 +78,23 @@ def cmd_feedback(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from autograder.gradebook import export_csv
-    out = Path(a.out)
-    dest = Path(a.to) if a.to else out / "grades.csv"
-    export_csv(out / "gradebook.db", dest)
-    print(dest)
+    from autograder.export import export
+    print(export(Path(a.out), a.format, Path(a.to) if a.to else None, a.canvas_id))
+    return 0
+
+
+def cmd_gradescope(a) -> int:
+    from autograder.platforms.gradescope import build
+    dest = build(a.lab, Path(a.out), a.hidden_visibility, a.visible_visibility, a.wall_timeout)
+    print(f"{dest}: upload it as the assignment's autograder (Gradescope: Configure Autograder, Zip file upload)")
+    return 0
+
+
+def cmd_prairielearn(a) -> int:
+    from autograder.platforms.prairielearn import build
+    dest = build(a.lab, Path(a.out), a.image, a.timeout)
+    print(f"{dest}/questions: copy into the course repository's questions/; "
+          f"{dest}/grader-image: build it (docker build -t IMAGE .), push it, name it in info.json")
     return 0
 
 
@@ -98,6 +110,12 @@ def cmd_bench(a) -> int:
     from autograder.bench import bench
     bench(lab=a.lab, n=a.n, jobs=a.jobs, repeat=a.repeat)
     return 0
+
+
+def cmd_resources(a) -> int:
+    from autograder.platforms.resources import main as measure
+    rows = measure(a.lab, a.cpu)
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 def cmd_new_exercise(a) -> int:
@@ -173,10 +191,35 @@ def main(argv=None) -> int:
     s.add_argument("--to")
     s.set_defaults(fn=cmd_feedback)
 
-    s = sub.add_parser("export", help="re-export OUT/grades.csv from OUT/gradebook.db (nbgrader CSV)")
+    s = sub.add_parser("export", help="the grades of OUT/gradebook.db as a file an LMS imports (csv: nbgrader's "
+                                      "CSV, OUT/grades.csv; canvas, moodle: OUT/grades-FORMAT.csv)")
     s.add_argument("out")
     s.add_argument("--to")
+    s.add_argument("--format", choices=("csv", "canvas", "moodle"), default="csv")
+    s.add_argument("--canvas-id", choices=("sis_login", "sis_user"), default="sis_login",
+                   help="the Canvas column that holds the student id (default: SIS Login ID)")
     s.set_defaults(fn=cmd_export)
+
+    vis = ("visible", "after_due_date", "after_published", "hidden")
+    s = sub.add_parser("gradescope", help="LAB_autograder.zip: Gradescope's setup.sh and run_autograder grading "
+                                          "with this grader")
+    s.add_argument("lab")
+    s.add_argument("--out", default=".")
+    s.add_argument("--hidden-visibility", choices=vis, default="after_due_date",
+                   help="visibility of a test cell with hidden tests (default: after_due_date)")
+    s.add_argument("--visible-visibility", choices=vis, default="visible",
+                   help="visibility of a test cell without hidden tests (default: visible)")
+    s.add_argument("--wall-timeout", type=float, default=540,
+                   help="a submission's wall-clock limit, s (default 540: within Gradescope's default 10 minutes)")
+    s.set_defaults(fn=cmd_gradescope)
+
+    s = sub.add_parser("prairielearn", help="a PrairieLearn external-grading question for LAB and its grader image")
+    s.add_argument("lab")
+    s.add_argument("--out", default=".")
+    s.add_argument("--image", help="the grader image's name in info.json (default: minidist-grader-labN)")
+    s.add_argument("--timeout", type=int, default=600,
+                   help="info.json's grading timeout, s (default 600); a submission's wall-clock limit is 60 s less")
+    s.set_defaults(fn=cmd_prairielearn)
 
     s = sub.add_parser("selftest", help="solution = full marks, release = 0, every bank bug caught, "
                                         "every correct alternative full marks")
@@ -197,6 +240,12 @@ def main(argv=None) -> int:
     s.add_argument("--repeat", type=int, default=1, help="grade the single submission this often per mode")
     s.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("resources", help="per lab: wall time and peak memory (process tree) of grading the solution "
+                                         "as run_autograder does, pinned to one CPU")
+    s.add_argument("--lab", action="append", help="default: every lab")
+    s.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (taskset -c; default 0)")
+    s.set_defaults(fn=cmd_resources)
 
     s = sub.add_parser("new-exercise", help="add the skeleton of a graded exercise to LAB: its cells in the source "
                                             "notebook, its check in the lab's checks folder, stub bank entries")

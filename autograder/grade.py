@@ -3,8 +3,9 @@
 Design (nbgrader has no parallel autograde, its issue #174):
 1. once per batch: a *template* course (``nbgrader generate_assignment`` for every lab graded,
    giving source/, release/ and a gradebook, with the labs' due dates), a pristine copy of
-   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`);
-2. each submission <student>/<lab>/ is graded by a child process (``autograder.worker``) in
+   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`): :func:`autograder.core.open_batch`;
+2. each submission <student>/<lab>/ is graded by the grading core every platform shares
+   (:func:`autograder.core.grade_submission`): a child process (``autograder.worker``) in
    its own course directory with its own copy of the gradebook, in its own session, under a
    wall-clock limit; its kernel and its confirmation run (:mod:`autograder.confirm`) are
    sandboxed. A supervisor thread (:mod:`autograder.supervise`) reads the child's pipe
@@ -31,13 +32,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
-from autograder import REPO, SUBMISSION_TIMEOUT
-from autograder.course import (all_labs, build_course, cell_timeout, due_dates, kernel_argv, lab_cells,
-                               solutions_dir)
+from autograder.core import close_batch, grade_submission, merged_due_dates, open_batch
+from autograder.course import all_labs, build_course, solutions_dir
 from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
-from autograder.records import Job, fallback_cells
+from autograder.records import Job
 from autograder.report import load_previous, write_feedback, write_results
-from autograder.supervise import INTERRUPTED, run_job, warm_forkserver
+from autograder.supervise import INTERRUPTED
 
 
 class Progress:
@@ -186,35 +186,6 @@ def run_all(todo: list, jobs: int, env: dict, run, slots: list[str] | None = Non
             yield futs[f], f
 
 
-def prepare_batch(work: Path, confirm: bool, sandbox: bool | None, out: Path, kernel: str) -> dict:
-    """Once per batch: the pristine minidist, the sandbox's backend (or why there is none), and
-    a home whose matplotlib font cache is built."""
-    from autograder.confirm.start import copy_pristine
-    from autograder.sandbox import backend as sb
-    from autograder.sandbox.home import build_skeleton
-    from autograder.sandbox.probe import JobsCannotReach, probe
-    area = sb.make_area()            # what the jobs' unprivileged uids may reach, whatever is above `out`
-    pristine = copy_pristine(area / "pristine")
-    tools = sb.install_tools(area)
-    skeleton = build_skeleton(work / "skeleton")
-    if sandbox is False:
-        backend, what = None, "sandbox turned off (--no-sandbox)"
-    else:
-        try:
-            backend, what = probe(hidden=[str(REPO / "solutions"), str(REPO / "autograder"), str(out),
-                                             str(solutions_dir())], area=area,
-                                     pristine=str(pristine), programs=[kernel])
-        except JobsCannotReach as err:      # before the first job: nothing graded, nothing written
-            shutil.rmtree(area, ignore_errors=True)
-            raise SystemExit(str(err)) from None
-        if backend is None and sandbox is True:
-            shutil.rmtree(area, ignore_errors=True)
-            raise SystemExit(f"--sandbox: {what}")
-    return {"pristine": str(pristine), "skeleton": str(skeleton), "confirm": bool(confirm),
-            "sandbox": {"name": backend.name, "exe": backend.exe} if backend else None,
-            "sandbox_text": what, "area": str(area), "tools": tools}
-
-
 def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
           cell_timeout_s: int | None = None, wall_s: float | None = None,
           progress: bool = True, keep_work: bool = False, confirm: bool = True,
@@ -231,10 +202,6 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         raise SystemExit(f"no such directory: {submissions}")
     stream = stream if stream is not None else sys.stderr
     slots = gpu_slots(max(1, jobs), gpus_per_job, visible_gpu_ids()) if gpus_per_job else None
-    kernel = kernel_argv()[0]
-    kernel = shutil.which(kernel) or kernel        # the kernel's interpreter: a job must reach it too
-    ctimeout = int(cell_timeout_s or cell_timeout())
-    wall = float(wall_s or SUBMISSION_TIMEOUT)
     entries, graded, ignored = discover(submissions, labs, students)
     previous = load_previous(out) if students else []
     out.mkdir(parents=True, exist_ok=True)
@@ -244,42 +211,20 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         for sub in ("feedback", "autograded"):
             shutil.rmtree(out / sub, ignore_errors=True)
     t0 = time.time()
-    threading.Thread(target=warm_forkserver, daemon=True).start()
-    batch = prepare_batch(work, confirm, sandbox, out, kernel)
-    if batch["sandbox"] is None:
-        print(f"autograder: {batch['sandbox_text']}: kernels run with the grading user's access "
-              f"(see autograder/README.md, security)", file=stream)
-    dates = dict(due_dates())
-    for lab, date in (due or {}).items():
-        if lab == "*":
-            dates.update({l: date for l in graded})
-        else:
-            dates[lab] = date
-    template = build_course(graded, work / "template") if graded else None
-    dues = set_due_dates(template, {l: d for l, d in dates.items() if l in graded and d}) if template else {}
-    cpus = os.cpu_count() or 1
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, jobs)))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.pop("JPY_PARENT_PID", None)
+    batch = open_batch(graded, work, out, jobs=jobs, confirm=confirm, sandbox=sandbox,
+                       cell_timeout_s=cell_timeout_s, wall_s=wall_s, due=due, stream=stream)
+    template = batch.template
     todo = [Job(s, lab, d, work / "jobs" / f"{s}__{lab}") for s, lab, d in entries]
     bar = Progress(len(todo), enabled=progress)
     done: list[Job] = []
     stop = threading.Event()
     with _stopped_by_signals(stop) as caught:
-        run = lambda j, e: run_job(j, template, ctimeout, wall, e, batch, stop)      # noqa: E731
-        for j, f in run_all(todo, jobs, env, run, slots, job_env):
-            try:
-                j = f.result()
-            except Exception as err:          # one submission, never the batch
-                reason = f"grading failed: {type(err).__name__}: {str(err)[:200]}"
-                j.result = {"student": j.student, "lab": j.lab, "graded": False, "notes": [reason],
-                            "failure": reason, "submitted": True,
-                            "cells": fallback_cells(lab_cells(template, j.lab), [], {}, reason)}
-            done.append(j)
+        run = lambda j, e: grade_submission(batch, j, e, stop)      # noqa: E731
+        for j, f in run_all(todo, jobs, batch.env, run, slots, job_env):
+            done.append(f.result())           # grade_submission never raises for a submission's sake
             bar.step(f"{j.student}/{j.lab}")
     bar.close()
-    shutil.rmtree(batch["area"], ignore_errors=True)
+    close_batch(batch)
     if caught:
         shutil.rmtree(work, ignore_errors=True)
         name = signal.Signals(caught[0]).name
@@ -289,16 +234,16 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         raise SystemExit(128 + caught[0])
     regraded = {(j.student, j.lab) for j in done}
     everyone = done + [j for j in previous if (j.student, j.lab) not in regraded]
-    meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": ctimeout, "wall_clock_limit_s": wall,
-            "ignored": ignored, "seconds": None, "sandbox": str(batch["sandbox_text"]) if batch["sandbox"] else
-            f"none: {batch['sandbox_text']}", "confirmation": bool(confirm), "due_dates": dues,
+    meta = {"labs": graded, "jobs": jobs, "cell_timeout_s": batch.cell_timeout, "wall_clock_limit_s": batch.wall,
+            "ignored": ignored, "seconds": None, "sandbox": batch.sandbox, "confirmation": bool(confirm),
+            "due_dates": batch.dues,
             "gpus_per_job": gpus_per_job, "gpu_slots": slots,
             "regraded": sorted({j.student for j in done}) if students else None}
     if template is not None:
         all_labs_graded = sorted({j.lab for j in everyone})
         if set(all_labs_graded) - set(graded):      # an earlier run graded more labs: a template for all
             template = build_course(all_labs_graded, work / "template-all")
-            set_due_dates(template, {l: d for l, d in dates.items() if l in all_labs_graded and d})
+            set_due_dates(template, {l: d for l, d in merged_due_dates(graded, due).items() if l in all_labs_graded and d})
         db = merge_gradebook(template, out, everyone)
         export_csv(db, out / "grades.csv")
     for j in done:

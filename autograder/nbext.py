@@ -16,7 +16,10 @@ They extend nbgrader's own classes (no reimplementation of its grading logic):
   nbgrader's line-based ``LimitOutput``), and the outputs of a whole notebook, in bytes and in
   number: past the cap, the outputs of the student's own cells are replaced by one note (a
   test cell's outputs are its verdict: always kept, each trimmed);
-* ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method.
+* ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method;
+* ``SkipDemoCells``, for plain ``nbgrader autograde`` (the course config enables it): the cells a lab
+  tags ``demo`` are blanked before the notebook runs, as ``python -m autograder grade`` does
+  (:func:`autograder.notebooks.skip_demos`).
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocess
 from nbgrader.utils import determine_grade, is_grade
 from traitlets import Enum, Float, Integer
 
-from autograder.notebooks import classify
+from autograder.notebooks import classify, skip_demos
 
 MAX_OUTPUT_CHARS = 20_000
 MAX_NOTEBOOK_OUTPUT_CHARS = 2_000_000      # all outputs of one notebook
@@ -171,3 +174,11 @@ class LatePenalty(LateSubmissionPlugin):
             return None
         days = -(-float(total_seconds_late) // 86400)          # started days
         return min(self.max_fraction, self.per_day * days) * float(score)
+
+
+class SkipDemoCells(NbGraderPreprocessor):
+    """Blank the cells tagged ``demo`` (a deadlock demonstration, a benchmark): they grade nothing and
+    would add seconds, or a deadlock's timeout, to every notebook graded."""
+
+    def preprocess(self, nb, resources):
+        return skip_demos(nb), resources

@@ -53,3 +53,16 @@ c.LatePenalty.max_fraction = 1.0
 # Megabytes of output: keep the autograded notebooks and feedback small.
 c.LimitOutput.max_lines = 200
 c.LimitOutput.max_traceback = 60
+
+# Plain nbgrader in a course directory (JupyterHub, formgrader; autograder/README.md, "With nbgrader"):
+# `nbgrader autograde` does not run the cells a lab tags "demo", and `nbgrader generate_feedback`
+# shows no hidden-test source (a test cell's hidden block and its tracebacks are cut). `python -m
+# autograder` sets its own preprocessors for both, so these lines change nothing of its grading.
+c.Autograde.autograde_preprocessors = [
+    "autograder.nbext.SkipDemoCells", "nbgrader.preprocessors.Execute", "nbgrader.preprocessors.IgnorePattern",
+    "nbconvert.preprocessors.ClearMetadataPreprocessor", "nbgrader.preprocessors.LimitOutput",
+    "autograder.nbext.TruncateOutput", "nbgrader.preprocessors.SaveAutoGrades",
+    "nbgrader.preprocessors.AssignLatePenalties", "nbgrader.preprocessors.CheckCellMetadata"]
+c.GenerateFeedback.preprocessors = [
+    "autograder.nbext.HideHiddenTests", "autograder.nbext.TruncateOutput", "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]

@@ -1,0 +1,129 @@
+"""What a grading machine installs to grade one lab: the same bundle for Gradescope and PrairieLearn.
+
+``make_bundle(lab, dest)`` writes into ``dest``:
+
+* ``wheels/minidist-*.whl``: the library alone (the kernels and the confirmation import it), built
+  from this checkout; the grader's own code is not in it, so a sandbox that binds the interpreter's
+  packages read-only shows no grader, bug bank or source notebook;
+* ``course/autograder/`` (this package without its bug bank) and ``course/solutions/LAB/`` (the
+  lab's nbgrader source notebook, with its hidden tests): the grader runs from ``course/``, which
+  no sandbox shows;
+* ``requirements.txt``: the grader's packages pinned at the versions of the interpreter that built
+  the bundle (the versions this grader was tested with);
+* ``setup.sh``: a virtual environment ``venv/`` next to it (or ``$MINIDIST_VENV``; one already there is
+  kept, and what it holds at the pinned versions is not installed again) with the pinned
+  CPU build of torch (from a local wheel where the machine keeps one, found as the Makefile finds
+  it, else from PyTorch's CPU index), the requirements, the minidist wheel and the ``minidist``
+  kernel; bubblewrap where apt can install it. Everything is fetched here, at setup: grading fetches
+  nothing.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+from autograder import PACKAGE_DIR, REPO
+
+#: the packages grading imports (torch apart: it is installed first, its CPU build)
+PINNED = ["numpy", "cloudpickle", "matplotlib", "nbgrader", "nbconvert", "nbformat", "nbclient", "jupyter_client",
+          "ipykernel", "jsonschema"]
+
+SETUP = r"""#!/usr/bin/env bash
+# minidist's grader for @LAB@: installs everything grading needs, once (nothing is fetched while grading).
+# Made by `python -m autograder gradescope|prairielearn @LAB@`; see autograder/README.md.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VENV="${MINIDIST_VENV:-$HERE/venv}"
+PYTHON="${PYTHON:-python3}"
+TORCH_VERSION="@TORCH@"
+
+# the sandbox: bubblewrap where apt can install it (else the grader tries unshare, and says what it used)
+if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: bubblewrap not installed"
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"      # run again, setup keeps the environment
+PY="$VENV/bin/python"
+
+# torch's pinned CPU build: from a local wheel where this machine keeps one (pip's find-links folders
+# and /opt/wheels, as the Makefile looks), else from PyTorch's CPU index
+TORCH_WHEEL=""
+for d in ${PIP_FIND_LINKS//file:\/\//} $("$PY" -m pip config get global.find-links 2>/dev/null || true) /opt/wheels; do
+    for w in "$d"/torch-"$TORCH_VERSION"-*.whl; do
+        if [ -f "$w" ]; then TORCH_WHEEL="$w"; break 2; fi
+    done
+done
+if [ -n "$TORCH_WHEEL" ]; then
+    "$PY" -m pip install --quiet "$TORCH_WHEEL"
+else
+    "$PY" -m pip install --quiet "torch==$TORCH_VERSION" --index-url https://download.pytorch.org/whl/cpu
+fi
+"$PY" -m pip install --quiet -r "$HERE/requirements.txt"
+"$PY" -m pip install --quiet --no-deps --force-reinstall "$HERE"/wheels/minidist-*.whl
+"$PY" -m ipykernel install --sys-prefix --name minidist --display-name "Python (minidist)" >/dev/null
+cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core; print('setup: ok, torch', torch.__version__)"
+"""
+
+
+def minidist_wheel(dest: Path) -> Path:
+    """A wheel of the library alone (``minidist*`` packages), built from this checkout without
+    fetching anything (the interpreter's setuptools)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="minidist-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        text = (REPO / "pyproject.toml").read_text()
+        include = 'include = ["minidist*", "autograder*"]'
+        if include not in text:
+            raise SystemExit(f"pyproject.toml: expected {include!r} to build a wheel of minidist alone")
+        (src / "pyproject.toml").write_text(text.replace(include, 'include = ["minidist*"]'))
+        shutil.copy(REPO / "README.md", src / "README.md")
+        shutil.copytree(REPO / "minidist", src / "minidist",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "-w", str(dest), str(src)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("building the minidist wheel failed:\n" + (r.stderr or r.stdout)[-2000:])
+    wheels = sorted(dest.glob("minidist-*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"expected one minidist wheel in {dest}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def requirements() -> str:
+    """The grader's packages at the versions installed here."""
+    lines = []
+    for name in PINNED:
+        try:
+            lines.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            raise SystemExit(f"{name} is not installed here: run `make install` first") from None
+    return "\n".join(lines) + "\n"
+
+
+def torch_version() -> str:
+    v = metadata.version("torch")
+    return v if "+" in v else v + "+cpu"          # a CPU build: grading machines have no GPU
+
+
+def make_bundle(lab: str, dest: Path) -> Path:
+    """Everything to grade ``lab`` on another machine, in ``dest`` (see the module's docstring)."""
+    from autograder.course import solutions_dir
+    dest = Path(dest)
+    lab_src = solutions_dir() / lab
+    if not lab_src.is_dir():
+        raise SystemExit(f"no lab {lab} under {solutions_dir()}")
+    minidist_wheel(dest / "wheels")
+    course = dest / "course"
+    shutil.copytree(PACKAGE_DIR, course / "autograder",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "bugbank"))
+    shutil.copytree(lab_src, course / "solutions" / lab, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    (dest / "requirements.txt").write_text(requirements())
+    setup = dest / "setup.sh"
+    setup.write_text(SETUP.replace("@LAB@", lab).replace("@TORCH@", torch_version()))
+    setup.chmod(0o755)
+    return dest

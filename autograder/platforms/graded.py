@@ -1,0 +1,191 @@
+"""One platform submission, graded by the one grading core, as a list of tests a platform can report.
+
+A platform hands the grader a folder (Gradescope's ``/autograder/submission``, PrairieLearn's
+``/grade/student``) that should hold the lab's notebook. What it holds decides what happens:
+
+* the lab's notebook(s), possibly wrongly named (accepted and flagged, as ``grade`` does), possibly
+  next to other files (copied next to it, listed) -> graded by :func:`autograder.core.grade_one`: the
+  locked cells restored, the hidden tests, the confirmation and its judge, the sandbox where one works;
+* a notebook that is not JSON -> graded all the same: the core gives every test 0 with the reason;
+* no notebook at all, or several notebooks none of which has the lab's name -> not graded: every
+  test 0 with a reason that says what to upload (:attr:`Outcome.problem`).
+
+A test cell whose source has hidden tests is ``hidden`` (platforms show it after the due date); a
+solution cell that is graded by hand (lab 7's written answer) is ``manual``: listed, never scored here.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autograder.course import BEGIN_HIDDEN, grade_id, lab_notebooks, nbg, read_nb, solutions_dir
+
+
+@dataclass
+class Test:
+    notebook: str
+    name: str                      # the test cell's grade id
+    points: float                  # 0 for manual cells (not scored here)
+    max_points: float
+    status: str                    # pass / fail / error / timeout / manual
+    reason: str                    # one line
+    flags: list[str] = field(default_factory=list)
+    hidden: bool = False
+    manual: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass" and self.points >= self.max_points
+
+
+@dataclass
+class Outcome:
+    lab: str
+    tests: list[Test]
+    problem: str | None = None     # why the submission could not be graded (nothing of it ran)
+    failure: str | None = None     # what stopped grading part-way (the core's reason)
+    notes: list[str] = field(default_factory=list)
+    sandbox: str = ""
+    confirmation: bool = True
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(t.points for t in self.tests if not t.manual)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_points for t in self.tests if not t.manual)
+
+    @property
+    def manual_points(self) -> float:
+        return sum(t.max_points for t in self.tests if t.manual)
+
+    def summary(self) -> str:
+        """One paragraph for the student: the score, what went wrong, how it was graded."""
+        lines = [f"{self.lab}: {self.score:g} / {self.max_score:g} points on the automatic tests"
+                 + (f"; {self.manual_points:g} more points are graded by hand" if self.manual_points else "")]
+        if self.problem:
+            lines.append(f"Not graded: {self.problem}")
+        elif self.failure:
+            lines.append(f"Grading stopped: {self.failure}")
+        lost = [t for t in self.tests if not t.manual and not t.passed]
+        if lost and not self.problem:
+            lines.append(f"{len(lost)} test(s) lost points; each test says why.")
+        return "\n".join(lines)
+
+    def how(self) -> str:
+        """How the grader ran (for the output and the log)."""
+        return (f"graded by minidist's autograder: sandbox: {self.sandbox or 'not started'}; "
+                f"confirmation run {'on' if self.confirmation else 'OFF'}")
+
+
+def test_cells(lab: str, solutions: Path | None = None) -> list[Test]:
+    """Every graded cell of the lab's source notebook(s), in order, at 0 points."""
+    out = []
+    for name in lab_notebooks(lab, solutions):
+        nb = read_nb((solutions or solutions_dir()) / lab / f"{name}.ipynb")
+        for c in nb.cells:
+            m = nbg(c)
+            if not m.get("grade"):
+                continue
+            manual = bool(m.get("solution")) or c.cell_type != "code"
+            out.append(Test(name, grade_id(c), 0.0, float(m.get("points") or 0), "manual" if manual else "error",
+                            "graded by hand" if manual else "not run", hidden=BEGIN_HIDDEN in c.source,
+                            manual=manual))
+    return out
+
+
+def notebooks_in(folder: Path) -> list[Path]:
+    """The notebooks handed in (sub-folders too; no checkpoints, no macOS zip debris, no dot-folders)."""
+    return sorted(p for p in Path(folder).rglob("*.ipynb")
+                  if not any(part.startswith(".") or part == "__MACOSX" for part in p.relative_to(folder).parts))
+
+
+def problem_with(folder: Path, lab: str) -> tuple[str | None, list[str]]:
+    """(why the folder cannot be graded, or None; notes for the instructor)."""
+    folder = Path(folder)
+    wanted = [f"{n}.ipynb" for n in lab_notebooks(lab)]
+    if not folder.is_dir():
+        return f"no submission folder {folder}", []
+    found = notebooks_in(folder)
+    if not found:
+        others = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+        return (f"no notebook was handed in (found: {', '.join(others[:8]) or 'nothing'}); "
+                f"upload {' and '.join(wanted)}"), []
+    named = [p for p in found if p.name in wanted]
+    if len(found) > len(wanted) and not named:
+        return (f"{len(found)} notebooks were handed in ({', '.join(str(p.relative_to(folder)) for p in found[:8])}) "
+                f"and none is named {' or '.join(wanted)}: upload only {' and '.join(wanted)}"), []
+    extra = [str(p.relative_to(folder)) for p in found if p.name not in wanted] if named else []
+    return None, ([f"notebooks handed in besides {', '.join(wanted)} (not graded): {', '.join(extra[:8])}"]
+                  if extra else [])
+
+
+def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sandbox: bool | None = None,
+                 wall_s: float | None = None, hide: Path | None = None, student: str = "student") -> Outcome:
+    """Grade the submission in ``folder`` with the one grading core (``work``: an empty scratch folder;
+    ``hide``: a folder the sandbox must not show, e.g. the platform's results folder)."""
+    from autograder.core import grade_one
+
+    t0 = time.time()
+    tests = test_cells(lab)
+    problem, notes = problem_with(folder, lab)
+    if problem:
+        for t in tests:
+            if not t.manual:
+                t.reason = f"not graded: {problem}"
+        return Outcome(lab, tests, problem=problem, notes=notes, sandbox="not started (nothing to grade)",
+                       confirmation=confirm, seconds=time.time() - t0)
+    job, batch = grade_one(folder, lab, work, student=student, confirm=confirm, sandbox=sandbox, wall_s=wall_s,
+                           hide=hide)
+    rows = {(nb, cid): row for nb, cells in job.result["cells"].items() for cid, row in cells.items()}
+    for t in tests:
+        row = rows.get((t.notebook, t.name))
+        if row is None:          # the core reports every test of the template: not expected
+            t.reason = "no result from the grader for this test"
+            continue
+        t.status, t.reason = str(row["status"]), str(row.get("reason", ""))
+        t.max_points = float(row["max_points"])
+        t.points = 0.0 if t.manual else float(row["points"] or 0.0)
+        t.flags = list(row.get("flags") or [])       # "not confirmed: tampering suspected" among them
+    return Outcome(lab, tests, failure=job.result.get("failure"), notes=notes + list(job.result.get("notes", [])),
+                   sandbox=batch.sandbox, confirmation=confirm, seconds=time.time() - t0)
+
+
+def broken(lab: str, why: str, seconds: float = 0.0) -> Outcome:
+    """The outcome when the grader itself failed (never the submission's fault): every test 0, why."""
+    try:
+        tests = test_cells(lab)
+    except Exception:
+        tests = []
+    for t in tests:
+        t.reason = f"the grader failed (not your submission's fault; tell the course staff): {why}"
+    return Outcome(lab, tests, failure=f"the grader failed: {why}", seconds=seconds)
+
+
+def write_last(path: Path, data: dict) -> Path:
+    """``data`` as JSON at ``path``, written by the grader's own process once every process of the
+    submission is gone (so nothing of the submission can write after it): whatever stands at the path,
+    or in place of its folder, is removed first (a file, a folder, a link a submission left there), and
+    the file is written under a fresh name, then renamed into place."""
+    import json
+    import os
+    import shutil
+    import tempfile
+    path = Path(path)
+    folder = path.parent
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".results-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path

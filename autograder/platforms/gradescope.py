@@ -1,0 +1,132 @@
+"""Gradescope: ``python -m autograder gradescope LAB`` builds ``LAB_autograder.zip``; Gradescope runs
+its ``setup.sh`` once (:mod:`autograder.platforms.bundle`) and its ``run_autograder`` per submission.
+
+``run_autograder`` grades the notebook in ``/autograder/submission`` with the one grading core
+(:mod:`autograder.platforms.graded`) and writes ``/autograder/results/results.json`` in Gradescope's
+format: ``score``, ``execution_time``, ``output`` (the summary and how it was graded: the sandbox or
+why there is none, the confirmation), and ``tests``, one per test cell: ``name`` (its grade id),
+``score``, ``max_score``, ``status`` (``passed`` / ``failed``), ``output`` (the one-line reason and
+flags) and ``visibility`` (``visible`` for a test cell without hidden tests, ``after_due_date`` for
+one with them; both configurable when the zip is built). A cell graded by hand is listed with
+``max_score`` 0 and says so: its points belong to a manual question on Gradescope.
+
+The file is written last, by this process, once every process of the submission has been killed
+(:func:`~autograder.platforms.graded.write_last`): what a submission writes there has no effect.
+Any error of the grader itself still gives a results.json that says so. The root (``/autograder``)
+is ``$MINIDIST_GRADESCOPE_ROOT`` where set (the tests lay out a Gradescope machine in a folder).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import zipfile
+from pathlib import Path
+
+from autograder.platforms.graded import Outcome, broken, grade_folder, write_last
+
+ROOT_VAR = "MINIDIST_GRADESCOPE_ROOT"
+VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
+#: the submission's wall-clock limit (s): Gradescope's default timeout is 10 minutes, and setting up
+#: the batch and writing the results take some of them
+WALL = 540
+
+RUN = r"""#!/usr/bin/env bash
+# Gradescope runs this once per submission: grades /autograder/submission into
+# /autograder/results/results.json with minidist's autograder (see autograder/README.md, Gradescope).
+ROOT="${@ROOT_VAR@:-/autograder}"
+HERE="$ROOT/source"
+cd "$HERE/course" || exit 1
+export MINIDIST_SOLUTIONS="$HERE/course/solutions"
+exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.gradescope @LAB@ --root "$ROOT" @OPTS@
+"""
+
+
+def results_json(outcome: Outcome, hidden: str = "after_due_date", visible: str = "visible") -> dict:
+    """Gradescope's results.json for one graded submission."""
+    tests = []
+    for t in outcome.tests:
+        if t.manual:
+            tests.append({"name": f"{t.notebook}: {t.name} (graded by hand)", "score": 0.0, "max_score": 0.0,
+                          "output": f"graded by hand: {t.max_points:g} points, in this assignment's manual "
+                                    f"grading, not by the autograder", "visibility": "visible"})
+            continue
+        out = t.reason + "".join(f"\n{f}" for f in t.flags)
+        tests.append({"name": f"{t.notebook}: {t.name}", "score": round(t.points, 6), "max_score": t.max_points,
+                      "status": "passed" if t.passed else "failed", "output": out.strip() or t.status,
+                      "visibility": hidden if t.hidden else visible})
+    return {"score": round(outcome.score, 6), "execution_time": int(round(outcome.seconds)),
+            "output": outcome.summary() + "\n\n" + outcome.how(), "tests": tests}
+
+
+def run(root: Path, lab: str, hidden: str = "after_due_date", visible: str = "visible", confirm: bool = True,
+        wall_s: float | None = None) -> dict:
+    """Grade ``root/submission`` and write ``root/results/results.json``; returns what was written."""
+    t0 = time.time()
+    results = root / "results"
+    work = Path(tempfile.mkdtemp(prefix="minidist-gradescope-"))
+    try:
+        outcome = grade_folder(root / "submission", lab, work, confirm=confirm, wall_s=wall_s, hide=results)
+    except BaseException as err:              # the grader's own failure: still a results.json that says so
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        traceback.print_exc()
+        outcome = broken(lab, f"{type(err).__name__}: {str(err)[:300]}", time.time() - t0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    outcome.seconds = time.time() - t0
+    data = results_json(outcome, hidden, visible)
+    write_last(results / "results.json", data)
+    try:                                      # Gradescope keeps stdout for the instructor
+        print(data["output"])
+        for t in outcome.tests:
+            print(f"  {t.notebook}: {t.name}: {t.points:g}/{t.max_points:g} {t.status} {t.reason}")
+        for n in outcome.notes:
+            print(f"  note: {n}")
+    except OSError:
+        pass
+    return data
+
+
+def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "visible", wall_s: float = WALL) -> Path:
+    """``out/LAB_autograder.zip``: the bundle, ``run_autograder``, all at the zip's root. ``wall_s``: the
+    submission's wall-clock limit in ``run_autograder`` (below Gradescope's timeout, so that the results
+    are written before it)."""
+    from autograder.platforms.bundle import make_bundle
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="minidist-gradescope-zip-") as tmp:
+        tree = make_bundle(lab, Path(tmp) / "zip")
+        opts = f"--hidden-visibility {hidden} --visible-visibility {visible} --wall-timeout {wall_s:g}"
+        script = tree / "run_autograder"
+        script.write_text(RUN.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab).replace("@OPTS@", opts))
+        script.chmod(0o755)
+        dest = out / f"{lab}_autograder.zip"
+        with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as z:
+            for path in sorted(tree.rglob("*")):
+                if path.is_file():
+                    info = zipfile.ZipInfo.from_file(path, str(path.relative_to(tree)))
+                    info.compress_type = zipfile.ZIP_DEFLATED
+                    z.writestr(info, path.read_bytes())      # keeps the mode: setup.sh, run_autograder exec
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder.platforms.gradescope",
+                                description="grade a Gradescope submission (what run_autograder runs)")
+    p.add_argument("lab")
+    p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/autograder")
+    p.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_due_date")
+    p.add_argument("--visible-visibility", choices=VISIBILITIES, default="visible")
+    p.add_argument("--wall-timeout", type=float, default=WALL, help="the submission's wall-clock limit (s)")
+    a = p.parse_args(argv)
+    run(Path(a.root), a.lab, a.hidden_visibility, a.visible_visibility, wall_s=a.wall_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

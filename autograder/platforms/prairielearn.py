@@ -1,0 +1,147 @@
+"""PrairieLearn: ``python -m autograder prairielearn LAB`` writes an external-grading question and
+the grader image it names; the image's entry point grades ``/grade/student`` with the one grading
+core (:mod:`autograder.platforms.graded`) and writes ``/grade/results/results.json``.
+
+``results.json``: ``succeeded`` (the grader ran), ``gradable`` (false when nothing could be graded:
+no notebook, several notebooks none of them the lab's, or the grader's own failure: PrairieLearn does
+not score the submission), ``score`` in [0, 1] (the automatic tests' points over their maximum),
+``message`` (the summary), ``output`` (how it was graded and the notes), and ``tests``: ``name``,
+``description``, ``points``, ``max_points``, ``message`` (the one-line reason and flags). A cell graded
+by hand is listed with ``max_points`` 0: its points are the question's manual points.
+
+Written last, by this process, once every process of the submission is gone
+(:func:`~autograder.platforms.graded.write_last`). The root (``/grade``) is
+``$MINIDIST_PRAIRIELEARN_ROOT`` where set (the tests lay out a grading container in a folder).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from pathlib import Path
+
+from autograder.platforms.graded import Outcome, broken, grade_folder, write_last
+
+ROOT_VAR = "MINIDIST_PRAIRIELEARN_ROOT"
+#: info.json's timeout (s), and the submission's wall-clock limit within it (setting up the batch and
+#: writing the results take the rest)
+TIMEOUT, WALL = 600, 540
+
+ENTRY = r"""#!/usr/bin/env bash
+# PrairieLearn's external grader runs this once per submission: grades /grade/student into
+# /grade/results/results.json with minidist's autograder (see autograder/README.md, PrairieLearn).
+ROOT="${@ROOT_VAR@:-/grade}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$HERE/course" || exit 1
+export MINIDIST_SOLUTIONS="$HERE/course/solutions"
+exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.prairielearn @LAB@ --root "$ROOT" @OPTS@
+"""
+
+DOCKERFILE = """# The grader image of PrairieLearn's question minidist/@LAB@: build and push it, name it in info.json.
+FROM python:@PY@-slim
+COPY . /minidist
+RUN bash /minidist/setup.sh && chmod -R a+rX /minidist
+"""
+
+QUESTION = """<pl-question-panel>
+  <p>Upload your completed notebook <code>@NB@</code> (the lab's notebook from the course's release).
+  It is graded by the course's autograder: the tests of the notebook, hidden tests, and a second run
+  of every test outside your notebook.</p>
+</pl-question-panel>
+<pl-file-upload file-names="@NB@"></pl-file-upload>
+<pl-submission-panel>
+  <pl-external-grader-results></pl-external-grader-results>
+  <pl-file-preview></pl-file-preview>
+</pl-submission-panel>
+"""
+
+
+def results_json(outcome: Outcome, succeeded: bool = True) -> dict:
+    """PrairieLearn's results.json for one graded submission."""
+    tests = []
+    for t in outcome.tests:
+        if t.manual:
+            tests.append({"name": f"{t.notebook}: {t.name}", "description": "graded by hand",
+                          "points": 0.0, "max_points": 0.0,
+                          "message": f"graded by hand: {t.max_points:g} points, this question's manual points"})
+            continue
+        tests.append({"name": f"{t.notebook}: {t.name}", "description": "with hidden tests" if t.hidden else "",
+                      "points": round(t.points, 6), "max_points": t.max_points,
+                      "message": (t.reason + "".join(f"\n{f}" for f in t.flags)).strip() or t.status})
+    mx = outcome.max_score
+    return {"succeeded": succeeded, "gradable": succeeded and not outcome.problem,
+            "score": min(1.0, max(0.0, outcome.score / mx)) if mx > 0 else 0.0,
+            "message": outcome.summary(), "output": "\n".join([outcome.how()] + outcome.notes), "tests": tests}
+
+
+def run(root: Path, lab: str, confirm: bool = True, wall_s: float | None = None) -> dict:
+    """Grade ``root/student`` and write ``root/results/results.json``; returns what was written."""
+    t0 = time.time()
+    results = root / "results"
+    work = Path(tempfile.mkdtemp(prefix="minidist-prairielearn-"))
+    succeeded = True
+    try:
+        outcome = grade_folder(root / "student", lab, work, confirm=confirm, wall_s=wall_s, hide=results)
+    except BaseException as err:
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        traceback.print_exc()
+        outcome, succeeded = broken(lab, f"{type(err).__name__}: {str(err)[:300]}", time.time() - t0), False
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    outcome.seconds = time.time() - t0
+    data = results_json(outcome, succeeded)
+    write_last(results / "results.json", data)
+    try:
+        print(data["message"] + "\n" + data["output"])
+    except OSError:
+        pass
+    return data
+
+
+def build(lab: str, out: Path, image: str | None = None, timeout: int = TIMEOUT) -> Path:
+    """``out/LAB_prairielearn/``: ``questions/minidist/LAB/`` (info.json, question.html) for the
+    course repository, ``grader-image/`` (the bundle, the entry point, a Dockerfile) for the image."""
+    from autograder.course import lab_notebooks
+    from autograder.platforms.bundle import make_bundle
+    dest = Path(out) / f"{lab}_prairielearn"
+    shutil.rmtree(dest, ignore_errors=True)
+    tree = make_bundle(lab, dest / "grader-image")
+    entry = tree / "run_prairielearn"
+    wall = max(60, timeout - (TIMEOUT - WALL))
+    entry.write_text(ENTRY.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab).replace("@OPTS@", f"--wall-timeout {wall:g}"))
+    entry.chmod(0o755)
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (tree / "Dockerfile").write_text(DOCKERFILE.replace("@LAB@", lab).replace("@PY@", py))
+    q = dest / "questions" / "minidist" / lab
+    q.mkdir(parents=True)
+    names = [f"{n}.ipynb" for n in lab_notebooks(lab)]
+    info = {"uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"minidist/{lab}")), "title": f"minidist: {lab}",
+            "topic": "Distributed training", "tags": ["minidist", "notebook"], "type": "v3",
+            "singleVariant": True, "gradingMethod": "External",
+            "externalGradingOptions": {"enabled": True, "image": image or f"minidist-grader-{lab.split('_')[0]}",
+                                       "entrypoint": "/minidist/run_prairielearn", "timeout": timeout}}
+    (q / "info.json").write_text(json.dumps(info, indent=2) + "\n")
+    (q / "question.html").write_text(QUESTION.replace("@NB@", " ".join(names)))
+    return dest
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder.platforms.prairielearn",
+                                description="grade a PrairieLearn submission (the grader image's entry point)")
+    p.add_argument("lab")
+    p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/grade")
+    p.add_argument("--wall-timeout", type=float, default=WALL, help="the submission's wall-clock limit (s)")
+    a = p.parse_args(argv)
+    run(Path(a.root), a.lab, wall_s=a.wall_timeout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
