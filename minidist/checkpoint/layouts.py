@@ -58,7 +58,7 @@ def ensure_optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[str, ...]:
                 if st.get(name) is None:
                     st[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if kind != "SGD" and "step" not in st:
-                st["step"] = torch.tensor(0.0, dtype=torch.float32)
+                st["step"] = torch.tensor(0.0, dtype=torch.float32, device="cpu")    # where torch's Adam keeps it
     return OPTIMIZER_STATES[kind]
 
 
@@ -67,7 +67,7 @@ def _step_state(optimizer, owner: bool) -> State:
     if type(optimizer).__name__ == "SGD":
         return State()
     steps = [optimizer.state[p]["step"] for g in optimizer.param_groups for p in g["params"]]
-    scratch = torch.zeros((), dtype=torch.float32)
+    scratch = torch.zeros((), dtype=torch.float32, device=steps[0].device if steps else "cpu")
 
     def spread():
         for s in steps:

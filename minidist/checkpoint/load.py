@@ -116,10 +116,11 @@ def load(path: str, state: State, *, verify_files: bool = True) -> dict:
             if box is None:
                 continue
             f = handle(s["file"])
-            if not piece.global_shape:
-                src = f.get_tensor(s["name"])
-            else:
-                src = f.get_slice(s["name"])[box_slices(*box, s["offsets"])]
+            with torch.device("cpu"):       # bytes read from a file are host memory, whatever the default device
+                if not piece.global_shape:
+                    src = f.get_tensor(s["name"])
+                else:
+                    src = f.get_slice(s["name"])[box_slices(*box, s["offsets"])]
             dst = piece.tensor[box_slices(*box, piece.offsets)] if piece.global_shape else piece.tensor
             with torch.no_grad():
                 dst.copy_(src.to(dst.dtype))

@@ -25,7 +25,8 @@ class ResumableSampler:
         self.epoch, self.position = 0, 0
 
     def _order(self, epoch: int) -> torch.Tensor:
-        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        return torch.randperm(self.n, generator=torch.Generator(device="cpu").manual_seed(self.seed + epoch),
+                              device="cpu")       # an order of host indices, whatever the default device
 
     def next_batch(self) -> torch.Tensor:
         left = self.n - self.position

@@ -40,11 +40,12 @@ MLP_DIMS = dict(d_in=6, d_out=5)
 
 def dataset(spec) -> tuple[torch.Tensor, torch.Tensor]:
     """The fixed data set of a spec's model (CPU; every rank draws the same from the seed)."""
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator(device="cpu").manual_seed(7)
     if spec[0] == "3d":
-        tokens = torch.randint(0, GPT.vocab, (N_EXAMPLES, GPT.seq_len + 1), generator=g)
+        tokens = torch.randint(0, GPT.vocab, (N_EXAMPLES, GPT.seq_len + 1), generator=g, device="cpu")
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
-    return torch.randn(N_EXAMPLES, MLP_DIMS["d_in"], generator=g), torch.randn(N_EXAMPLES, MLP_DIMS["d_out"], generator=g)
+    return (torch.randn(N_EXAMPLES, MLP_DIMS["d_in"], generator=g, device="cpu"),
+            torch.randn(N_EXAMPLES, MLP_DIMS["d_out"], generator=g, device="cpu"))
 
 
 class Run:
@@ -148,8 +149,9 @@ def save_stall(root: str, blocking: bool, hidden: int = 1024, n_hidden: int = 6,
     then the seconds ``wait()`` still had to wait for the writer."""
     dims = stall_dims(hidden, n_hidden)
     run, device = Run(("zero", 3), mlp=dims), rank_device()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(BATCH, dims["d_in"], generator=g).to(device), torch.randn(BATCH, dims["d_out"], generator=g).to(device)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(BATCH, dims["d_in"], generator=g, device="cpu").to(device)
+    y = torch.randn(BATCH, dims["d_out"], generator=g, device="cpu").to(device)
     times, pending, wait_s = [], None, 0.0
     for step in range(steps):
         dist.barrier()
