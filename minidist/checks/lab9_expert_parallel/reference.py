@@ -39,6 +39,12 @@ def capacity(capacity_factor: float, tokens: int, k: int, num_experts: int) -> i
     return math.ceil(capacity_factor * tokens * k / num_experts)
 
 
+def queued_within(queue: torch.Tensor, slots: int, num_experts: int) -> torch.Tensor:
+    """For expert choices in queue order (1-D), whether each is among its expert's first ``slots``."""
+    onehot = F.one_hot(queue, num_experts)
+    return (onehot.cumsum(0) * onehot).sum(-1) - 1 < slots
+
+
 def sort_by_expert(recv_counts: torch.Tensor) -> torch.Tensor:
     """The permutation taking rows received source by source (then expert) to expert by expert (then source)."""
     e, local = recv_counts.shape
@@ -61,9 +67,8 @@ def top_k_router(logits, k, capacity_factor=None):
     if capacity_factor is None:
         return indices, weights, torch.ones_like(indices, dtype=torch.bool)
     slots = capacity(capacity_factor, n, k, num_experts)
-    onehot = F.one_hot(indices.t().reshape(-1), num_experts)          # first choices first, then token order
-    position = (onehot.cumsum(0) * onehot).sum(-1) - 1
-    return indices, weights, (position < slots).view(k, n).t()
+    # first choices first, then token order
+    return indices, weights, queued_within(indices.t().reshape(-1), slots, num_experts).view(k, n).t()
 
 
 def load_balancing_loss(router_probs, expert_indices, num_experts):

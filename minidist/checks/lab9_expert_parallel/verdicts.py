@@ -73,9 +73,8 @@ def _keep(got, want, case) -> str | None:
     if (problem and isinstance(got, torch.Tensor) and got.dtype == torch.bool and got.shape == want[2].shape
             and case["k"] > 1 and case["capacity"] is not None):
         n, num_experts = want[0].shape[0], case["E"]
-        onehot = torch.nn.functional.one_hot(want[0].reshape(-1), num_experts)      # token order: row by row
-        position = (onehot.cumsum(0) * onehot).sum(-1) - 1
-        if torch.equal(got, (position < ref.capacity(case["capacity"], n, case["k"], num_experts)).view(n, -1)):
+        slots = ref.capacity(case["capacity"], n, case["k"], num_experts)
+        if torch.equal(got, ref.queued_within(want[0].reshape(-1), slots, num_experts).view(n, -1)):   # token order
             return (f"{problem}: your queue takes each token's choices together (token order); the capacity rule "
                     f"queues every token's first choice before any token's second choice (first choices first), "
                     f"so a later token's first choice wins a slot over an earlier token's second")
