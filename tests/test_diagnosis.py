@@ -66,3 +66,23 @@ def test_a_failure_says_which_group_sizes_pass_when_that_tells_them_apart():
     assert "every case with t = 1, t = 4 passes; cases with t = 2 fail" in by_group_size(
         {1: [True], 2: [True, False], 4: [True, True]})
     assert by_group_size({2: [True, False], 4: [False]}) == ""       # every size fails somewhere: nothing to say
+
+
+@pytest.mark.parametrize("shape", [(7,), (2, 3), (2, 12, 24), (3, 1, 4, 5)])
+def test_the_worst_element_is_named_at_torchs_index(shape):
+    from minidist.checks.kit.diagnosis import _unravel
+    for flat in (0, 1, torch.Size(shape).numel() - 1, torch.Size(shape).numel() // 2):
+        assert _unravel(flat, shape) == [int(i) for i in torch.unravel_index(torch.tensor(flat), shape)]
+
+
+def test_a_diagnosis_imports_nothing_heavy():
+    """A failing check diagnoses in every rank of its launch: a diagnosis that imported sympy (as
+    torch.unravel_index does on first use) cost most of a second per rank, per failing launch."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\nfrom minidist.checks.kit.diagnosis import diagnose\n"
+            "a = torch.arange(12.).reshape(3, 4).double()\nprint(diagnose(a, a.flip(0), 1e-6, {'t': 2}))\n"
+            "assert 'sympy' not in sys.modules, 'the diagnosis imported sympy'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "worst at [0, 0]" in out.stdout

@@ -38,9 +38,19 @@ def worst_element(got: torch.Tensor, want: torch.Tensor) -> str:
     diff = (got - want).abs()
     diff = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff)
     flat = int(diff.reshape(-1).argmax())
-    index = list(torch.unravel_index(torch.tensor(flat), got.shape)) if got.dim() else []
-    at = f"[{', '.join(str(int(i)) for i in index)}]" if index else "(the scalar)"
+    index = _unravel(flat, tuple(got.shape))
+    at = f"[{', '.join(map(str, index))}]" if index else "(the scalar)"
     return f"worst at {at}: got {float(got.reshape(-1)[flat]):.6g}, expected {float(want.reshape(-1)[flat]):.6g}"
+
+
+def _unravel(flat: int, shape: tuple) -> list[int]:
+    """The index of element ``flat`` of a row-major tensor of ``shape`` (torch.unravel_index
+    imports sympy on first use: most of a second in every rank of a failing launch)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return index[::-1]
 
 
 def likely_cause(got, want, atol: float, factors: dict | None = None, what: str = "") -> str:
