@@ -1,4 +1,4 @@
-"""python -m autograder {release,grade,feedback,export,selftest,bench,new-exercise,doctor,gradescope,prairielearn,resources} ..."""
+"""python -m autograder {release,grade,similarity,feedback,export,selftest,bench,new-exercise,doctor,gradescope,prairielearn,resources} ..."""
 from __future__ import annotations
 
 import argparse
@@ -63,7 +63,24 @@ def cmd_grade(a) -> int:
     if a.student:
         print(f"re-graded {', '.join(r['meta']['regraded'])}; merged with the {len(r['all_jobs'])} results in {r['out']}")
     print(f"grades:   {out / 'grades.csv'}\nresults:  {out / 'results.csv'}, {out / 'results.json'}\n"
+          f"batch:    {out / 'batch.json'} (the sandbox, confirmation, limits and due dates of every row)\n"
           f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html")
+    return 0
+
+
+def cmd_similarity(a) -> int:
+    from autograder.similarity import THRESHOLD
+    from autograder.similarity_report import other_name, report
+    r = report(Path(a.out))
+    top = [{"score": f"{p.score:.2f}", "lab": p.a.lab, "cell": p.a.cell, "student": p.a.who,
+            "resembles": other_name(p)[:70]} for p in r["pairs"][:20]]
+    if top:
+        print(_table(top, ["score", "lab", "cell", "student", "resembles"]))
+        if len(r["pairs"]) > len(top):
+            print(f"... and {len(r['pairs']) - len(top)} more")
+    print(f"\n{r['answers']} answers compared; {len(r['pairs'])} pairs at or above {THRESHOLD:g} "
+          f"(flags for a person to read; no score changed)\n"
+          f"report:  {r['html']}\nresults: {Path(a.out) / 'results.csv'} ({r['rows_flagged']} rows with a similarity)")
     return 0
 
 
@@ -184,6 +201,11 @@ def main(argv=None) -> int:
                    help="run kernels unsandboxed (for measurements only)")
     timing(s)
     s.set_defaults(fn=cmd_grade)
+
+    s = sub.add_parser("similarity", help="after grade: compare every answer cell of OUT with the library's answer "
+                                          "and with classmates' (OUT/similarity.html, results.csv's similarity)")
+    s.add_argument("out")
+    s.set_defaults(fn=cmd_similarity)
 
     s = sub.add_parser("feedback", help="check a graded OUT/feedback for hidden-test leaks and "
                                         "copy it to --to DIR/<student>/<lab>/ for handing back")
