@@ -59,12 +59,20 @@ class Progress:
         filled = int(width * self.done / max(1, self.total))
         bar = "#" * filled + "-" * (width - filled)
         line = (f"grading [{bar}] {self.done}/{self.total} "
-                f"{time.time() - self.t0:5.0f}s {label}")
+                f"{time.time() - self.t0:5.0f}s{self.eta()} {label}")
         if self.tty:
             self.stream.write("\r" + line[:120].ljust(120))
         else:
             self.stream.write(line + "\n")
         self.stream.flush()
+
+    def eta(self, now: float | None = None) -> str:
+        """The batch's time left at the rate so far (submissions finished per second, parallel jobs
+        included): " ETA 12m05s", or "" before the first one has finished and once all have."""
+        if not self.done or self.done >= self.total:
+            return ""
+        left = ((now if now is not None else time.time()) - self.t0) / self.done * (self.total - self.done)
+        return f" ETA {int(left // 60)}m{int(left % 60):02d}s"
 
     def step(self, label: str):
         with self.lock:

@@ -71,7 +71,12 @@ def _norm(src: str) -> str:
     return "\n".join(l.rstrip() for l in src.strip().split("\n"))
 
 
-def repair(nb, ref) -> tuple[object, dict[str, list[str]], list[str]]:
+#: the one note for a notebook handed in from the course's source (nbgrader's metadata without the
+#: release's checksums, the hidden tests in its test cells) instead of a "restored" flag per cell
+FROM_SOURCE = "handed in from the source notebook (solutions/, with the hidden tests): its {n} locked cells were put back as released"
+
+
+def repair(nb, ref, source=None) -> tuple[object, dict[str, list[str]], list[str]]:
     """Restore the graded structure of ``nb`` from the release notebook ``ref``.
 
     * cells whose nbgrader id was changed (renamed) get the id of the release cell of
@@ -81,6 +86,9 @@ def repair(nb, ref) -> tuple[object, dict[str, list[str]], list[str]]:
     * nbgrader metadata of locked and graded cells is reset to the release's;
     * locked cells whose source changed are flagged (nbgrader's OverwriteCells
       restores their source, including hidden tests, from the gradebook).
+
+    A cell exactly as in the source notebook ``source`` (its metadata, and for a locked cell its text)
+    is put back the same way, but flagged once for the notebook (:data:`FROM_SOURCE`), not per cell.
 
     Returns (notebook, {grade_id: [flags]}, [notebook-level flags]).
     """
@@ -135,17 +143,27 @@ def repair(nb, ref) -> tuple[object, dict[str, list[str]], list[str]]:
         what = "solution cell" if nbg(new).get("solution") else "cell"
         flags.setdefault(gid, []).append(f"{what} was deleted; restored from the release")
     # metadata and locked sources
+    src_by_id = {grade_id(c): c for c in source.cells if grade_id(c)} if source is not None else {}
+    from_source = set()
     for gid, c in present.items():
-        r = ref_by_id[gid]
+        r, s = ref_by_id[gid], src_by_id.get(gid)
         if _kind(r).startswith("locked") or nbg(r).get("grade"):
             if nbg(c) != nbg(r) and not any("restored" in f for f in flags.get(gid, [])):
-                flags.setdefault(gid, []).append("grading metadata changed; restored")
+                if s is not None and nbg(c) == nbg(s):
+                    from_source.add(gid)
+                else:
+                    flags.setdefault(gid, []).append("grading metadata changed; restored")
             c.metadata["nbgrader"] = copy.deepcopy(r.metadata["nbgrader"])
         if c.get("cell_type") != r.get("cell_type"):
             flags.setdefault(gid, []).append(f"cell type changed to {c.get('cell_type')}; restored")
         if nbg(r).get("locked") and not nbg(r).get("solution") and _norm(c.source) != _norm(r.source) \
                 and not any("deleted" in f for f in flags.get(gid, [])):
-            flags.setdefault(gid, []).append("locked cell was modified; restored")
+            if s is not None and _norm(c.source) == _norm(s.source):
+                from_source.add(gid)
+            else:
+                flags.setdefault(gid, []).append("locked cell was modified; restored")
+    if from_source:
+        notes.append(FROM_SOURCE.format(n=len(from_source)))
     return nb, flags, notes
 
 

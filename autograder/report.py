@@ -1,8 +1,9 @@
 """What ``grade`` writes for people: results.csv / results.json, and the feedback per student.
 
 ``results.csv`` has one row per test (points, status, reason, flags, the confirmation's
-verdict, the sandbox); ``results.json`` the same per submission, and is what ``grade
---student`` merges into. Feedback is nbgrader's, with a summary table on top; the executed
+verdict, and an empty ``similarity`` that ``python -m autograder similarity`` fills); what holds for
+the whole batch (the sandbox, the confirmation, the limits, the due dates) is in ``batch.json``, once,
+not on every row; ``results.json`` has both, per submission, and is what ``grade --student`` merges into. Feedback is nbgrader's, with a summary table on top; the executed
 notebooks (with hidden tests) are copied to ``autograded/`` for the instructor only.
 """
 from __future__ import annotations
@@ -16,12 +17,11 @@ from pathlib import Path
 from autograder.records import Job
 
 RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
-                 "reason", "flags", "confirmed", "sandbox"]
+                 "reason", "flags", "confirmed", "similarity"]
 
 
 def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
     rows = []
-    sandbox = meta.get("sandbox") or "none"
     for j in sorted(jobs, key=lambda j: (j.student, j.lab)):
         notes = j.result.get("notes", [])
         for nb, cells in j.result["cells"].items():
@@ -30,7 +30,7 @@ def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
                              "points": float(r["points"] or 0.0), "max_points": r["max_points"],
                              "status": r["status"], "reason": r["reason"],
                              "flags": "; ".join(r.get("flags", []) + notes),
-                             "confirmed": r.get("confirmed", ""), "sandbox": sandbox})
+                             "confirmed": r.get("confirmed", ""), "similarity": ""})
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=RESULT_FIELDS)
         w.writeheader()
@@ -49,7 +49,14 @@ def write_results(out: Path, jobs: list[Job], meta: dict) -> list[dict]:
                      "tests": [dict(notebook=nb, cell=c, **r) for nb, cs in cells.items()
                                for c, r in cs.items()]})
     (out / "results.json").write_text(json.dumps(dict(meta, submissions=subs), indent=1))
+    (out / "batch.json").write_text(json.dumps(batch_facts(meta, rows), indent=1))
     return rows
+
+
+def batch_facts(meta: dict, rows: list[dict]) -> dict:
+    """What holds for every row of results.csv (``batch.json``): how the batch was graded."""
+    return dict(meta, sandbox=meta.get("sandbox") or "none", submissions=len({(r["student"], r["lab"]) for r in rows}),
+                rows=len(rows), files={"grades": "grades.csv", "results": "results.csv", "per_submission": "results.json"})
 
 
 def load_previous(out: Path) -> list[Job]:

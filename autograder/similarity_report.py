@@ -73,7 +73,10 @@ def write_html(path: Path, pairs: list[similarity.Pair], texts: list[similarity.
         parts.append(f"<h2 id='p{i}'>{i}. {p.score:.2f}: {esc(p.a.who)} and {right}, "
                      f"{esc(p.a.lab)} / {esc(p.a.notebook)} / cell {esc(p.a.cell)}</h2>")
         if p.b.library:
-            parts.append(f"<p>Shared with {esc(', '.join(similarity.matched_units(p)) or 'minidist')}.</p>")
+            own = similarity.solution_score(p.a.lab, p.a.notebook, p.a.cell, p.b)
+            parts.append(f"<p>Shared with {esc(', '.join(similarity.matched_units(p)) or 'minidist')}."
+                         + (f" The lab's own solution to this cell scores {own:.2f} against the library."
+                            if own is not None else "") + "</p>")
         context = LIBRARY_CONTEXT_LINES if p.b.library else -1
         parts.append(f"<div class='pair'><div><b>{esc(p.a.who)}</b><pre>{_marked(p.a, p.slices[0])}</pre></div>"
                      f"<div><b>{right}</b><pre>{_marked(p.b, p.slices[1], context)}</pre></div></div>")

@@ -155,7 +155,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
             notes.append(str(e))
             continue
         flags_static += notebook_flags(nb)
-        nb, flags, nb_notes = repair(nb, release_nbs[name])
+        nb, flags, nb_notes = repair(nb, release_nbs[name], source_nbs[name])
         notes += nb_notes
         graded_ids = {m["name"] for m in cells_meta[name]}
         for gid, fl in flags.items():  # solution / markdown cells have no results row

@@ -35,8 +35,9 @@ def with_cell(nb, code, after="setup"):
     return nb
 
 
-def broken_class(solution, release) -> dict:
-    """{student: notebook | bytes | None}: bytes are written raw, None = no notebook."""
+def broken_class(solution, release, source=None) -> dict:
+    """{student: notebook | bytes | None}: bytes are written raw, None = no notebook. ``source``: the
+    lab's source notebook, handed in as it is by "fromsource"."""
     sol = solution
     subs = {
         "sol1": sol, "sol2": copy.deepcopy(sol), "sol3": copy.deepcopy(sol),
@@ -68,6 +69,8 @@ def broken_class(solution, release) -> dict:
     subs["missing"] = None
     subs["wrongname"] = ("toylab-Copy1.ipynb", sol)
     subs["corrupt"] = json.dumps(sol)[:500].encode()
+    if source is not None:
+        subs["fromsource"] = copy.deepcopy(source)
     return subs
 
 

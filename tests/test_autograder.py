@@ -55,7 +55,7 @@ def course(tmp_path_factory, fixture_course):
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
     from autograder.grade import grade
-    subs = write_class(tmp_path_factory.mktemp("subs"), broken_class(course["solution"], course["release"]))
+    subs = write_class(tmp_path_factory.mktemp("subs"), broken_class(course["solution"], course["release"], course["source"]))
     for student, when in TIMESTAMPS.items():
         (subs / student / LAB / "timestamp.txt").write_text(when)
     out = tmp_path_factory.mktemp("out")
@@ -82,7 +82,7 @@ def total(g, student):
 # ---------------------------------------------------------------- outputs
 def test_every_submission_gets_a_grade_and_reasons(graded, course):
     from autograder_fixtures import broken_class
-    students = set(broken_class(course["solution"], course["release"]))
+    students = set(broken_class(course["solution"], course["release"], course["source"]))
     assert set(graded["grades"]) == students
     for s in students:
         for c in ("test_add", "test_allsum"):
@@ -205,6 +205,29 @@ def test_modified_locked_test_cell_restored_and_flagged(graded):
     assert r["status"] == "fail" and r["points"] == "0.0", r       # real test ran, caught a - b
     assert r["max_points"] == "1.0"                               # points tampering undone
     assert "locked cell was modified; restored" in r["flags"]
+
+
+def test_a_notebook_from_the_source_gets_one_note(graded):
+    """The source notebook handed in (hidden tests, nbgrader's metadata without the release's checksums):
+    full marks, one note for the notebook instead of a "restored" flag per cell."""
+    assert total(graded, "fromsource") == 3.0
+    for c in ("test_add", "test_allsum"):
+        flags = row(graded, "fromsource", c)["flags"]
+        assert "restored" not in flags and flags.count("handed in from the source notebook") == 1, flags
+
+
+def test_rows_carry_no_batch_wide_text(graded):
+    """The sandbox and the batch's other facts are in batch.json (and the summary), once; no row has them."""
+    facts = json.loads((graded["out"] / "batch.json").read_text())
+    assert facts["sandbox"] == graded["meta"]["sandbox"] and facts["confirmation"] is True
+    assert facts["rows"] == len(graded["cells"]) and facts["submissions"] == len(graded["grades"])
+    header = open(graded["out"] / "results.csv").readline().strip().split(",")
+    assert "sandbox" not in header and header[-1] == "similarity"
+    batch_wide = [str(facts["sandbox"]), "sandbox", "confirmation run on", str(facts["wall_clock_limit_s"]) + " s"]
+    for r in graded["cells"].values():
+        for text in batch_wide:
+            assert not any(text in str(v) for k, v in r.items() if k != "student"), (text, r)
+    assert row(graded, "sol1", "test_add")["flags"] == ""         # an honest submission: nothing to read
 
 
 def test_missing_notebook(graded):

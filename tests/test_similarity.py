@@ -154,6 +154,9 @@ def test_renamed_copy_of_the_library_ring_is_flagged(batch):
     assert "ring_reduce_scatter_into" in other_name(hits[0])
     row = next(r for r in batch["rows"] if r["student"] == "alice" and r["cell"] == "test_ring_all_reduce_correct")
     assert row["similarity"].startswith(f"{hits[0].score:.2f} with minidist (")
+    html = (batch["out"] / "similarity.html").read_text()
+    own = re.search(r"The lab's own solution to this cell scores ([0-9.]+) against the library", html)
+    assert own and float(own.group(1)) < THRESHOLD           # the solution itself is no library copy
 
 
 def test_two_students_sharing_one_answer_are_flagged(batch):
