@@ -64,7 +64,8 @@ def cmd_grade(a) -> int:
         print(f"re-graded {', '.join(r['meta']['regraded'])}; merged with the {len(r['all_jobs'])} results in {r['out']}")
     print(f"grades:   {out / 'grades.csv'}\nresults:  {out / 'results.csv'}, {out / 'results.json'}\n"
           f"batch:    {out / 'batch.json'} (the sandbox, confirmation, limits and due dates of every row)\n"
-          f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html")
+          f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html\n"
+          f"next:     python -m autograder similarity {out}   (answers that look copied, for you to read)")
     return 0
 
 
