@@ -7,11 +7,13 @@ and grades.csv as ``grade`` writes them.
 * two students sharing one answer, one of them with renamed variables and comments, are flagged as a pair;
 * the bank's correct alternatives that solve a function another way (written in full, ``code=``) are not
   flagged against each other, nor against the solution, at the chosen threshold;
-* nothing but results.csv's ``similarity`` column changes: no score, no other file.
+* nothing but results.csv's ``similarity`` column changes: no score, no other file;
+* answer cells left as released (every student's but one here) are not compared: they would all match.
 """
 from __future__ import annotations
 
 import ast
+import copy
 import csv
 import hashlib
 import inspect
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import grade_id, nbg, read_nb, solution_submission, strip_solution_markers, write_nb
+from autograder.course import grade_id, nbg, read_nb, strip_solution_markers, write_nb
 from autograder.report import RESULT_FIELDS
 from autograder.selftest import load_bank
 
@@ -116,11 +118,8 @@ def batch(tmp_path_factory):
         students.update({name: (lab, cell, bank_code(lab, name)) for name in names})
     rows = []
     for student, (lab, cell, code) in students.items():
-        nb = solution_submission(source[lab], release[lab])
-        for c in nb.cells:
-            if nbg(c).get("solution"):
-                c.source = code if grade_id(c) == cell else next(r.source for r in release[lab].cells
-                                                                 if grade_id(r) == grade_id(c))
+        nb = copy.deepcopy(release[lab])        # the other answer cells as released: never compared
+        next(c for c in nb.cells if grade_id(c) == cell).source = code
         write_nb(nb, out / "autograded" / student / lab / f"{lab}.ipynb")
         for k, c in enumerate(c for c in nb.cells if nbg(c).get("grade")):
             rows.append({"student": student, "lab": lab, "notebook": lab, "cell": grade_id(c),
@@ -146,8 +145,8 @@ def flagged(batch, a, b) -> list:
 
 def test_renamed_copy_of_the_library_ring_is_flagged(batch):
     from autograder.similarity import THRESHOLD
-    copy = batch["students"]["alice"][2]
-    assert "my_" in copy and not re.search(r"\b(acc|me|exchange|chunks)\b", copy)      # it was renamed
+    answer = batch["students"]["alice"][2]
+    assert "my_" in answer and not re.search(r"\b(acc|me|exchange|chunks)\b", answer)      # it was renamed
     hits = [p for p in batch["pairs"] if p.a.who == "alice" and p.b.library]
     assert hits and hits[0].score >= THRESHOLD, [(p.a.who, p.b.who, p.score) for p in batch["pairs"]]
     from autograder.similarity_report import other_name
@@ -201,7 +200,7 @@ def test_the_command_gives_the_same_column_again(batch, capsys):
     assert "bob" in printed and "carol" in printed and "no score changed" in printed
 
 
-def test_report_escapes_names_and_code(batch, tmp_path):
+def test_report_escapes_names_and_code(tmp_path):
     from autograder.similarity import Pair, Text
     from autograder.similarity_report import write_html
     evil = Text("<script>x</script>", LAB1, LAB1, "ring_all_reduce", "def f():\n    return '<b>' </i>\n")
