@@ -10,8 +10,8 @@ The comparison is copydetect's: each text is tokenised, names become one letter 
 changes nothing), comments and spacing are dropped, and the k-grams of what is left are hashed and
 winnowed (Schleimer, Wilkerson and Aiken, "Winnowing: local algorithms for document fingerprinting",
 SIGMOD 2003, the method of MOSS; here with a window of 1, see ``WINDOW``): every run of ``K`` shared
-characters is seen. What the release already gives in the cell (the signature, the docstring) is
-boilerplate and never counts. A pair's score is the share of an answer's
+characters is seen. What the release already gives in the cell (the signature, the docstring; as OUT's
+gradebook recorded it) is boilerplate and never counts. A pair's score is the share of an answer's
 fingerprinted tokens found in the other text: against the library, the student's share (the library's
 modules hold far more); between classmates, the larger of the two shares (one copy may add code).
 
@@ -22,11 +22,13 @@ highest flagged score of the answers a test calls, and with whom). Nothing else 
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import io
 import itertools
 import os
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,9 +137,23 @@ def answers(out: Path, releases: dict) -> list[Text]:
     return found
 
 
-def release_cells(lab: str, notebook: str) -> dict:
-    """{grade id: source} of the lab's released notebook (labs/), the cells' boilerplate."""
+def release_cells(out: Path, lab: str, notebook: str) -> dict:
+    """{grade id: source} of the cells as released, the boilerplate: from OUT's gradebook (nbgrader keeps
+    the release's source of every solution and locked cell: what the batch was graded against), else
+    from the lab's released notebook in labs/."""
     from autograder.course import labs_dir, read_nb
+    db = Path(out) / "gradebook.db"
+    if db.is_file():
+        try:        # read-only, with sqlite itself: nbgrader's Gradebook may migrate a file it opens
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                cells = dict(con.execute(
+                    "SELECT source_cell.name, source_cell.source FROM source_cell JOIN notebook ON "
+                    "source_cell.notebook_id = notebook.id JOIN assignment ON notebook.assignment_id = assignment.id "
+                    "WHERE notebook.name = ? AND assignment.name = ?", (notebook, lab)).fetchall())
+            if cells:
+                return cells
+        except sqlite3.Error:     # not a gradebook: the release's notebook, then
+            pass
     path = labs_dir() / lab / f"{notebook}.ipynb"
     if not path.is_file():
         return {}
@@ -190,9 +206,10 @@ def matched_units(pair: "Pair") -> list[str]:
     return sorted(shared, key=lambda label: -shared[label])
 
 
-def solution_score(lab: str, notebook: str, cell: str, library: Text) -> float | None:
+def solution_score(lab: str, notebook: str, cell: str, library: Text, stub: str = "") -> float | None:
     """What the lab's own solution to ``cell`` (the source notebook in solutions/) scores against the
-    library: the level an honest answer written as the solution reaches, shown next to a student's."""
+    library (``stub``: the cell as released): the level an honest answer written as the solution
+    reaches, shown next to a student's."""
     from autograder.course import read_nb, solutions_dir, strip_solution_markers
     path = solutions_dir() / lab / f"{notebook}.ipynb"
     if not path.is_file():
@@ -201,15 +218,16 @@ def solution_score(lab: str, notebook: str, cell: str, library: Text) -> float |
     if source is None:
         return None
     solution = Text("the lab's solution", lab, notebook, cell, strip_solution_markers(source))
-    return compare(solution, library, release_cells(lab, notebook).get(cell, ""), f"{lab}/{notebook}/{cell}").score
+    return compare(solution, library, stub, f"{lab}/{notebook}/{cell}").score
 
 
 # --------------------------------------------------------------------------- the report
-def find_pairs(out: Path) -> tuple[list[Pair], list[Text]]:
-    """Every flagged pair of OUT's answers (score >= THRESHOLD), highest first, and the answers."""
+def find_pairs(out: Path) -> tuple[list[Pair], list[Text], dict]:
+    """Every flagged pair of OUT's answers (score >= THRESHOLD), highest first, the answers, and the
+    cells as released ({(lab, notebook): {grade id: source}})."""
     out = Path(out)
     keys = {(p.parent.name, p.stem) for p in (out / "autograded").glob("*/*/*.ipynb")}
-    releases = {key: release_cells(*key) for key in keys}
+    releases = {key: release_cells(out, *key) for key in keys}
     texts = answers(out, releases)
     library = {lab: library_answer(lab) for lab in {t.lab for t in texts}}
     pairs = []
@@ -229,4 +247,4 @@ def find_pairs(out: Path) -> tuple[list[Pair], list[Text]]:
             if p.score >= THRESHOLD:
                 pairs.append(p)
     pairs.sort(key=lambda p: (-p.score, p.a.lab, p.a.cell, p.a.who, p.b.who))
-    return pairs, texts
+    return pairs, texts, releases

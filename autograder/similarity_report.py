@@ -44,7 +44,8 @@ def _marked(text: similarity.Text, slices, context: int = -1) -> str:
     return marked
 
 
-def write_html(path: Path, pairs: list[similarity.Pair], texts: list[similarity.Text], out: Path) -> None:
+def write_html(path: Path, pairs: list[similarity.Pair], texts: list[similarity.Text], out: Path,
+               releases: dict | None = None) -> None:
     esc = html.escape
     cells = {(t.lab, t.notebook, t.cell) for t in texts}
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>Similarity report</title><style>"
@@ -73,7 +74,8 @@ def write_html(path: Path, pairs: list[similarity.Pair], texts: list[similarity.
         parts.append(f"<h2 id='p{i}'>{i}. {p.score:.2f}: {esc(p.a.who)} and {right}, "
                      f"{esc(p.a.lab)} / {esc(p.a.notebook)} / cell {esc(p.a.cell)}</h2>")
         if p.b.library:
-            own = similarity.solution_score(p.a.lab, p.a.notebook, p.a.cell, p.b)
+            stub = (releases or {}).get((p.a.lab, p.a.notebook), {}).get(p.a.cell, "")
+            own = similarity.solution_score(p.a.lab, p.a.notebook, p.a.cell, p.b, stub)
             parts.append(f"<p>Shared with {esc(', '.join(similarity.matched_units(p)) or 'minidist')}."
                          + (f" The lab's own solution to this cell scores {own:.2f} against the library."
                             if own is not None else "") + "</p>")
@@ -169,7 +171,7 @@ def report(out: Path) -> dict:
     if not (out / "autograded").is_dir() or not (out / "results.csv").is_file():
         raise SystemExit(f"{out} is no graded batch (no autograded/ or results.csv): run `python -m autograder "
                          f"grade SUBMISSIONS --out {out}` first")
-    pairs, texts = similarity.find_pairs(out)
-    write_html(out / "similarity.html", pairs, texts, out)
+    pairs, texts, releases = similarity.find_pairs(out)
+    write_html(out / "similarity.html", pairs, texts, out, releases)
     rows = write_column(out, similarity_column(out, pairs))
     return {"pairs": pairs, "answers": len(texts), "rows_flagged": rows, "html": out / "similarity.html"}

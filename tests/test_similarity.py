@@ -207,3 +207,24 @@ def test_report_escapes_names_and_code(tmp_path):
     write_html(tmp_path / "s.html", [Pair(1.0, evil, evil, ((), ()))], [evil], tmp_path)
     text = (tmp_path / "s.html").read_text()
     assert "<script>" not in text and "&lt;script&gt;" in text and "'&lt;b&gt;' &lt;/i&gt;" in text.replace("&#x27;", "'")
+
+
+def test_the_release_is_read_from_the_batch_s_gradebook_read_only(tmp_path, monkeypatch):
+    """The cells as released come from OUT/gradebook.db (what the batch was graded against), opened
+    read-only; without one, from labs/."""
+    import nbgrader.api
+    from nbgrader.api import Gradebook
+    from autograder import course
+    from autograder.similarity import release_cells
+    monkeypatch.setattr(nbgrader.api, "get_alembic_version", course._alembic_head)   # as build_course does
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
+        gb.add_assignment(LAB1)
+        gb.add_notebook(LAB1, LAB1)
+        gb.add_source_cell("ring_all_reduce", LAB1, LAB1, cell_type="code", locked=False,
+                           source="def ring_all_reduce(t):\n    raise NotImplementedError()  # as graded")
+    before = (tmp_path / "gradebook.db").read_bytes()
+    assert release_cells(tmp_path, LAB1, LAB1) == {"ring_all_reduce": "def ring_all_reduce(t):\n    raise "
+                                                                     "NotImplementedError()  # as graded"}
+    assert (tmp_path / "gradebook.db").read_bytes() == before
+    from_labs = release_cells(tmp_path / "elsewhere", LAB1, LAB1)
+    assert "YOUR CODE HERE" in from_labs["ring_all_reduce"]
