@@ -67,7 +67,7 @@ def _kind(cell) -> str:
     return "other"
 
 
-def _norm(src: str) -> str:
+def normalized(src: str) -> str:
     return "\n".join(l.rstrip() for l in src.strip().split("\n"))
 
 
@@ -156,9 +156,9 @@ def repair(nb, ref, source=None) -> tuple[object, dict[str, list[str]], list[str
             c.metadata["nbgrader"] = copy.deepcopy(r.metadata["nbgrader"])
         if c.get("cell_type") != r.get("cell_type"):
             flags.setdefault(gid, []).append(f"cell type changed to {c.get('cell_type')}; restored")
-        if nbg(r).get("locked") and not nbg(r).get("solution") and _norm(c.source) != _norm(r.source) \
+        if nbg(r).get("locked") and not nbg(r).get("solution") and normalized(c.source) != normalized(r.source) \
                 and not any("deleted" in f for f in flags.get(gid, [])):
-            if s is not None and _norm(c.source) == _norm(s.source):
+            if s is not None and normalized(c.source) == normalized(s.source):
                 from_source.add(gid)
             else:
                 flags.setdefault(gid, []).append("locked cell was modified; restored")

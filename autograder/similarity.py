@@ -32,6 +32,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder.course import nbg
+from autograder.notebooks import normalized
+
 #: k-gram size, in characters of the filtered text (a name is one character, an operator one or two):
 #: 25 is about one line of code such as ``V.V(V[V],V=V,V=V)``. Shorter k-grams match the idioms every
 #: answer to a lab shares (``dist.get_rank(group)``); longer ones miss copies of short answers.
@@ -107,14 +110,6 @@ def compare(a: Text, b: Text, stub: str = "", key: str = "") -> Pair:
 
 
 # --------------------------------------------------------------------------- what is compared
-def _norm(src: str) -> str:
-    return "\n".join(line.rstrip() for line in src.strip().splitlines())
-
-
-def _nbgrader(cell) -> dict:
-    return (cell.get("metadata") or {}).get("nbgrader") or {}
-
-
 def answers(out: Path, releases: dict) -> list[Text]:
     """Every solution code cell of every graded notebook in OUT/autograded, except one left as released."""
     import nbformat
@@ -127,11 +122,11 @@ def answers(out: Path, releases: dict) -> list[Text]:
             continue
         stubs = releases.get((lab, path.stem), {})
         for cell in nb.cells:
-            meta = _nbgrader(cell)
+            meta = nbg(cell)
             if cell.get("cell_type") != "code" or not meta.get("solution") or not meta.get("grade_id"):
                 continue
             source = cell.source if isinstance(cell.source, str) else "".join(cell.source)
-            if not source.strip() or _norm(source) == _norm(stubs.get(meta["grade_id"], "")):
+            if not source.strip() or normalized(source) == normalized(stubs.get(meta["grade_id"], "")):
                 continue
             found.append(Text(student, lab, path.stem, meta["grade_id"], source))
     return found
@@ -157,7 +152,7 @@ def release_cells(out: Path, lab: str, notebook: str) -> dict:
     path = labs_dir() / lab / f"{notebook}.ipynb"
     if not path.is_file():
         return {}
-    return {_nbgrader(c)["grade_id"]: c.source for c in read_nb(path).cells if _nbgrader(c).get("grade_id")}
+    return {nbg(c)["grade_id"]: c.source for c in read_nb(path).cells if nbg(c).get("grade_id")}
 
 
 def library_answer(lab: str) -> Text | None:
@@ -214,7 +209,7 @@ def solution_score(lab: str, notebook: str, cell: str, library: Text, stub: str 
     path = solutions_dir() / lab / f"{notebook}.ipynb"
     if not path.is_file():
         return None
-    source = next((c.source for c in read_nb(path).cells if _nbgrader(c).get("grade_id") == cell), None)
+    source = next((c.source for c in read_nb(path).cells if nbg(c).get("grade_id") == cell), None)
     if source is None:
         return None
     solution = Text("the lab's solution", lab, notebook, cell, strip_solution_markers(source))
