@@ -167,8 +167,7 @@ def _seal(channel):
     it on. Not dumpable either: a process of the same uid (a rank) can neither trace this one nor
     open its descriptors or memory through /proc."""
     import ctypes
-    import ctypes.util
-    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").prctl(4, 0, 0, 0, 0)     # PR_SET_DUMPABLE
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)     # PR_SET_DUMPABLE
 
     def close_in_child():
         for fd in channel:

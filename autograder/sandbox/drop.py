@@ -30,8 +30,8 @@ PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 
 def _prctl(*args):
     import ctypes
-    import ctypes.util
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # the libc this interpreter has loaded: ctypes.util.find_library would run ldconfig on every call
+    libc = ctypes.CDLL(None, use_errno=True)
     return libc.prctl(*[ctypes.c_ulong(a) for a in args])
 
 

@@ -26,7 +26,6 @@ Usage: ``python -I -S init.py SPEC`` (a JSON object: ``root``, ``ro``, ``rw``, `
 ``argv``, ``env``, ``tmp_size``, ``shm_size``, ``devices``).
 """
 import ctypes
-import ctypes.util
 import fcntl
 import json
 import os
@@ -45,7 +44,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
 KEEP = {os.ST_NOSUID: 2, os.ST_NODEV: 4, os.ST_NOEXEC: 8, os.ST_NOATIME: 1024, os.ST_NODIRATIME: 2048,
         os.ST_RELATIME: 1 << 21}
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}.get(os.uname().machine)
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(ret, what):
