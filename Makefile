@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-gpu bench slides release selftest clean
+.PHONY: install demo test test-course test-gpu bench slides release selftest clean
 
 install: $(STAMP)
 
@@ -26,9 +26,17 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/minidist tour
 
+# The suite: the library, the checks and the grader (under 15 minutes on 2 cores).
 test: $(STAMP)
-	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@$(BIN)/python -m pytest -m "not course" $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+# The course's content end to end (marker `course`, about 13 minutes more): every lab's solution
+# graded through nbgrader with the sandbox and the confirmation, every bug of its bank caught and
+# every correct alternative full marks (its quick selftest), and every deck built from live runs.
+# `.ci/run` runs it after `make test`.
+test-course: $(STAMP)
+	$(BIN)/python -m pytest -m course $(PYTEST_ARGS)
 
 # The GPU suite alone (tests/test_gpu.py): one level needs 1 GPU, the other 4; on a machine
 # with fewer, each test is skipped with its reason. `make test` runs (or skips) them too.

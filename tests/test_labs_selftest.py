@@ -13,6 +13,9 @@ import pytest
 from autograder.course import all_labs
 from autograder.selftest import selftest
 
+# the course's content, not the grader's code: `make test-course` (`.ci/run` runs it after `make test`)
+pytestmark = pytest.mark.course
+
 LABS = all_labs()
 
 

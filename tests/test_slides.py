@@ -65,6 +65,7 @@ def built(tmp_path_factory):
         return dict(zip(DECKS, pool.map(one, DECKS)))
 
 
+@pytest.mark.course        # the decks' live runs: `make test-course`
 @pytest.mark.parametrize("deck", DECKS, ids=os.path.basename)
 def test_deck_builds_with_live_figures(deck, built):
     path, log = built[deck]
