@@ -1,5 +1,6 @@
 """Lab 5's cases (tensor and sequence parallelism): the graded functions, their visible cases (the
-hidden ones are the grader's, in ``hidden.py``), the checks' sizes, the inputs every rank and the verdict draw from seeds, and the ✓ text.
+hidden ones are the grader's, in ``hidden.py``), the checks' sizes, the inputs every rank and the
+verdict draw from seeds, and the ✓ text.
 
 A case is a dict with ``t``, the size of the tensor-parallel group it runs on (4 ranks cut into
 blocks of t consecutive ranks: t = 3 leaves rank 3 in a group of one, t = 4 is ``group=None``), and
