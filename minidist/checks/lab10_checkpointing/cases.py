@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 
 GRADED = ("save_sharded", "load_resharded", "latest_checkpoint")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.kit.collectives import collective_cases
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 
 GRADED = {   # graded function -> (kind, pattern, power-of-two world sizes only)
     "broadcast": ("broadcast", None, False),

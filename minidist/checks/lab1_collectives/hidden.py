@@ -1,5 +1,5 @@
 """Lab 1's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
-``cases.py`` reads them through :func:`minidist.checks.kit.hidden.hidden_cases`.
+``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`.
 
 World sizes 1-5 (1, 2, 4 where the function needs a power of two); lengths divisible by N, not,
 and below N; fp32 and fp64.

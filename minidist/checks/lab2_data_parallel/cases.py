@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn as nn
 
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS as MODELS, mlp_batch
 
 

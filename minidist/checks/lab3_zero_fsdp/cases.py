@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 
 #: Each stage's checks grade the student's functions that stage adds; the lab's reference stands in

@@ -1,5 +1,5 @@
 """Lab 3's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
-``cases.py`` reads them through :func:`minidist.checks.kit.hidden.hidden_cases`."""
+``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`."""
 import torch
 
 #: reduce_scatter_gradients: units after the visible ones (shapes, index of the parameter without a

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.refused_code import Refusal
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import Costs, make, partition, rank_chunks

@@ -1,5 +1,5 @@
 """Lab 4's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
-``cases.py`` reads them through :func:`minidist.checks.kit.hidden.hidden_cases` (instead of the visible ones)."""
+``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases` (instead of the visible ones)."""
 import torch
 
 from minidist.checks.lab4_pipeline.cases import Case

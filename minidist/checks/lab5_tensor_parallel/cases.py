@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout
 from minidist.models import GPTConfig, TinyGPT
 from minidist.tensor_parallel.comm import shard_range

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4

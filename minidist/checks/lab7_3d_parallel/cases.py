@@ -18,7 +18,7 @@ import functools
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout, one_thread
 from minidist.harness.parallel3d import TINY, Layout, reference_run
 from minidist.mesh import AXES, GPTStage, coordinate

@@ -1,5 +1,5 @@
 """Lab 7's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
-``cases.py`` reads them through :func:`minidist.checks.kit.hidden.hidden_cases`."""
+``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`."""
 import dataclasses
 
 from minidist.checks.lab7_3d_parallel.cases import CFG, MemoryConfig

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.memory import ActivationMeter, model_state
 from minidist.models import TinyGPT
 from minidist.runtime import device as rank_device

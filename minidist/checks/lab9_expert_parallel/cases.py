@@ -13,7 +13,7 @@ import torch
 
 import minidist
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.lab9_expert_parallel import reference as ref
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0

@@ -1,11 +1,11 @@
 """The toy lab's cases: ``add`` on a few numbers, ``allsum`` as an all-reduce on 2 ranks. The hidden
-cases are the grader's, in ``hidden.py`` (:func:`minidist.checks.kit.hidden.hidden_cases`)."""
+cases are the grader's, in ``hidden.py`` (:func:`minidist.checks.kit.withheld.hidden_cases`)."""
 from __future__ import annotations
 
 import torch
 
 from minidist.checks.kit.collectives import collective_cases
-from minidist.checks.kit.hidden import hidden_cases
+from minidist.checks.kit.withheld import hidden_cases
 
 
 def add_cases(hidden: bool) -> list[tuple]:
