@@ -237,3 +237,12 @@ def test_the_grader_still_has_every_labs_hidden_cases():
     assert len(checks) > 30
     for check in checks:
         assert repr(check.judged_cases({"hidden": True})) != repr(check.judged_cases({"hidden": False})), check.key
+
+
+def test_lab_copy_works_in_the_distributions_folder(dist, venv, tmp_path):
+    """The student README's `minidist lab copy 1 DEST`, run in the folder that holds labs/."""
+    r = subprocess.run([str(venv["python"].parent / "minidist"), "lab", "copy", "1", str(tmp_path / "work")],
+                       capture_output=True, text=True, cwd=dist["readme"].parent, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    copied = tmp_path / "work" / LAB / f"{LAB}.ipynb"
+    assert copied.read_bytes() == (ROOT / "labs" / LAB / f"{LAB}.ipynb").read_bytes()
