@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-course test-gpu bench slides release selftest clean
+.PHONY: install demo test test-course test-gpu bench slides release student-dist selftest clean
 
 install: $(STAMP)
 
@@ -51,6 +51,12 @@ slides: $(STAMP)
 
 release: $(STAMP)
 	$(BIN)/python -m autograder release
+
+# What students get (autograder/student_dist.py): the released labs, a wheel of minidist without the
+# hidden cases, a README. Hand out $(STUDENT_DIST); the repository itself is the instructor's.
+STUDENT_DIST ?= dist/student
+student-dist: $(STAMP)
+	$(BIN)/python -m autograder student-dist $(STUDENT_DIST)
 
 selftest: $(STAMP)
 	$(BIN)/python -m autograder selftest

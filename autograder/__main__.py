@@ -1,4 +1,4 @@
-"""python -m autograder {release,grade,similarity,feedback,export,selftest,bench,new-exercise,doctor,gradescope,prairielearn,resources} ..."""
+"""python -m autograder {release,student-dist,grade,similarity,feedback,export,selftest,bench,new-exercise,doctor,gradescope,prairielearn,resources} ..."""
 from __future__ import annotations
 
 import argparse
@@ -145,6 +145,18 @@ def cmd_new_exercise(a) -> int:
     return 0
 
 
+def cmd_student_dist(a) -> int:
+    from autograder.student_dist import build
+    try:
+        built = build(Path(a.out))
+    except ValueError as err:
+        print(err, file=sys.stderr)
+        return 1
+    print(f"{a.out}: {len(built['labs'])} labs, {built['wheel'].relative_to(Path(a.out).resolve())}, README.md "
+          f"(no solutions, no bug bank, no hidden cases): hand this folder to students")
+    return 0
+
+
 def cmd_doctor(a) -> int:
     from autograder import REPO
     from autograder.sandbox.probe import JobsCannotReach, probe
@@ -280,6 +292,11 @@ def main(argv=None) -> int:
                    help="where the answer is made: in the grading process, or on the ranks of a launch")
     s.add_argument("--after", help="insert after the cell of this grade_id (default: at the end)")
     s.set_defaults(fn=cmd_new_exercise)
+
+    s = sub.add_parser("student-dist", help="OUT: what students get: the released labs, a wheel of the minidist "
+                                            "library without hidden cases, a README (no solutions, no bug bank)")
+    s.add_argument("out", metavar="OUT", help="the folder to write (new, empty, or an earlier distribution)")
+    s.set_defaults(fn=cmd_student_dist)
 
     s = sub.add_parser("doctor", help="which sandbox grading would use here, and what it guarantees")
     s.set_defaults(fn=cmd_doctor)

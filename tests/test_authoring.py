@@ -26,7 +26,7 @@ def examples() -> dict[str, str]:
 
 
 def test_the_guide_shows_every_block_the_example_needs():
-    assert set(examples()) == {"cases.py", "answers.py", "verdicts.py", "solution", "bank"}
+    assert set(examples()) == {"cases.py", "hidden.py", "answers.py", "verdicts.py", "solution", "bank"}
 
 
 @pytest.fixture
@@ -81,6 +81,8 @@ def test_an_exercise_added_as_the_guide_says_passes_the_selftest(copy):
     blocks = examples()
     for name in ("cases.py", "answers.py", "verdicts.py"):
         _fill(checks / name, "mul", blocks[name])
+    hidden = checks / "hidden.py"
+    hidden.write_text(hidden.read_text().rstrip("\n") + "\n\n" + blocks["hidden.py"])
     notebook = root / "course" / "solutions" / "toylab" / "toylab.ipynb"
     nb = nbformat.read(notebook, 4)
     cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "mul")

@@ -33,7 +33,7 @@ def test_a_failing_check_still_raises(capsys):
 
 
 def test_a_real_check_whose_student_code_warns_passes_quietly(capsys):
-    built = {(p, m): make("gpipe", p, m) for p, m in lab4_pipeline.cases.SCHEDULE_CASES[False]}   # outside the refusal
+    built = {(p, m): make("gpipe", p, m) for p, m in lab4_pipeline.cases.SCHEDULE_CASES}   # outside the refusal
 
     def gpipe_schedule(p, m):
         warnings.warn("a student's leftover warning")

@@ -69,9 +69,16 @@ cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core
 """
 
 
-def minidist_wheel(dest: Path) -> Path:
+def minidist_wheel(dest: Path, leave_out=()) -> Path:
     """A wheel of the library alone (``minidist*`` packages), built from this checkout without
-    fetching anything (the interpreter's setuptools)."""
+    fetching anything (the interpreter's setuptools). ``leave_out``: files under minidist/ the wheel
+    must not hold (the student wheel's hidden case tables, :mod:`autograder.student_dist`)."""
+    left_out = {Path(p).resolve() for p in leave_out}
+
+    def ignore(folder, names):
+        return {n for n in names if n in ("__pycache__", ".ipynb_checkpoints") or n.endswith(".pyc")
+                or (Path(folder) / n).resolve() in left_out}
+
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minidist-wheel-") as tmp:
         src = Path(tmp) / "src"
@@ -82,10 +89,9 @@ def minidist_wheel(dest: Path) -> Path:
             raise SystemExit(f"pyproject.toml: expected {include!r} to build a wheel of minidist alone")
         (src / "pyproject.toml").write_text(text.replace(include, 'include = ["minidist*"]'))
         shutil.copy(REPO / "README.md", src / "README.md")
-        shutil.copytree(REPO / "minidist", src / "minidist",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints"))
+        shutil.copytree(REPO / "minidist", src / "minidist", ignore=ignore)
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "-w", str(dest), str(src)], capture_output=True, text=True)
+                            "--disable-pip-version-check", "-w", str(dest), str(src)], capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit("building the minidist wheel failed:\n" + (r.stderr or r.stdout)[-2000:])
     wheels = sorted(dest.glob("minidist-*.whl"))

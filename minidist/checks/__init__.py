@@ -5,12 +5,15 @@
   filing, the verdict), the one comparison (``compare.py``), launching (``launch.py``) and groups of
   ranks (``groups.py``), the guard's parts (``refusal.py``, ``refused_code.py``, ``bindings.py``,
   ``returned.py``, ``student_code.py``, ``quiet.py``), the docket (``docket.py``), the must-raise
-  rule (``raises.py``), and two shared kinds of check (``collectives.py``, ``training.py``);
+  rule (``raises.py``), two shared kinds of check (``collectives.py``, ``training.py``), and where a
+  lab's hidden cases come from (``withheld.py``);
 * a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab10_checkpointing``, and
   ``toylab``, the grader's test fixture and docs/AUTHORING.md's worked example), each with the same
   files: ``__init__.py`` (``REFUSED``, the registry ``CHECKS`` and the public checks), ``cases.py``,
-  ``answers.py`` (the only file that calls student code), ``verdicts.py`` (never reads ``answers``)
-  and ``demo.py`` where the notebook plots measurements. A notebook imports its lab's as ``checks``::
+  ``answers.py`` (the only file that calls student code), ``verdicts.py`` (never reads ``answers``),
+  ``demo.py`` where the notebook plots measurements, and ``hidden.py``: the hidden cases, the
+  grader's alone (left out of the student wheel, ``python -m autograder student-dist``). A notebook
+  imports its lab's as ``checks``::
 
       from minidist.checks import lab1_collectives as checks
       checks.check_function("ring_all_reduce", ring_all_reduce)

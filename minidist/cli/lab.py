@@ -1,7 +1,9 @@
 """``minidist lab copy N DEST``: a student's own copy of lab N, outside the repository.
 
 Working in a copy keeps ``labs/`` as released (``git pull`` and a re-release never meet a
-student's edits) and a second copy never overwrites the first.
+student's edits) and a second copy never overwrites the first. The labs are the repository's
+``labs/`` (a clone, minidist installed from it), else ``labs/`` in the current folder (the student
+distribution, ``python -m autograder student-dist``, with minidist installed from its wheel).
 """
 from __future__ import annotations
 
@@ -11,10 +13,17 @@ import shutil
 
 LABS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "labs")
 
+
+def labs_dir() -> str:
+    """The repository's labs/ where minidist runs from a clone, else ./labs (the student distribution)."""
+    return LABS if os.path.isdir(LABS) else os.path.abspath("labs")
+
+
 DESCRIPTION = """\
-Copy a lab's folder (labs/labN_*) out of the repository, to work in your own copy. The copy is
-always DEST/labN_name (DEST is created when missing), so every lab you copy to the same DEST sits
-side by side under its own name. Nothing is ever overwritten."""
+Copy a lab's folder (labs/labN_*) out of the repository or out of the student distribution (run
+it in the folder that holds labs/), to work in your own copy. The copy is always DEST/labN_name
+(DEST is created when missing), so every lab you copy to the same DEST sits side by side under its
+own name. Nothing is ever overwritten."""
 
 EPILOG = """\
 examples:
@@ -25,7 +34,7 @@ examples:
 def lab_folders() -> dict[int, str]:
     """Lab number -> its released folder in labs/."""
     out = {}
-    for path in sorted(glob.glob(os.path.join(LABS, "lab[0-9]*_*"))):
+    for path in sorted(glob.glob(os.path.join(labs_dir(), "lab[0-9]*_*"))):
         number = os.path.basename(path)[3:].split("_")[0]
         if os.path.isdir(path) and number.isdigit():
             out[int(number)] = path
@@ -52,7 +61,8 @@ def add_arguments(p) -> None:
 def run(args, error) -> int:
     folders = lab_folders()
     if not folders:
-        error(f"no labs found in {LABS} (lab copy works from a clone of the repository)")
+        error(f"no labs found in {labs_dir()} (lab copy works from a clone of the repository, or in the folder "
+              f"of the student distribution that holds labs/)")
     if args.number not in folders:
         error(f"there is no lab {args.number}; the labs are {numbers_text(folders)}")
     source = folders[args.number]

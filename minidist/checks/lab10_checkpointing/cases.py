@@ -1,12 +1,14 @@
 """Lab 10's cases: states drawn from seeds, the layouts they are saved and loaded under, the
 checkpoint directories (good, torn, truncated, corrupted) the restart logic must choose among, and
 what a passing test's ✓ line says it covered. Everything runs in this process, on the CPU (files
-hold CPU tensors; where a training rank's tensors live is the lab text's business)."""
+hold CPU tensors; where a training rank's tensors live is the lab text's business). The hidden cases
+are the grader's, in ``hidden.py``."""
 from __future__ import annotations
 
 import torch
 
 from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.withheld import hidden_cases
 
 GRADED = ("save_sharded", "load_resharded", "latest_checkpoint")
 
@@ -29,10 +31,7 @@ def save_cases(hidden: bool) -> list[dict]:
              dict(seed=2, shapes=SMALL, layout=lay("replicated", 4)),
              dict(seed=3, shapes=SMALL, layout=lay("cols", 2), crash_at=2)]
     if hidden:
-        cases += [dict(seed=4, shapes=UNEVEN, layout=lay("rows", 4)),          # 7 and 5 rows over 4 ranks
-                  dict(seed=5, shapes=UNEVEN, layout=lay("cols", 3)),
-                  dict(seed=6, shapes=UNEVEN, layout=lay("rows", 4), dtype=torch.float64, crash_at=3),
-                  dict(seed=7, shapes={"w": (3, 2)}, layout=lay("rows", 4))]       # rank 3 holds nothing
+        cases += hidden_cases(__package__, "save_sharded").SAVE
     return cases
 
 
@@ -41,10 +40,7 @@ def load_cases(hidden: bool) -> list[dict]:
              dict(seed=12, shapes=SMALL, saved=lay("rows", 2), load=lay("cols", 2)),       # rows -> columns
              dict(seed=13, shapes=SMALL, saved=lay("rows", 2), load=lay("rows", 2), torn=True)]
     if hidden:
-        cases += [dict(seed=14, shapes=UNEVEN, saved=lay("replicated", 2), load=lay("cols", 3)),
-                  dict(seed=15, shapes=UNEVEN, saved=lay("cols", 3), load=lay("replicated", 2)),
-                  dict(seed=16, shapes=UNEVEN, saved=lay("rows", 4), load=lay("cols", 4), dtype=torch.float64),
-                  dict(seed=17, shapes=UNEVEN, saved=lay("cols", 2), load=lay("rows", 3), torn=True)]
+        cases += hidden_cases(__package__, "load_resharded").LOAD
     return cases
 
 
@@ -54,11 +50,7 @@ def latest_cases(hidden: bool) -> list[dict]:
              dict(dirs=[("step_9", "good"), ("step_10", "good")], want="step_10"),
              dict(dirs=[("step_3", "good"), ("step_5", "truncated")], want="step_3")]
     if hidden:
-        cases += [dict(dirs=[("step_1", "good"), ("step_2", "corrupted")], want="step_1"),
-                  dict(dirs=[("step_7", "torn"), ("step_8", "garbled")], want=None),
-                  dict(dirs=[], want=None),
-                  dict(dirs=[("step_98", "good"), ("step_99", "truncated"), ("step_100", "torn"),
-                             ("step_101.tmp", "good")], want="step_98")]
+        cases += hidden_cases(__package__, "latest_checkpoint").LATEST
     return cases
 
 

@@ -1,5 +1,5 @@
-"""Lab 1's cases (collectives from send/recv): the graded functions, their visible and hidden cases,
-and what a passing test's ✓ line says it covered.
+"""Lab 1's cases (collectives from send/recv): the graded functions, their visible cases (the hidden
+ones are the grader's, in ``hidden.py``), and what a passing test's ✓ line says it covered.
 
 One case is one launch: (world size, the cases of :class:`minidist.checks.kit.collectives.Case` it
 runs: length × dtype × root).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.kit.collectives import collective_cases
+from minidist.checks.kit.withheld import hidden_cases
 
 GRADED = {   # graded function -> (kind, pattern, power-of-two world sizes only)
     "broadcast": ("broadcast", None, False),
@@ -21,17 +22,14 @@ WITH_PATTERN = [name for name, (_, pattern, _) in GRADED.items() if pattern is n
 #: the lab's promise for recursive halving: a world size that is not a power of two is refused
 REJECTS_WORLD_SIZE = ["recursive_halving_all_reduce"]
 
-_HIDDEN_LENGTHS = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37)
-
-
 def function_cases(name: str, hidden: bool) -> list[tuple]:
     """(world size, its cases) per launch of the correctness test. Visible: a few shapes in fp32;
     hidden: world sizes 1-5 (1, 2, 4 for halving), lengths divisible by N, not, and below N, fp32
     and fp64."""
     kind, _, pow2 = GRADED[name]
     if hidden:
-        sizes = (1, 2, 4) if pow2 else (1, 2, 3, 4, 5)
-        return collective_cases(kind, sizes, _HIDDEN_LENGTHS, (torch.float32, torch.float64))
+        h = hidden_cases(__package__, name)
+        return collective_cases(kind, h.WORLD_SIZES_POW2 if pow2 else h.WORLD_SIZES, h.LENGTHS, h.DTYPES)
     return collective_cases(kind, (2, 4) if pow2 else (2, 3, 4), (8, 10), (torch.float32,))
 
 
@@ -53,7 +51,8 @@ def _sizes(sizes) -> str:
 def function_covered(name: str, hidden: bool) -> str:
     launches = function_cases(name, hidden)
     dtypes = sorted({str(c.dtype).replace("torch.", "") for _, cases in launches for c in cases})
-    return (f"N={_sizes(n for n, _ in launches)}, lengths {'1, N-1, 2N+1, 4N, 37' if hidden else '8, 10'}, "
+    lengths = hidden_cases(__package__, name).LENGTHS_SHOWN if hidden else "8, 10"
+    return (f"N={_sizes(n for n, _ in launches)}, lengths {lengths}, "
             f"{'/'.join(dtypes)}: every rank's result vs torch, input unchanged")
 
 

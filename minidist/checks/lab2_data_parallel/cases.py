@@ -1,5 +1,6 @@
-"""Lab 2's cases (data parallelism): the visible and hidden cases of every check, their inputs, the
-rank-dependent model, and what a passing test's ✓ line says it covered.
+"""Lab 2's cases (data parallelism): the visible cases of every check (the hidden ones are the
+grader's, in ``hidden.py``), their inputs, the rank-dependent model, and what a passing test's ✓ line
+says it covered.
 
 Training cases are dicts for :mod:`minidist.checks.kit.training` (``model_kwargs``, ``steps``,
 ``batch``, ``cap``); a launched check's case is ``(world size, its training cases)``, all of them
@@ -14,6 +15,7 @@ import math
 import torch
 import torch.nn as nn
 
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS as MODELS, mlp_batch
 
 
@@ -24,10 +26,9 @@ def _sizes(sizes) -> str:
 # ----------------------------------------------------------------------------- split_batch
 def split_cases(hidden: bool) -> list[tuple]:
     """("split", batch, world size): every rank's block; ("bad", batch, world size, features): must raise."""
-    sizes = [(12, 2), (12, 3), (12, 4)] + ([(24, 4), (5, 5), (7, 1), (30, 6)] if hidden else [])
-    # hidden: feature counts that make x.numel() and y.numel() divisible by world_size when the
-    # batch is not (a check on the wrong quantity passes the visible case only)
-    bad = [(10, 4, 3)] + ([(6, 4, 2), (7, 2, 2), (3, 4, 4), (9, 6, 2)] if hidden else [])
+    h = hidden_cases(__package__, "split_batch") if hidden else None
+    sizes = [(12, 2), (12, 3), (12, 4)] + (h.SPLIT if hidden else [])
+    bad = [(10, 4, 3)] + (h.SPLIT_BAD if hidden else [])
     return [("split", batch, n) for batch, n in sizes] + [("bad", batch, n, d) for batch, n, d in bad]
 
 
@@ -52,12 +53,13 @@ def training(models, cap=None, steps=3, batch=24) -> list[dict]:
 
 
 def _average_models(hidden: bool) -> list[str]:
-    return list(MODELS) if hidden else ["plain", "frozen"]
+    return hidden_cases(__package__, "average_gradients").AVERAGE_MODELS if hidden else ["plain", "frozen"]
 
 
 def average_cases(hidden: bool) -> list[tuple]:
     """(world size, training cases) per launch; each launch also runs the rank-dependent model."""
-    return [(n, training(_average_models(hidden))) for n in ((3, 4) if hidden else (2,))]
+    sizes = hidden_cases(__package__, "average_gradients").WORLD_SIZES if hidden else (2,)
+    return [(n, training(_average_models(hidden))) for n in sizes]
 
 
 AVERAGE_TRAFFIC_MODELS = ["frozen", "tied"]
@@ -79,19 +81,23 @@ def average_traffic_covered() -> str:
 
 
 # ----------------------------------------------------------------------------- make_buckets
-#: the make_buckets cases' shapes; hidden cases also in fp64 and bf16 (one dtype per model: a
-#: bucket is one flat buffer, so a real model with mixed dtypes also splits buckets where the dtype changes)
+#: the make_buckets cases' shapes, one dtype per model (a bucket is one flat buffer, so a real model
+#: with mixed dtypes also splits buckets where the dtype changes)
 SHAPES = [(13, 6), (13,), (13, 13), (13,), (13, 13), (13,), (5, 13), (5,)]
+
+
+def same_dtype(shapes, dtype) -> list:
+    """The dtypes of a case's parameters: ``dtype`` for every shape."""
+    return [dtype] * len(shapes)
 
 
 def bucket_cases(hidden: bool) -> list[tuple]:
     """(shapes, dtypes, cap_bytes)."""
-    fp32, fp64, bf16 = ([dt] * len(SHAPES) for dt in (torch.float32, torch.float64, torch.bfloat16))
+    fp32 = same_dtype(SHAPES, torch.float32)
     configs = [(SHAPES, fp32, 700), (SHAPES, fp32, 2000)]
     if hidden:
-        configs += [(SHAPES, fp32, 4), (SHAPES, fp32, 10 ** 6), (SHAPES, fp32, 676), (SHAPES, fp32, 728),
-                    ([(3,)], fp32[:1], 12), ([(100,), (1,), (1,)], fp32[:3], 8),
-                    (SHAPES, fp64, 700), (SHAPES, fp64, 2704), (SHAPES, bf16, 400), (SHAPES, bf16, 338)]
+        configs += [(shapes, same_dtype(shapes, dt), cap)
+                    for shapes, dt, cap in hidden_cases(__package__, "make_buckets").BUCKETS]
     return configs
 
 
@@ -101,7 +107,8 @@ def bucket_params(case) -> list:
 
 
 def bucket_covered(hidden: bool) -> str:
-    return (f"{len(bucket_cases(hidden))} (parameters, cap) cases" + (" in fp32/fp64/bf16" if hidden else " in fp32")
+    dtypes = hidden_cases(__package__, "make_buckets").BUCKETS_SHOWN if hidden else "fp32"
+    return (f"{len(bucket_cases(hidden))} (parameters, cap) cases in {dtypes}"
             + ": the greedy buckets in reverse order")
 
 
@@ -110,10 +117,10 @@ def bucketed_cases(hidden: bool) -> list[tuple]:
     cases = [dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=700),
              dict(model_kwargs=MODELS["unused"], steps=3, batch=24, cap=700)]
     if hidden:
-        cases += [dict(model_kwargs=MODELS["tied"], steps=3, batch=24, cap=300),
-                  dict(model_kwargs={"tied": True, "frozen": True, "unused": True}, steps=3, batch=24, cap=4),
-                  dict(model_kwargs=MODELS["plain"], steps=3, batch=24, cap=1 << 20)]
-    return [(n, cases) for n in ((3, 4) if hidden else (2,))]
+        h = hidden_cases(__package__, "BucketedDDP")
+        cases += [dict(model_kwargs=MODELS[m] if isinstance(m, str) else m, steps=3, batch=24, cap=cap)
+                  for m, cap in h.BUCKETED]
+    return [(n, cases) for n in (h.WORLD_SIZES if hidden else (2,))]
 
 
 def bucketed_traffic_cases() -> list[tuple]:

@@ -1,5 +1,6 @@
-"""Lab 3's cases (ZeRO / FSDP): what each stage grades, the visible and hidden cases of every check,
-the memory rules' constants, and what a passing test's ✓ line says it covered.
+"""Lab 3's cases (ZeRO / FSDP): what each stage grades, the visible cases of every check (the hidden
+ones are the grader's, in ``hidden.py``), the memory rules' constants, and what a passing test's ✓
+line says it covered.
 
 A training case is a dict for :mod:`minidist.checks.kit.training`; a launched check's case names its
 world size: ``(world size, units)`` for ``reduce_scatter_gradients``, ``(stage, world size, ...)``
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 
 #: Each stage's checks grade the student's functions that stage adds; the lab's reference stands in
@@ -36,9 +38,11 @@ F32, F64 = torch.float32, torch.float64
 def unit_cases(hidden: bool) -> list[tuple]:
     """(world size, its units): a unit is (shapes, index of the parameter without a gradient: last,
     in the middle, none, first; dtype)."""
-    units = [([(3, 5), (7,)], 1, F32), ([(4,), (2, 2), (5,)], 1, F32)] + (
-        [([(1,)], None, F32), ([(6, 7), (6,), (9,)], 0, F32), ([(5, 3), (4,)], None, F64)] if hidden else [])
-    return [(n, units) for n in ((2, 3, 4) if hidden else (2,))]
+    units = [([(3, 5), (7,)], 1, F32), ([(4,), (2, 2), (5,)], 1, F32)]
+    if not hidden:
+        return [(2, units)]
+    h = hidden_cases(__package__, "reduce_scatter_gradients")
+    return [(n, units + h.UNITS) for n in h.UNIT_WORLD_SIZES]
 
 
 def param_seed(k: int) -> int:
@@ -53,24 +57,26 @@ def grad_seed(rank: int, k: int, micro: int) -> int:
 
 def unit_covered(hidden: bool) -> str:
     runs = unit_cases(hidden)
-    return (f"N={_sizes(n for n, _ in runs)}; {len(runs[0][1])} units" + (" in fp32/fp64" if hidden else "")
+    dtypes = f" in {hidden_cases(__package__, 'reduce_scatter_gradients').UNITS_SHOWN}" if hidden else ""
+    return (f"N={_sizes(n for n, _ in runs)}; {len(runs[0][1])} units" + dtypes
             + ": the accumulated shard gradient, parameters unchanged, one reduce-scatter per call")
 
 
 # ----------------------------------------------------------------------------- Zero: equality
-def _zero_models(hidden: bool) -> list[str]:
-    return ["frozen", "unused"] if hidden else ["plain", "unused"]
+def _zero_models(stage: int, hidden: bool) -> list[str]:
+    return hidden_cases(__package__, f"Zero(stage={stage})").ZERO_MODELS if hidden else ["plain", "unused"]
 
 
 def zero_cases(stage: int, hidden: bool) -> list[tuple]:
     """(stage, world size, training cases): every model × Adam and SGD with momentum (a wrong gradient scale)."""
     cases = [dict(stage=stage, model_kwargs=TINY_MLP_VARIANTS[m], steps=3, batch=24, optimizer=o)
-             for m in _zero_models(hidden) for o in ("adam", "sgd")]
-    return [(stage, n, cases) for n in ((3, 4) if hidden else (2,))]
+             for m in _zero_models(stage, hidden) for o in ("adam", "sgd")]
+    sizes = hidden_cases(__package__, f"Zero(stage={stage})").ZERO_WORLD_SIZES if hidden else (2,)
+    return [(stage, n, cases) for n in sizes]
 
 
 def zero_covered(stage: int, hidden: bool) -> str:
-    return (f"N={_sizes(n for _, n, _ in zero_cases(stage, hidden))}, models {', '.join(_zero_models(hidden))} × "
+    return (f"N={_sizes(n for _, n, _ in zero_cases(stage, hidden))}, models {', '.join(_zero_models(stage, hidden))} × "
             f"Adam/SGD: parameters vs one process on the whole batch")
 
 

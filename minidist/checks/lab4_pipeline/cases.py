@@ -2,7 +2,7 @@
 their inputs (a seeded residual-MLP stack and batch, the library's schedules), what the lab refuses,
 and what a passing test's ✓ line says it covered.
 
-A schedule case is (kind, p, m). An executor case is one launch, (world size, its runs): a run is a
+The hidden cases are the grader's, in ``hidden.py``. A schedule case is (kind, p, m). An executor case is one launch, (world size, its runs): a run is a
 :class:`Case`, a library GPipe or 1F1B schedule (Huang et al. 2019; Narayanan et al. 2021) of ``m``
 micro-batches over ``p`` stages; the gradients of the m micro-batch losses, each scaled by 1/m, must
 add up to those of the full batch's mean loss in one process. The first run of every launch runs
@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.refused_code import Refusal
 from minidist.models import block_stack, regression_batch
 from minidist.pipeline import Costs, make, partition, rank_chunks
@@ -38,19 +39,20 @@ SLEEP = Costs(F=0.02, B=0.04)        # seconds per action in sleep-compute mode 
 # ----------------------------------------------------------------------------- schedules
 #: the graded schedule builder of each kind, as the notebook names it (the ✓ line names it so)
 SCHEDULE_FUNCTION = {"gpipe": "gpipe_schedule", "1f1b": "one_f_one_b_schedule"}
-SCHEDULE_CASES = {                     # hidden -> (p, m)
-    False: [(2, 1), (2, 4), (4, 2), (4, 4), (4, 8)],
-    True: [(1, 1), (1, 3), (2, 7), (3, 1), (3, 2), (3, 5), (4, 3), (5, 3), (5, 8), (6, 12)],
-}
+SCHEDULE_CASES = [(2, 1), (2, 4), (4, 2), (4, 4), (4, 8)]      # (p, m)
+
+
+def _schedules(kind: str, hidden: bool) -> list[tuple]:
+    return hidden_cases(__package__, SCHEDULE_FUNCTION[kind]).SCHEDULES if hidden else SCHEDULE_CASES
 
 
 def schedule_cases(kind: str, hidden: bool) -> list[tuple]:
     """(kind, p, m) per call of the student's builder."""
-    return [(kind, p, m) for p, m in SCHEDULE_CASES[hidden]]
+    return [(kind, p, m) for p, m in _schedules(kind, hidden)]
 
 
 def schedule_covered(kind: str, hidden: bool) -> str:
-    shown = ", ".join(f"{p}/{m}" for p, m in SCHEDULE_CASES[hidden])
+    shown = ", ".join(f"{p}/{m}" for p, m in _schedules(kind, hidden))
     return f"p/m = {shown}: valid, {kind}'s compute order, bubble and peak = theory"
 
 
@@ -69,21 +71,20 @@ class Case(NamedTuple):
             "" if self.dtype == torch.float32 else f", {self.dtype}") + (f", p={self.p}" if self.p else "")
 
 
-EXECUTOR_CASES = {   # hidden -> p -> runs
-    False: {2: [Case("gpipe", 2, 8), Case("1f1b", 2, 8)], 4: [Case("gpipe", 4, 8), Case("1f1b", 4, 8)]},
-    True: {3: [Case("gpipe", 1, 6), Case("1f1b", 5, 10), Case("gpipe", 6, 12),
-               Case("1f1b", 3, 9, torch.float64), Case("1f1b", 4, 8, p=1)],
-           4: [Case("1f1b", 2, 8), Case("1f1b", 8, 16)]},
-}
+EXECUTOR_CASES = {2: [Case("gpipe", 2, 8), Case("1f1b", 2, 8)], 4: [Case("gpipe", 4, 8), Case("1f1b", 4, 8)]}  # p -> runs
+
+
+def _executor_runs(hidden: bool) -> dict:
+    return hidden_cases(__package__, "run_pipeline").EXECUTOR if hidden else EXECUTOR_CASES
 
 
 def executor_cases(hidden: bool) -> list[tuple]:
     """(world size, its runs) per launch."""
-    return [(world, tuple(runs)) for world, runs in EXECUTOR_CASES[hidden].items()]
+    return [(world, tuple(runs)) for world, runs in _executor_runs(hidden).items()]
 
 
 def executor_covered(hidden: bool) -> str:
-    launches = EXECUTOR_CASES[hidden]
+    launches = _executor_runs(hidden)
     sizes = sorted({c.p or world for world, runs in launches.items() for c in runs})
     dtypes = "fp32/fp64" if any(c.dtype != torch.float32 for runs in launches.values() for c in runs) else "fp32"
     return (f"p = {', '.join(map(str, sizes))}, GPipe and 1F1B, {dtypes}: gradients and loss vs one process, "

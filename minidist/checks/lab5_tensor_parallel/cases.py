@@ -1,5 +1,6 @@
-"""Lab 5's cases (tensor and sequence parallelism): the graded functions, their visible and hidden
-cases, the checks' sizes, the inputs every rank and the verdict draw from seeds, and the ✓ text.
+"""Lab 5's cases (tensor and sequence parallelism): the graded functions, their visible cases (the
+hidden ones are the grader's, in ``hidden.py``), the checks' sizes, the inputs every rank and the
+verdict draw from seeds, and the ✓ text.
 
 A case is a dict with ``t``, the size of the tensor-parallel group it runs on (4 ranks cut into
 blocks of t consecutive ranks: t = 3 leaves rank 3 in a group of one, t = 4 is ``group=None``), and
@@ -14,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout
 from minidist.models import GPTConfig, TinyGPT
 from minidist.tensor_parallel.comm import shard_range
@@ -36,35 +38,23 @@ def function_cases(name: str, hidden: bool) -> list[dict]:
     """The cases of graded function ``name``. Visible: t = 2 and 4; hidden: t = 1, 2, 3, 4 and the
     cases the lab states (no bias, 2-D and odd shapes, fp64 and bf16, an uneven vocabulary, a custom
     ignore_index, logits that overflow exp without the max, GQA, heads that do not split)."""
-    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    if name not in GRADED:
+        raise ValueError(f"lab 5 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+    h = hidden_cases(__package__, name) if hidden else None
+    ts = h.TS if hidden else (2, 4)
     if name in ("copy_to_tp", "reduce_from_tp"):
-        shapes = [((B, S, CFG.d_model), F32)] + ([((5,), F64), ((3, 7), F32), ((4, 6), BF16)] if hidden else [])
+        shapes = [((B, S, CFG.d_model), F32)] + (h.F_G_SHAPES if hidden else [])
         return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
     if name in ("column_parallel_linear", "row_parallel_linear"):
         base = dict(d_in=24, d_out=48, bias=True, lead=(B, S), dtype=F32)
-        variants = [base] + ([{**base, "bias": False, "lead": (10,)}, {**base, "d_in": 48, "d_out": 12, "dtype": F64}]
-                             if hidden else [])
+        variants = [base] + ([{**base, **v} for v in h.LINEAR] if hidden else [])
         return [dict(t=t, **v) for t in ts for v in variants]
-    if name == "tp_mlp":
-        return [dict(t=t) for t in ts] + ([dict(t=4, cfg=dict(d_ff=96)), dict(t=3, dtype=F64)] if hidden else [])
-    if name == "tp_attention":
-        cases = [dict(t=t) for t in ts]
-        if hidden:          # grouped-query attention (t divides n_kv_heads), and heads that do not split
-            cases += [dict(t=2, cfg=dict(n_kv_heads=4)), dict(t=4, cfg=dict(n_kv_heads=4)),
-                      dict(t=3, cfg=dict(n_kv_heads=3)), dict(t=3, dtype=F64),
-                      dict(t=3, cfg=dict(n_heads=4, n_kv_heads=4), raises=True),       # neither splits over 3
-                      dict(t=3, cfg=dict(n_kv_heads=4), raises=True)]                  # 12 query heads do, 4 kv do not
-        return cases
     if name == "vocab_parallel_cross_entropy":
         base = dict(vocab=48, uneven=False, ignore_index=-100, lead=(B * S,), scale=3.0)
-        variants = [base] + ([{**base, "vocab": 50, "uneven": True}, {**base, "ignore_index": 7, "lead": (B, S)},
-                              {**base, "scale": 400.0}, {**base, "dtype": F64}] if hidden else [])
+        variants = [base] + ([{**base, **v} for v in h.CROSS_ENTROPY] if hidden else [])
         return [dict(t=t, **v) for t in ts for v in variants]
-    if name in ("sp_gather", "sp_reduce_scatter"):
-        return [dict(t=t) for t in ts] + ([dict(t=t, dtype=d) for t in (2, 3) for d in (F64, BF16)] if hidden else [])
-    if name == "sp_mlp_block":
-        return [dict(t=t) for t in ts] + ([dict(t=3, dtype=F64)] if hidden else [])
-    raise ValueError(f"lab 5 has no graded function {name!r}; graded: {', '.join(GRADED)}")
+    # tp_mlp, tp_attention, sp_gather, sp_reduce_scatter, sp_mlp_block: one case per t, then the hidden ones
+    return [dict(t=t) for t in ts] + (h.MORE[name] if hidden else [])
 
 
 def covered(name: str, hidden: bool) -> str:

@@ -1,6 +1,6 @@
-"""Lab 6's cases (context parallelism): the graded functions, their visible and hidden cases, the
-checks' sizes, the inputs every rank and the verdict draw from seeds (on the CPU, in float64 then
-cast), and the ✓ text.
+"""Lab 6's cases (context parallelism): the graded functions, their visible cases (the hidden ones
+are the grader's, in ``hidden.py``), the checks' sizes, the inputs every rank and the verdict draw
+from seeds (on the CPU, in float64 then cast), and the ✓ text.
 
 A distributed case is a dict with ``t``, the size of the context-parallel group it runs on (4 ranks
 cut into blocks of t consecutive ranks: t = 3 leaves rank 3 in a group of one, t = 4 is
@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
@@ -29,52 +30,29 @@ def function_cases(name: str, hidden: bool) -> list[dict]:
     run with every isend/irecv blocking); hidden: t = 1..4 and other dims, fp64 and bf16, GQA and MQA,
     scores far past exp's range, heads that do not split, a late peer, sequences that do not cut into
     2P chunks."""
-    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    h = hidden_cases(__package__, name) if hidden else None
+    ts = h.TS if hidden else (2, 4)
     if name == "all_to_all":
         variants = [dict(local=(B, 3, H, D), scatter=2, gather=1, dtype=F32),      # (b, s/P, h, d) → (b, s, h/P, d)
                     dict(local=(B, H, 3, D), scatter=1, gather=2, dtype=F32)]      # and back
-        if hidden:
-            variants += [dict(local=(H, 5, 2), scatter=0, gather=-1, dtype=F64),
-                         dict(local=(2, 3, 5), scatter=-1, gather=1, dtype=F32),
-                         dict(local=(B, 2, H, D), scatter=2, gather=1, dtype=BF16)]
+        variants += h.ALL_TO_ALL if hidden else []
         cases = [dict(t=t, **v) for t in ts for v in variants if v["local"][v["scatter"]] % t == 0]
-        return cases + ([dict(t=4, local=(B, 3, 6, D), scatter=2, gather=1, dtype=F32, raises=True)] if hidden else [])
+        return cases + (h.ALL_TO_ALL_RAISES if hidden else [])
     if name in ("ulysses_attention", "ring_attention_forward"):
         cases = [dict(t=t, causal=c, dtype=F32) for t in ts for c in (False, True)]
         if name == "ring_attention_forward":    # visible too: every isend/irecv blocks until matched (NCCL's worst)
             cases += [dict(t=4, causal=True, dtype=F32, blocking=True)]
-        if hidden:      # the cheap-to-reach kinds first: a bug stops the launch's cases at its first failure
-            if name == "ulysses_attention":     # query heads, then only the kv heads, not divisible by P
-                cases += [dict(t=4, causal=False, dtype=F32, h=6, raises=True),
-                          dict(t=4, causal=False, dtype=F32, h=8, h_kv=2, raises=True),
-                          dict(t=3, causal=True, dtype=F32, h_kv=4, raises=True)]
-            else:
-                cases += [dict(t=t, causal=True, dtype=BF16) for t in (2, 4)]              # out in q's dtype
-                cases += [dict(t=2, causal=True, dtype=F32, late=True)]     # a late peer: compute overlaps the pass
-            kv = {1: 4, 2: 4, 3: 6, 4: 4} if name == "ulysses_attention" else {1: 1, 2: 4, 3: 3, 4: 1}
-            cases += [dict(t=t, causal=True, dtype=F32, h_kv=kv[t]) for t in ts]            # GQA / MQA
-            cases += [dict(t=t, causal=c, dtype=F64) for t in (3, 4) for c in (False, True)]
-            cases += [dict(t=t, causal=True, dtype=F32, q_scale=100.0) for t in (2, 4)]     # scores in the thousands
-            if name == "ring_attention_forward":    # every isend/irecv blocking: deadlock-free on its own
-                cases += [dict(t=t, causal=True, dtype=F32, blocking=True) for t in (2, 3)]
-        return cases
+        return cases + (h.ATTENTION[name] if hidden else [])
     if name == "zigzag_shard":
-        shapes = [((B, S, H, D), F32)] + ([((1, S), torch.int64), ((3, 12, 2), F64), ((2, 20), F32),
-                                           ((2, S, 3), BF16)] if hidden else [])
+        shapes = [((B, S, H, D), F32)] + (h.ZIGZAG_SHAPES if hidden else [])
         return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
     raise ValueError(f"lab 6 has no graded function {name!r}; graded: {', '.join(GRADED)}")
 
 
 def merge_cases(hidden: bool) -> list[dict]:
     """The merge's cases: far-apart lse's (one side negligible), and lse's where exp overflows without the max."""
-    cases = [dict(shape=(2, 3, 5, 4), dtype=F32, spread=3.0, offset=0.0)]
-    if hidden:
-        cases += [dict(shape=(2, 3, 5, 4), dtype=F64, spread=3.0, offset=0.0),
-                  dict(shape=(4, 7, 8), dtype=F32, spread=60.0, offset=0.0),
-                  dict(shape=(2, 3, 5, 4), dtype=F32, spread=5.0, offset=400.0),
-                  dict(shape=(2, 3, 5, 4), dtype=F64, spread=5.0, offset=1000.0),
-                  dict(shape=(2, 3, 5, 4), dtype=BF16, spread=3.0, offset=0.0)]
-    return cases
+    return [dict(shape=(2, 3, 5, 4), dtype=F32, spread=3.0, offset=0.0)] + (
+        hidden_cases(__package__, MERGE).MERGE if hidden else [])
 
 
 #: what a passing test compared, in a few words (the ✓ line)

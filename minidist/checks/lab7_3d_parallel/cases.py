@@ -1,6 +1,6 @@
 """Lab 7's cases (3D parallelism): the meshes, the stages whose parameters are counted, the ranks
 whose memory is predicted, the layouts the 3D step trains, their inputs, and what a passing test's
-✓ line says it covered.
+✓ line says it covered. The hidden cases are the grader's, in ``hidden.py``.
 
 Narayanan et al. 2021 (Megatron-LM, PTD-P), Sec. 3: n = d·p·t ranks in a row-major (d, p, t) grid,
 TP innermost. The 3D step's case is one launch of 8 ranks, (8, its layouts): forking 8 ranks costs
@@ -18,6 +18,7 @@ import functools
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.kit.launch import check_timeout, one_thread
 from minidist.harness.parallel3d import TINY, Layout, reference_run
 from minidist.mesh import AXES, GPTStage, coordinate
@@ -35,24 +36,22 @@ STEP_CHECK_TIMEOUT = max(check_timeout(30.0), 15.0)
 
 # ----------------------------------------------------------------------------- mesh_groups
 MESH_CASES = [(8, 2, 2, 2), (8, 1, 2, 4), (8, 4, 1, 2)]
-MESH_HIDDEN = [(16, 2, 2, 4), (24, 2, 3, 4), (12, 3, 2, 2), (6, 1, 3, 2), (4, 4, 1, 1), (4, 1, 1, 4),
-               (1, 1, 1, 1), (64, 2, 4, 8), (30, 5, 3, 2)]
-MESH_BAD = [(8, 2, 2, 4), (8, 2, 3, 2), (16, 2, 2, 2),
-            (8, -2, -2, 2), (8, 2, -1, -4), (-8, -2, 2, 2), (0, 0, 1, 1),      # products fine, sizes not positive
-            (6, 1, 1.5, 4), (5, 2.5, 2, 1), (8, 2, 2, 2.0 + 0.5)]               # ... or not integers
+MESH_BAD = [(8, 2, 2, 4)]
 
 
 def mesh_cases(hidden: bool) -> list[tuple]:
     """("good", sizes) for the meshes, ("bad", sizes) for the sizes that must raise ValueError."""
-    good = MESH_CASES + (MESH_HIDDEN if hidden else [])
-    bad = MESH_BAD[:1] + (MESH_BAD[1:] if hidden else [])
+    h = hidden_cases(__package__, "mesh_groups") if hidden else None
+    good = MESH_CASES + (h.MESH if hidden else [])
+    bad = MESH_BAD + (h.MESH_BAD if hidden else [])
     return [("good", c) for c in good] + [("bad", c) for c in bad]
 
 
 def mesh_covered(hidden: bool) -> str:
-    return (f"{len(MESH_CASES) + (len(MESH_HIDDEN) if hidden else 0)} meshes vs torch's order; ValueError for "
-            f"{1 + (len(MESH_BAD) - 1 if hidden else 0)} bad sizes"
-            + (" (products, negative, zero, non-integer)" if hidden else ""))
+    cases = mesh_cases(hidden)
+    return (f"{sum(k == 'good' for k, _ in cases)} meshes vs torch's order; ValueError for "
+            f"{sum(k == 'bad' for k, _ in cases)} bad sizes"
+            + (f" ({hidden_cases(__package__, 'mesh_groups').MESH_BAD_SHOWN})" if hidden else ""))
 
 
 # ----------------------------------------------------------------------------- predict_memory, stage_parameters
@@ -73,58 +72,53 @@ class MemoryConfig:
     elem_bytes: int = 4
 
 
-_NO_BIAS = dataclasses.replace(CFG, bias=False)
-_GQA = GPTConfig(vocab=64, d_model=32, n_heads=8, n_kv_heads=2, n_layers=6, seq_len=16, d_ff=96)
-_BIG = GPTConfig(vocab=32000, d_model=4096, n_heads=32, n_layers=32, seq_len=4096, d_ff=16384)
 MEMORY_CASES = [MemoryConfig(CFG, 2, 2, 2, s, 8, 2) for s in (0, 1)] + \
                [MemoryConfig(CFG, 1, 2, 4, s, 8, 2, "gpipe") for s in (0, 1)]
-MEMORY_HIDDEN = ([MemoryConfig(CFG, 2, 4, 1, s, 8, 4) for s in range(4)]          # 1F1B: p - stage in flight
-                 + [MemoryConfig(CFG, 1, 4, 2, s, 8, 2) for s in (0, 3)]          # ... at most m
-                 + [MemoryConfig(CFG, 4, 1, 2, 0, 8, 2, "gpipe", "sgd")]
-                 + [MemoryConfig(CFG, 4, 2, 1, s, 16, 2, zero_stage=z) for s in (0, 1) for z in (1, 2, 3)]
-                 + [MemoryConfig(_NO_BIAS, 2, 2, 2, 1, 8, 2), MemoryConfig(_GQA, 2, 3, 2, 1, 12, 2, "gpipe"),
-                    MemoryConfig(_BIG, 2, 4, 4, 0, 512, 128, zero_stage=1, elem_bytes=2),
-                    MemoryConfig(_BIG, 2, 4, 4, 3, 512, 128, zero_stage=1, elem_bytes=2)])
 PARTS = ("params", "grads", "optimizer", "activations")
 
 
 def memory_cases(hidden: bool) -> list[MemoryConfig]:
-    return MEMORY_CASES + (MEMORY_HIDDEN if hidden else [])
+    return MEMORY_CASES + (hidden_cases(__package__, "predict_memory").MEMORY if hidden else [])
 
 
 def memory_covered(hidden: bool) -> str:
     return (f"{len(memory_cases(hidden))} ranks' params, grads, optimizer, activations vs cost.parallel3d"
-            + (" (1F1B/GPipe, SGD, ZeRO 1-3, no bias, GQA, 7B)" if hidden else ""))
+            + (f" ({hidden_cases(__package__, 'predict_memory').MEMORY_SHOWN})" if hidden else ""))
 
 
 #: (cfg, pp, tp): every stage of each
 STAGE_CASES = [(CFG, 2, 2), (CFG, 1, 4)]
-STAGE_HIDDEN = [(CFG, 4, 1), (_NO_BIAS, 2, 2), (_GQA, 3, 2), (_GQA, 1, 1), (_BIG, 4, 4), (_BIG, 8, 8)]
+
+
+def _stage_layouts(hidden: bool) -> list[tuple]:
+    return STAGE_CASES + (hidden_cases(__package__, "stage_parameters").STAGES if hidden else [])
 
 
 def stage_cases(hidden: bool) -> list[tuple]:
     """(cfg, pp, tp, stage) for every stage of every layout."""
-    return [(cfg, pp, tp, stage) for cfg, pp, tp in STAGE_CASES + (STAGE_HIDDEN if hidden else [])
-            for stage in range(pp)]
+    return [(cfg, pp, tp, stage) for cfg, pp, tp in _stage_layouts(hidden) for stage in range(pp)]
 
 
 def stage_covered(hidden: bool) -> str:
-    n = len(STAGE_CASES) + (len(STAGE_HIDDEN) if hidden else 0)
-    return f"{n} layouts, every stage, exact counts" + (" (no bias, GQA, 7B)" if hidden else "")
+    shown = f" ({hidden_cases(__package__, 'stage_parameters').STAGES_SHOWN})" if hidden else ""
+    return f"{len(_stage_layouts(hidden))} layouts, every stage, exact counts" + shown
 
 
 # ----------------------------------------------------------------------------- train_step_3d
 STEP_LAYOUTS = [Layout(2, 2, 2, "1f1b", 2), Layout(1, 2, 4, "gpipe", 2)]
-STEP_HIDDEN = [Layout(2, 4, 1, "1f1b", 4), Layout(4, 1, 2, "gpipe", 2)]
+
+
+def _step_layouts(hidden: bool) -> list[Layout]:
+    return hidden_cases(__package__, "train_step_3d").STEP if hidden else STEP_LAYOUTS
 
 
 def step_cases(hidden: bool) -> list[tuple]:
     """One launch: (8 ranks, the layouts it trains)."""
-    return [(WORLD, tuple(STEP_HIDDEN if hidden else STEP_LAYOUTS))]
+    return [(WORLD, tuple(_step_layouts(hidden)))]
 
 
 def step_covered(hidden: bool) -> str:
-    layouts = STEP_HIDDEN if hidden else STEP_LAYOUTS
+    layouts = _step_layouts(hidden)
     return ", ".join(x.name for x in layouts) + ": losses, weights, traffic by axis, the schedule's F/B order, inputs unchanged"
 
 

@@ -17,9 +17,13 @@ import torch.distributed as dist
 from minidist.checks.kit.launch import launch_named, mark_case
 from minidist.checks.kit.quiet import passes_quietly
 from minidist.checks.lab7_3d_parallel import answers
-from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, OPTIMIZER, STEP_CHECK_TIMEOUT, STEP_HIDDEN,
-                                                    STEP_LAYOUTS, STEPS, WORLD, MemoryConfig, one_process, setup)
+from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, OPTIMIZER, STEP_CHECK_TIMEOUT, STEP_LAYOUTS, STEPS,
+                                                    WORLD, MemoryConfig, one_process, setup)
 from minidist.checks.lab7_3d_parallel.verdicts import expected_memory, traffic_by_axis
+from minidist.harness.parallel3d import Layout
+
+#: measured after the visible layouts: a deeper pipeline, m = 4 micro-batches over 4 stages
+DEEPER = Layout(2, 4, 1, "1f1b", 4)
 
 
 @passes_quietly
@@ -28,7 +32,7 @@ def measure(train_step_3d, layouts=None, timeout: float = STEP_CHECK_TIMEOUT) ->
     2×4×1 1F1B): per layout and rank, the losses' error vs one process, the traced bytes by
     axis, the model states held after the step (``minidist.memory.model_state_bytes``) and the
     activation peak the executor measured (``ActivationMeter``), with the cost model's numbers."""
-    layouts = list(layouts or STEP_LAYOUTS + STEP_HIDDEN[:1])
+    layouts = list(layouts or STEP_LAYOUTS + [DEEPER])
     ref_losses, ref_state = one_process()
     out = launch_named(_measured, WORLD, train_step_3d, layouts, name="measure", timeout=timeout,
                        reference=partial(_setup, state=ref_state))

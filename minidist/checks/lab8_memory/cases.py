@@ -1,5 +1,6 @@
-"""Lab 8's cases: the case tables (visible and hidden), the models, batches and inputs every case
-draws from its seeds, the checks' own loss scaler, and what a passing test's ✓ line says it covered.
+"""Lab 8's cases: the visible case tables (the hidden ones are the grader's, in ``hidden.py``), the
+models, batches and inputs every case draws from its seeds, the checks' own loss scaler, and what a
+passing test's ✓ line says it covered.
 
 Micikevicius et al. 2018 (*Mixed Precision Training*: fp16 weights and gradients, an fp32 master
 copy, loss scaling); Rajbhandari et al. 2019 (ZeRO: 2 + 2 + 12 bytes per parameter with Adam,
@@ -14,6 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.memory import ActivationMeter, model_state
 from minidist.models import TinyGPT
 from minidist.runtime import device as rank_device
@@ -44,61 +46,46 @@ def scaler_cases(hidden: bool) -> list[tuple]:
     settings = [dict(init_scale=8.0, growth_interval=3)]
     bad = []
     if hidden:
-        settings += [dict(init_scale=2.0 ** 10, growth_factor=4.0, backoff_factor=0.25, growth_interval=1),
-                     dict(init_scale=1.0, growth_interval=2)]
-        bad = [dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.5), dict(growth_interval=0)]
+        h = hidden_cases(__package__, SCALER)
+        settings, bad = settings + h.SCALER_SETTINGS, h.SCALER_BAD
     return [("start", {}), ("scale", {})] + [("history", kw) for kw in settings] + [("bad", kw) for kw in bad]
 
 
 def unscale_cases(hidden: bool) -> list[dict]:
     """The scaler's ``unscale_`` on groups of t ranks: an inf, NaN or -inf on one rank only."""
-    ts = (1, 2, 3, 4) if hidden else (2, 4)
+    h = hidden_cases(__package__, SCALER) if hidden else None
+    ts = h.TS if hidden else (2, 4)
     cases = [dict(t=t, dtype=F32, **v) for t in ts for v in ({}, {"bad_rank": 0})]
     # an overflow in the first group only: the other group must not skip (agreement within a group)
     cases += [dict(t=2, dtype=F32, bad_rank=1, bad_group=0)]
-    if hidden:
-        cases += [dict(t=t, dtype=F32, bad_rank=t - 1, bad=float("nan"), no_grad=1) for t in ts]
-        cases += [dict(t=t, dtype=F16, bad_rank=1, bad=float("-inf")) for t in (2, 3)]
-        cases += [dict(t=t, dtype=F32, scale=1000.0) for t in (1, 4)]
-    return cases
+    return cases + (h.UNSCALE if hidden else [])
 
 
 def step_cases(hidden: bool) -> list[dict]:
     """Either step on groups of t ranks (the same table for both)."""
-    if not hidden:
-        return ([dict(t=t, dtype="fp16", scaler=True, opt="sgd") for t in (2, 4)]
-                + [dict(t=t, dtype="bf16", scaler=False, opt="adam") for t in (2, 4)])
-    ts = (1, 2, 3, 4)
-    return ([dict(t=t, dtype="fp16", scaler=True, opt="adam", steps=3, overflow=(1, t - 1), vs_fp32=True) for t in ts]
-            + [dict(t=t, dtype="bf16", scaler=False, opt="sgd", steps=3, vs_fp32=True) for t in (1, 3)]
-            + [dict(t=t, raises=True) for t in (2, 3)])
+    if hidden:
+        return hidden_cases(__package__, "mixed_precision_step / zero1_mixed_precision_step").STEPS
+    return ([dict(t=t, dtype="fp16", scaler=True, opt="sgd") for t in (2, 4)]
+            + [dict(t=t, dtype="bf16", scaler=False, opt="adam") for t in (2, 4)])
 
 
 def recompute_cases(hidden: bool) -> list[dict]:
     cases = [dict(policy=p, dropout=0.1) for p in ("full", "selective")]
-    if hidden:
-        cases += [dict(policy=p, dropout=0.0) for p in ("none", "full", "selective")]
-        cases += [dict(policy=p, dropout=0.1, n_layers=3) for p in ("full", "selective")]
-        cases += [dict(policy="checkpoint", dropout=0.0, raises=True)]
-    return cases
+    return cases + (hidden_cases(__package__, "recompute_blocks").RECOMPUTE if hidden else [])
 
 
+#: the ✓ line of each visible check (the hidden ones': hidden.COVERED)
 COVERED = {
     "DynamicLossScaler": ("scale, update's history, unscale_ in place on t=2,4 with an inf on one rank, "
-                          "and an inf in one group only (the other group must not skip)",
-                          "t=1..4, NaN/-inf on one rank, fp16 grads, a missing grad, scale 1000, bad arguments"),
-    "mixed_precision_step": ("t=2,4: fp16+scaler+SGD, bf16+Adam vs the fp32 shadow; bytes 2+2+12 / 2+12",
-                             "t=1..4: overflow on one rank skipped everywhere, 3 steps, vs fp32 training, ValueError"),
-    "zero1_mixed_precision_step": ("t=2,4, uneven shards: fp16+scaler+SGD, bf16+Adam; bytes 2+2+12/N / 2+12/N",
-                                   "t=1..4: overflow on one rank's shard skipped everywhere, vs fp32 training, "
-                                   "ValueError"),
-    "recompute_blocks": ("full, selective with dropout: output, grads, RNG, saved bytes = formula",
-                         "none, no dropout, 3 layers, bad policy (ValueError)"),
+                          "and an inf in one group only (the other group must not skip)"),
+    "mixed_precision_step": "t=2,4: fp16+scaler+SGD, bf16+Adam vs the fp32 shadow; bytes 2+2+12 / 2+12",
+    "zero1_mixed_precision_step": "t=2,4, uneven shards: fp16+scaler+SGD, bf16+Adam; bytes 2+2+12/N / 2+12/N",
+    "recompute_blocks": "full, selective with dropout: output, grads, RNG, saved bytes = formula",
 }
 
 
 def covered(name: str, hidden: bool) -> str:
-    return COVERED[name][hidden]
+    return hidden_cases(__package__, name).COVERED[name] if hidden else COVERED[name]
 
 
 # ----------------------------------------------------------------------------- the steps' model, data, scaler

@@ -1,6 +1,7 @@
-"""Lab 9's cases: the case tables (visible and hidden), the tokens, expert choices, experts and
-gradients every case draws from its seeds (so one process rebuilds any rank's case), the stand-ins
-for the notebook's other functions, and what a passing test's ✓ line says it covered.
+"""Lab 9's cases: the visible case tables (the hidden ones are the grader's, in ``hidden.py``), the
+tokens, expert choices, experts and gradients every case draws from its seeds (so one process
+rebuilds any rank's case), the stand-ins for the notebook's other functions, and what a passing
+test's ✓ line says it covered.
 
 Group rank s holds ``N + s`` tokens (uneven on purpose); hidden cases send every token to one
 rank, starve an expert, or drop every choice of a rank. Routes and rows of a whole group come from
@@ -12,6 +13,7 @@ import torch
 
 import minidist
 from minidist.checks.kit.compare import seeded
+from minidist.checks.kit.withheld import hidden_cases
 from minidist.checks.lab9_expert_parallel import reference as ref
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
@@ -40,23 +42,14 @@ def router_cases(hidden: bool) -> list[dict]:
              # first choices first: here a queue in token order would keep 6 other choices
              dict(n=10, E=4, k=2, capacity=1.0, dtype=F32, skew=3.0)]
     if hidden:
-        cases += [dict(n=12, E=8, k=2, capacity=1.25, dtype=F64, skew=3.0),
-                  dict(n=9, E=3, k=1, capacity=0.5, dtype=F32),
-                  dict(n=16, E=8, k=2, capacity=1.0, dtype=F32, skew=2.0), dict(n=7, E=5, k=5, capacity=None, dtype=F64),
-                  dict(n=10, E=4, k=2, capacity=2.0, dtype=F32, skew=4.0), dict(n=11, E=4, k=2, capacity=0.7, dtype=F64),
-                  dict(n=6, E=4, k=5, capacity=None, dtype=F32, raises="k > E"),
-                  dict(n=6, E=4, k=0, capacity=None, dtype=F32, raises="k = 0"),
-                  dict(n=6, E=4, k=1, capacity=0.0, dtype=F32, raises="capacity_factor = 0"),
-                  dict(n=6, E=4, k=1, capacity=-1.0, dtype=F32, raises="capacity_factor < 0"),
-                  dict(n=6, E=4, k=1, capacity=None, dtype=F32, raises="logits of 3 dimensions")]
+        cases += hidden_cases(__package__, "top_k_router").ROUTER
     return cases
 
 
 def loss_cases(hidden: bool) -> list[dict]:
     cases = [dict(n=10, E=4, k=2, dtype=F32)]
     if hidden:
-        cases += [dict(n=12, E=8, k=1, dtype=F64), dict(n=10, E=4, k=2, dtype=F32, starve=True),
-                  dict(n=9, E=6, k=3, dtype=F64), dict(n=6, E=4, k=1, dtype=F32, raises=True)]
+        cases += hidden_cases(__package__, "load_balancing_loss").LOSS
     return cases
 
 
@@ -64,25 +57,15 @@ def exchange_cases(name: str, hidden: bool) -> list[dict]:
     """``ep_dispatch``'s and ``ep_combine``'s cases on groups of t ranks (dispatch's bad input too)."""
     cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
     if hidden:
-        cases += [dict(t=1, E=4, k=2, dtype=F64), dict(t=2, E=2, k=1, dtype=F64),
-                  dict(t=4, E=8, k=1, dtype=F32, load="one_rank"), dict(t=2, E=8, k=2, dtype=F64, load="one_rank"),
-                  dict(t=4, E=8, k=2, dtype=F32, load="empty_expert"),
-                  dict(t=2, E=6, k=2, dtype=F32, load="dropped"),
-                  dict(t=4, E=4, k=1, dtype=F64, load="dropped")]
-        if name == "ep_dispatch":
-            cases += [dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="rows")]
+        h = hidden_cases(__package__, name)
+        cases += h.EXCHANGE + (h.DISPATCH_RAISES if name == "ep_dispatch" else [])
     return cases
 
 
 def moe_cases(hidden: bool) -> list[dict]:
     cases = [dict(t=t, E=2 * t, k=2, dtype=F32) for t in (2, 4)]
     if hidden:
-        cases += [dict(t=1, E=2, k=1, dtype=F64), dict(t=2, E=4, k=1, dtype=F64, skew=True),
-                  dict(t=4, E=8, k=2, dtype=F32, capacity=1.0, skew=True),
-                  dict(t=2, E=6, k=2, dtype=F64, capacity=0.5), dict(t=4, E=4, k=1, dtype=F32, capacity=1.5),
-                  dict(t=4, E=6, k=1, dtype=F32, raises="split"), dict(t=2, E=4, k=2, dtype=F32, raises="k"),
-                  dict(t=2, E=4, k=2, dtype=F32, capacity=0.0, raises="capacity"),
-                  dict(t=4, E=4, k=1, dtype=F32, raises="shape")]
+        cases += hidden_cases(__package__, "moe_layer").MOE
     return cases
 
 
@@ -117,11 +100,7 @@ _COVERED = {"ep_dispatch": "rows, route, tokens.grad and traced bytes",
 
 def on_ranks_covered(name: str, hidden: bool) -> str:
     ts = sorted({c["t"] for c in (moe_cases(hidden) if name == "moe_layer" else exchange_cases(name, hidden))})
-    extra = "; k = 2, fp32"
-    if hidden:
-        extra = ("; k = 1, 2, fp32/fp64, capacity and dropless, a starved expert, bad input" if name == "moe_layer" else
-                 "; k = 1, 2, fp32/fp64, one busy rank, a starved expert, a rank that sends nothing"
-                 + (", bad input" if name == "ep_dispatch" else ""))
+    extra = "; " + (hidden_cases(__package__, name).COVERED[name] if hidden else "k = 2, fp32")
     return f"t = {', '.join(map(str, ts))}: {_COVERED[name]}{extra}"
 
 

@@ -1,0 +1,23 @@
+"""Lab 10's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases` and adds them after the
+visible ones (the state shapes and ``lay`` are ``cases.py``'s)."""
+import torch
+
+from minidist.checks.lab10_checkpointing.cases import UNEVEN, lay
+
+SAVE = [dict(seed=4, shapes=UNEVEN, layout=lay("rows", 4)),          # 7 and 5 rows over 4 ranks
+        dict(seed=5, shapes=UNEVEN, layout=lay("cols", 3)),
+        dict(seed=6, shapes=UNEVEN, layout=lay("rows", 4), dtype=torch.float64, crash_at=3),
+        dict(seed=7, shapes={"w": (3, 2)}, layout=lay("rows", 4))]       # rank 3 holds nothing
+
+LOAD = [dict(seed=14, shapes=UNEVEN, saved=lay("replicated", 2), load=lay("cols", 3)),
+        dict(seed=15, shapes=UNEVEN, saved=lay("cols", 3), load=lay("replicated", 2)),
+        dict(seed=16, shapes=UNEVEN, saved=lay("rows", 4), load=lay("cols", 4), dtype=torch.float64),
+        dict(seed=17, shapes=UNEVEN, saved=lay("cols", 2), load=lay("rows", 3), torn=True)]
+
+#: directories under a root, each (name, what happened to it), and the one a restart must use
+LATEST = [dict(dirs=[("step_1", "good"), ("step_2", "corrupted")], want="step_1"),
+          dict(dirs=[("step_7", "torn"), ("step_8", "garbled")], want=None),
+          dict(dirs=[], want=None),
+          dict(dirs=[("step_98", "good"), ("step_99", "truncated"), ("step_100", "torn"),
+                     ("step_101.tmp", "good")], want="step_98")]
