@@ -78,7 +78,9 @@ def build(out: Path) -> dict:
         shutil.copytree(lab, out / "labs" / lab.name,
                         ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     wheel = out / "wheels" / wheel.name
-    (out / "README.md").write_text(README.format(wheel=wheel.name, first=labs[0].name))
+    # by number, not by name: "lab10_..." sorts before "lab1_..."
+    number, first = min((int(p.name[3:].split("_")[0]), p.name) for p in labs)
+    (out / "README.md").write_text(README.format(wheel=wheel.name, number=number, first=first))
     return {"labs": [p.name for p in labs], "wheel": wheel, "readme": out / "README.md"}
 
 
@@ -115,7 +117,7 @@ It says which backends and GPUs it found, whether ranks launch, and whether Jupy
 
 In this folder (the one that holds `labs/`):
 
-    minidist lab copy 1 ~/minidist-work
+    minidist lab copy {number} ~/minidist-work
     jupyter lab ~/minidist-work/{first}
 
 `lab copy` copies a lab into a folder of your own and never overwrites anything, so `labs/` stays as

@@ -5,6 +5,7 @@ release's, and where ``hidden=True`` stops, before any launch, with one line nam
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -240,9 +241,14 @@ def test_the_grader_still_has_every_labs_hidden_cases():
 
 
 def test_lab_copy_works_in_the_distributions_folder(dist, venv, tmp_path):
-    """The student README's `minidist lab copy 1 DEST`, run in the folder that holds labs/."""
-    r = subprocess.run([str(venv["python"].parent / "minidist"), "lab", "copy", "1", str(tmp_path / "work")],
+    """The student README's `minidist lab copy N DEST`, run in the folder that holds labs/, makes the
+    folder its next line opens in Jupyter."""
+    readme = dist["readme"].read_text()
+    number = re.search(r"minidist lab copy (\d+) ~/minidist-work\n", readme).group(1)
+    opened = re.search(r"jupyter lab ~/minidist-work/(\S+)\n", readme).group(1)
+    assert (number, opened) == ("1", LAB)
+    r = subprocess.run([str(venv["python"].parent / "minidist"), "lab", "copy", number, str(tmp_path / "work")],
                        capture_output=True, text=True, cwd=dist["readme"].parent, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    copied = tmp_path / "work" / LAB / f"{LAB}.ipynb"
+    copied = tmp_path / "work" / opened / f"{LAB}.ipynb"
     assert copied.read_bytes() == (ROOT / "labs" / LAB / f"{LAB}.ipynb").read_bytes()
