@@ -68,6 +68,36 @@ def test_a_failure_says_which_group_sizes_pass_when_that_tells_them_apart():
     assert by_group_size({2: [True, False], 4: [False]}) == ""       # every size fails somewhere: nothing to say
 
 
+
+# a sum of one input per rank (lab 1's collectives): which inputs each wrong chunk holds
+INPUTS = [seeded((8,), r, torch.float64) for r in range(4)]
+CHUNKS = [torch.stack(INPUTS).sum(0).tensor_split(4)[c] for c in range(4)]
+SUM_MISTAKES = [
+    # (the rank's result, its rank, its chunk (None: the whole sum), words the diagnosis must hold)
+    (torch.cat([CHUNKS[0], CHUNKS[1], INPUTS[2].tensor_split(4)[2] + INPUTS[3].tensor_split(4)[2], CHUNKS[3]]), 0, None,
+     ["chunk 2 holds the sum over ranks 2, 3 only (missing the input of ranks 0, 1)",
+      "a received chunk written over the running sum instead of added to it"]),
+    (torch.cat([CHUNKS[0], INPUTS[1].tensor_split(4)[1], CHUNKS[2], CHUNKS[3]]), 1, None,
+     ["chunk 1 holds this rank's own input only", "the phase that brings the result back"]),
+    (CHUNKS[3], 2, 2, ["chunk 2 holds the reduced chunk 3", "a chunk index off by one step"]),
+    (INPUTS[0].tensor_split(4)[1] + INPUTS[3].tensor_split(4)[1], 3, 3, ["chunk 3 holds chunk 1 summed over ranks 0, 3 only"]),
+]
+
+
+@pytest.mark.parametrize("got, rank, chunk, words", SUM_MISTAKES, ids=["partial", "own", "moved", "mixed"])
+def test_a_sum_missing_terms_names_the_ranks_whose_inputs_it_holds(got, rank, chunk, words):
+    from minidist.checks.kit.diagnosis import sum_of_which_inputs
+    message = sum_of_which_inputs(got, INPUTS, rank, chunk, lambda a, b: torch.allclose(a, b, rtol=0, atol=1e-12))
+    assert message.startswith("likely cause: "), message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_sum_that_no_inputs_make_gets_no_invented_cause():
+    from minidist.checks.kit.diagnosis import sum_of_which_inputs
+    noise = torch.stack(INPUTS).sum(0) + seeded((8,), 9, torch.float64)
+    assert sum_of_which_inputs(noise, INPUTS, 0, None, lambda a, b: torch.allclose(a, b)) == ""
+
 @pytest.mark.parametrize("shape", [(7,), (2, 3), (2, 12, 24), (3, 1, 4, 5)])
 def test_the_worst_element_is_named_at_torchs_index(shape):
     from minidist.checks.kit.diagnosis import _unravel

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from minidist.checks.kit.diagnosis import sum_of_which_inputs
 from minidist.checks.kit.run import mark
 from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.runtime import device
@@ -72,6 +73,7 @@ KINDS = {   # kind -> (how to call fn, reference result on rank r or None if unc
     "all_to_all": (lambda fn, x, c: fn(x), lambda xs, r, c: torch.cat([x.tensor_split(c.world_size)[r] for x in xs]), True),
 }
 ROOTED = {"broadcast", "reduce", "scatter", "gather"}
+SUMS = {"all_reduce", "reduce_scatter", "reduce"}
 
 
 # ----------------------------------------------------------------------------- running
@@ -130,7 +132,7 @@ def _show(t: torch.Tensor) -> str:
     return f"tensor of {t.numel()} elements, first {[round(v, 4) for v in t[:6].double().tolist()]} ..."
 
 
-def _compare(name, case, rank, got, want, exact):
+def _compare(name, case, rank, got, want, exact, inputs=None, chunk=None):
     head = f"{name} ({case}): rank {rank}"
     if not isinstance(got, torch.Tensor):
         raise AssertionError(f"{head} returned {type(got).__name__}; expected a tensor of shape {tuple(want.shape)}")
@@ -149,7 +151,9 @@ def _compare(name, case, rank, got, want, exact):
         f"{head} returned a wrong result: {len(bad)} of {got.numel()} elements differ"
         + (f" (in chunk(s) {chunks} of tensor_split({case.world_size}))" if chunks else "")
         + f".\n  expected (torch on the same inputs): {_show(want)}\n  got: {_show(got)}"
-        + f"\n  max |error| = {(got.double() - want.double()).abs().max().item():.3g}")
+        + f"\n  max |error| = {(got.double() - want.double()).abs().max().item():.3g}"
+        + (f"\n  {cause}" if inputs is not None and (cause := sum_of_which_inputs(
+            got, inputs, rank, chunk, lambda a, b: torch.allclose(a, b.to(a.dtype), **tol))) else ""))
 
 
 def check_results(name, kind, cases, results, seed=0, agree=None):
@@ -162,8 +166,9 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
         for r in range(case.world_size):
             got, _, unchanged = results[r][i]
             want = ref(xs, r, case)
-            if want is not None:
-                _compare(name, case, r, got, want, exact)
+            if want is not None:         # a sum: the diagnosis says which ranks' inputs each wrong chunk holds
+                _compare(name, case, r, got, want, exact, *((xs, r if kind == "reduce_scatter" else None)
+                                                             if kind in SUMS else ()))
             if not unchanged:
                 raise AssertionError(f"{name} ({case}): rank {r} modified its input tensor; "
                                      f"work on a copy (tensor.clone()) and return a new tensor")

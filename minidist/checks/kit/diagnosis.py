@@ -12,7 +12,9 @@ guess. The classic mistakes of distributed training leave fingerprints in the nu
   backward path), or a result never written;
 * **the right values in another order**: every row of the answer is a row of the reference
   (a permutation applied the wrong way, a chunk sent to the wrong peer), or the transpose;
-* **only some rows wrong**: which ones (one rank's share, one chunk).
+* **only some rows wrong**: which ones (one rank's share, one chunk);
+* **a sum missing some of its terms** (:func:`sum_of_which_inputs`, the collectives of lab 1): which
+  ranks' inputs each wrong chunk holds, and whether it is in its own place or another chunk's.
 
 Each is tested on its classic mistake in ``tests/test_diagnosis.py``. Tolerances are those of the
 comparison that found the mismatch (:func:`minidist.checks.kit.compare.tensor_error`), so a
@@ -149,3 +151,64 @@ def _some_rows(got, want, atol, factors, what):
     listed = ", ".join(map(str, wrong[:8])) + (", ..." if len(wrong) > 8 else "")
     return (f"{len(wrong)} of {got.shape[0]} {unit}s are wrong ({unit}{'s' if len(wrong) > 1 else ''} {listed}), the "
             f"others are right: look at what is special about those (one rank's share, one chunk, the last one)")
+
+
+
+WHY = {   # what each reading of a wrong chunk of a sum suggests, said once however many chunks show it
+    "partial": "a partial sum: a received chunk written over the running sum instead of added to it, "
+               "or a step or a phase left out?",
+    "own": "this rank's own input, never reduced or never replaced by the total: was the phase that "
+           "brings the result back left out?",
+    "moved": "the right sum in the wrong place: a chunk index off by one step, or the sender's index "
+             "used for the receiver's?",
+    "mixed": "a partial sum in the wrong place: an index off by one step, and a step missing?",
+}
+
+
+def sum_of_which_inputs(got: torch.Tensor, inputs: list, rank: int, chunk: int | None, close) -> str:
+    """For a reduction (a sum of one input per rank), which inputs each wrong chunk of rank ``rank``'s
+    result ``got`` holds: ``"likely cause: chunk 1 holds rank 0's input only (rank 1's missing): a
+    partial sum: ..."``, or "" when no sum of inputs matches.
+
+    ``got`` is the whole sum, read as ``tensor_split(len(inputs))`` (all-reduce, ``chunk=None``), or
+    its chunk ``chunk`` alone (reduce-scatter). ``close(a, b)`` is the comparison that found the
+    mismatch. The classic mistakes of a ring or a tree leave a chunk that is a partial sum or the
+    right sum in another chunk's place; with random inputs nothing else matches by chance."""
+    n = len(inputs)
+    pieces = [t.tensor_split(n) for t in inputs]
+    mine = list(enumerate(got.tensor_split(n))) if chunk is None else [(chunk, got)]
+    found = []
+    for c, piece in mine:
+        if piece.numel() and not close(piece, sum(p[c] for p in pieces)):
+            found.append(_partial_sum(piece, pieces, c, rank, close))
+    found = [f for f in found if f]
+    if not found:
+        return ""
+    shown = "; ".join(text for _, text in found[:3]) + ("; ..." if len(found) > 3 else "")
+    kinds = list(dict.fromkeys(kind for kind, _ in found))
+    return f"likely cause: {shown}: " + " ".join(WHY[k] for k in kinds)
+
+
+def _ranks(ranks) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _partial_sum(piece, pieces, c, rank, close) -> tuple[str, str] | None:
+    """(kind, "chunk c holds ...") for the sum of inputs this chunk equals, its own chunk's first."""
+    n = len(pieces)
+    subsets = sorted(range(1, 2 ** n), key=lambda s: -bin(s).count("1"))
+    for j in [c] + [j for j in range(n) if j != c]:
+        if pieces[0][j].shape != piece.shape:
+            continue
+        for s in subsets:
+            ranks = [r for r in range(n) if s >> r & 1]
+            if not close(piece, sum(pieces[r][j] for r in ranks)):
+                continue
+            missing = [r for r in range(n) if r not in ranks]
+            if j != c:
+                return (("moved", f"chunk {c} holds the reduced chunk {j}") if not missing else
+                        ("mixed", f"chunk {c} holds chunk {j} summed over {_ranks(ranks)} only"))
+            if ranks == [rank]:
+                return "own", f"chunk {c} holds this rank's own input only"
+            return "partial", f"chunk {c} holds the sum over {_ranks(ranks)} only (missing the input of {_ranks(missing)})"
+    return None

@@ -124,8 +124,18 @@ def load_resharded(case, answer) -> str | None:
         for name, full in state.items():
             want = ref.piece(full, *ref.box(full.shape, layout, r))
             if problem := _exact(f"rank {r}'s {name}", got[name], want):
-                return f"{label}: {problem}"
+                return f"{label}: {problem}{_saved_piece(got[name], full, case['saved'], r)}"
     return None
+
+
+def _saved_piece(got, full, saved: dict, r: int) -> str:
+    """"; likely cause: ..." when rank r returned its piece of the layout the checkpoint was SAVED in."""
+    old = ref.piece(full, *ref.box(full.shape, saved, r)) if r < saved["world"] else None
+    if isinstance(got, torch.Tensor) and old is not None and got.shape == old.shape and torch.equal(got, old):
+        return (f"; likely cause: it is rank {r}'s piece of the layout the checkpoint was saved in ({saved['kind']} on "
+                f"{saved['world']} ranks): a load reads the boxes that overlap the NEW layout's piece and copies "
+                f"their overlap, whatever layout wrote them")
+    return ""
 
 
 def latest_checkpoint(case, answer) -> str | None:

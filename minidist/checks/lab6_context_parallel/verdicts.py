@@ -47,6 +47,37 @@ def zigzag_part(x, r, t, dim=SEQ):
     return torch.cat([chunks[r], chunks[2 * t - 1 - r]], dim=dim)
 
 
+def attention_slip(got, q, k, v, causal, cut, dtype=None) -> str:
+    """"; likely cause: ..." when ``got`` equals full attention with one classic slip (the 1/√d
+    scale left out, the causal mask ignored or added), cut to the rank's part by ``cut``; else ""."""
+    if not isinstance(got, torch.Tensor):
+        return ""
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    slips = [("attention without the 1/√d scale: softmax(q·kᵀ) instead of softmax(q·kᵀ/√d)", causal, 1.0),
+             ("attention without the causal mask" if causal else "causal attention, where no mask was asked",
+              not causal, None)]
+    for words, masked, scale in slips:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=masked, scale=scale, enable_gqa=True)
+        if tensor_error("", got, cut(out.transpose(1, 2)), dtype=dtype) is None:
+            return f"; likely cause: it equals {words}"
+    return ""
+
+
+def zigzag_held(got, x, r, t) -> str:
+    """"; likely cause: your shard holds chunks i and j ..." when ``got`` is two of the 2t chunks of ``x``
+    along the sequence, but not chunks r and 2t−1−r; else ""."""
+    chunks = x.tensor_split(2 * t, dim=SEQ)
+    if not isinstance(got, torch.Tensor) or got.dim() != x.dim():
+        return ""
+    held = [next((i for i, c in enumerate(chunks) if c.shape == p.shape and torch.equal(c, p)), None)
+            for p in got.tensor_split(2, dim=SEQ)]
+    if None in held or held == [r, 2 * t - 1 - r]:
+        return ""
+    return (f"; likely cause: your shard holds chunks {held[0]} and {held[1]} of the 2P = {2 * t} along the sequence; "
+            f"rank r holds chunks r and 2P−1−r (here {r} and {2 * t - 1 - r}), so that every rank gets an equal "
+            f"share of the causal triangle")
+
+
 def merged(out_a, lse_a, out_b, lse_b):
     """The merge in float64: lse = logaddexp(lse_a, lse_b), out = Σ exp(lse_x − lse)·out_x."""
     lse = torch.logaddexp(lse_a.double(), lse_b.double())
@@ -136,6 +167,8 @@ def ulysses(item, answer) -> list:
     ref, _ = reference_attention(*full, case["causal"])
     (ref * w).sum().backward()
     errs = [tensor_error("the output", answer["out"], cut(ref.detach()))]
+    if errs[0]:
+        errs[0] += attention_slip(answer["out"], q, k, v, case["causal"], cut)
     errs += [tensor_error(f"{n}.grad", g, cut(f.grad)) for n, g, f in zip("qkv", answer["grads"], full)]
     errs.append(given_unchanged(answer["given"], "qkv", [cut(x) for x in (q, k, v)]))
     if t > 1 and not any(errs):
@@ -157,6 +190,8 @@ def ring(item, answer) -> list:
             tensor_error("the lse", answer["lse"], part(lse, 2, r, t), dtype=lse_dtype),
             given_unchanged(answer["given"], "qkv", [cut(x) for x in (q, k, v)]),
             overlap(r, answer["late"]) if case.get("late") else None]
+    if errs[0]:
+        errs[0] += attention_slip(answer["out"], q, k, v, case["causal"], cut, dtype)
     if t > 1 and not any(errs):
         elem = torch.empty(0, dtype=dtype).element_size()
         block = cost.ring_attention_messages(B, S, h_kv, D, t, elem_bytes=elem)[0].nbytes
@@ -170,6 +205,8 @@ def zigzag(item, answer) -> list:
     if seq % (2 * t):
         return raise_verdict(answer, f"a sequence of {seq} does not cut into 2P = {2 * t} chunks")
     errs = [tensor_error("the shard", answer["out"], zigzag_part(x, r, t)), given_unchanged([answer["given"]], "x", [x])]
+    if errs[0]:
+        errs[0] += zigzag_held(answer["out"], x, r, t)
     if answer["traffic"]:
         ops = ", ".join(f"{k} of {b} B" for k, b in answer["traffic"])
         errs.append(f"zigzag_shard communicated ({ops}): every rank holds the full tensor already")

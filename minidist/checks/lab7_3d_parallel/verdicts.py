@@ -9,14 +9,19 @@ targets (digests), the executor's F/B spans and the collectives of the last step
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
+
+import torch
 
 from minidist import mesh
 from minidist.checks.kit.compare import tensor_error, untouched
-from minidist.checks.kit.launch import TOL
-from minidist.checks.lab7_3d_parallel.cases import BATCH, CFG, PARTS, WORLD, MemoryConfig, batch, one_process
+from minidist.checks.kit.diagnosis import likely_cause
+from minidist.checks.kit.launch import TOL, one_thread
+from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, LR, OPTIMIZER, PARTS, STEPS, WORLD, MemoryConfig, batch,
+                                                    one_process)
 from minidist.cost.parallel3d import memory_per_rank, stage_numel, step_collectives
-from minidist.harness.parallel3d import Layout, axis_of
+from minidist.harness.parallel3d import Layout, axis_of, reference_run
 from minidist.pipeline import make
 
 SMALL = 16                      # a collective of at most this many bytes is a loss report, in any form
@@ -204,7 +209,10 @@ def step_failure(name: str, layout: Layout, rank: int, row: dict) -> str | None:
                     "averaged over DP)" if step == 0 else
                     " (step 0 matched: the update differs, i.e. the gradients were reduced over the wrong "
                     "group or scaled wrong)")
-            return f"{where}: loss at step {step} is {got:.6f}, one process gets {want:.6f}{hint}"
+            cause = (likely_cause(torch.tensor([got]), torch.tensor([want]), TOL, sizes(layout)) if step == 0
+                     else scaled_gradients(row["losses"], layout))
+            return f"{where}: loss at step {step} is {got:.6f}, one process gets {want:.6f}{hint}" + (
+                f"; {cause}" if cause else "")
     if len(row["losses"]) != len(ref_losses):
         return f"{where}: {len(row['losses'])} losses for {len(ref_losses)} steps"
     weights, expected = row["weights"], row["expected"]
@@ -228,3 +236,28 @@ def step_failure(name: str, layout: Layout, rank: int, row: dict) -> str | None:
     problem = (schedule_problem(row["trace"].events, layout, stage)
                or traffic_problem(traffic_by_axis(row["trace"].comm(), rank, layout), layout, stage))
     return f"{where}: {problem}" if problem else None
+
+
+def sizes(layout: Layout) -> dict:
+    """The layout's sizes by the names the lab gives them (d × p × t, m micro-batches), for a
+    diagnosis that finds a constant factor."""
+    return {"d": layout.dp, "p": layout.pp, "t": layout.tp, "m": layout.micro_batches}
+
+
+@functools.lru_cache(maxsize=None)
+def _scaled_losses(factor: float) -> list[float]:
+    with one_thread():
+        return reference_run(CFG, STEPS, BATCH, optimizer=OPTIMIZER, lr=LR * factor)[0]
+
+
+def scaled_gradients(losses: list, layout: Layout) -> str:
+    """"likely cause: ..." when the losses are one process's with every gradient scaled by one of the
+    layout's sizes (SGD: a gradient c times too large is a learning rate c times too large), else ""."""
+    named = sizes(layout)
+    for c in sorted({v for v in named.values() if v > 1}):
+        for factor, how in ((c, "times"), (1 / c, "divided by")):
+            if all(abs(a - b) <= TOL for a, b in zip(losses, _scaled_losses(factor))):
+                label = " = ".join([f"{c:g}"] + [name for name, v in named.items() if v == c])
+                return (f"likely cause: these are one process's losses with every gradient {how} {label} (an "
+                        f"average over the wrong group, a sum not divided by d, or a loss scaled twice?)")
+    return ""

@@ -236,6 +236,10 @@ def recompute(case, answer) -> str | None:
                 answer["x_grad"] is not None else "x got no gradient"]
     problems += [tensor_error(f"gradient of {n}", g, p.grad) if g is not None else f"{n} got no gradient"
                  for n, g, p in zip(names, grads, blocks.parameters())]
+    if not problems[0] and problems[1] and "likely cause" not in problems[1] and case["dropout"] > 0:
+        problems[1] += ("; likely cause: the output is right and the gradients are not, with dropout on: the "
+                        "recomputed forward drew other dropout masks than the first (save the random state "
+                        "before the first forward and replay it for the recomputation)")
     problems.append(unchanged("input x", answer["x"], x0))
     digests = answer["weights"] if len(answer["weights"]) == len(names) else [None] * len(names)
     problems += [unchanged(f"weight {n}", d, w) for n, d, w in zip(names, digests, weights)]
