@@ -62,7 +62,8 @@ def build(out: Path) -> dict:
         raise ValueError(f"no released labs in {labs_dir()}: run `python -m autograder release` first")
     with tempfile.TemporaryDirectory(prefix="minidist-student-") as tmp:
         fresh = Path(tmp) / "wheels"
-        wheel = minidist_wheel(fresh, leave_out=hidden_tables())
+        # the wheel describes itself to students (pip show), not as the instructors' repository does
+        wheel = minidist_wheel(fresh, leave_out=hidden_tables(), readme=WHEEL_README)
         problems = wheel_problems(wheel)
         if problems:
             raise RuntimeError("the student wheel holds what it must not:\n" + "\n".join(problems))
@@ -83,6 +84,16 @@ def build(out: Path) -> dict:
     (out / "README.md").write_text(README.format(wheel=wheel.name, number=number, first=first))
     return {"labs": [p.name for p in labs], "wheel": wheel, "readme": out / "README.md"}
 
+
+WHEEL_README = """\
+# minidist
+
+The library of the minidist labs on distributed training: collectives built from send/recv, data
+parallelism, ZeRO and FSDP, pipeline schedules, tensor, context and expert parallelism, a 3D mesh,
+memory techniques and sharded checkpoints, on `torch.distributed` (gloo on CPU, NCCL on GPUs), with
+the labs' visible checks. `minidist doctor` checks a machine; `minidist lab copy N DEST` copies lab N
+out of a course's `labs/` folder. Your course hands out the labs and says how to submit them.
+"""
 
 README = """\
 # minidist: the labs

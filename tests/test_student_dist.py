@@ -99,6 +99,9 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
     assert {m.split("/")[0] for m in members} == {"minidist", "minidist-0.1.0.dist-info"}, "only the library"
     assert "minidist/checks/kit/withheld.py" in members and "minidist/checks/lab1_collectives/cases.py" in members
     assert not [m for m in members if m.endswith("hidden.py")], "a lab's hidden cases in the wheel"
+    described = zipfile.ZipFile(dist["wheel"]).read("minidist-0.1.0.dist-info/METADATA").decode()
+    assert student_dist.WHEEL_README in described and "make test" not in described, \
+        "the wheel describes itself to students, not as the instructors' repository"
     assert len(student_dist.hidden_tables()) >= 11          # labs 1-10 and the toy lab: the grader has them
 
     texts, public = _texts(out), _public_lines()

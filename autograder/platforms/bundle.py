@@ -69,10 +69,11 @@ cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core
 """
 
 
-def minidist_wheel(dest: Path, leave_out=()) -> Path:
+def minidist_wheel(dest: Path, leave_out=(), readme: str | None = None) -> Path:
     """A wheel of the library alone (``minidist*`` packages), built from this checkout without
     fetching anything (the interpreter's setuptools). ``leave_out``: files under minidist/ the wheel
-    must not hold (the student wheel's hidden case tables, :mod:`autograder.student_dist`)."""
+    must not hold (the student wheel's hidden case tables, :mod:`autograder.student_dist`);
+    ``readme``: the wheel's description (``pip show``, an index page), else this repository's README."""
     left_out = {Path(p).resolve() for p in leave_out}
 
     def ignore(folder, names):
@@ -88,7 +89,7 @@ def minidist_wheel(dest: Path, leave_out=()) -> Path:
         if include not in text:
             raise SystemExit(f"pyproject.toml: expected {include!r} to build a wheel of minidist alone")
         (src / "pyproject.toml").write_text(text.replace(include, 'include = ["minidist*"]'))
-        shutil.copy(REPO / "README.md", src / "README.md")
+        (src / "README.md").write_text(readme if readme is not None else (REPO / "README.md").read_text())
         shutil.copytree(REPO / "minidist", src / "minidist", ignore=ignore)
         r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                             "--disable-pip-version-check", "-w", str(dest), str(src)], capture_output=True, text=True)

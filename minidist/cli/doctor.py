@@ -18,6 +18,8 @@ import time
 from minidist.cli.output import wrap
 
 KERNEL = "minidist"                      # the kernel `make install` registers as "Python (minidist)"
+# for a student who installed the wheel as much as for a checkout (where `make install` does all of it)
+JUPYTER_FIX = f"{sys.executable} -m pip install jupyterlab ipykernel (in a checkout of minidist: make install)"
 
 
 class Skip(Exception):
@@ -113,7 +115,7 @@ def jupyter_row() -> str:
     """``jupyter lab`` runs (SKIP where Jupyter is not installed at all: not a lab machine)."""
     jupyter = _jupyter()
     if not jupyter:     # a node that only runs scripts (torchrun) needs none; a student's machine does
-        raise Skip("no jupyter next to this Python or on PATH; the labs need it: make install")
+        raise Skip(f"no jupyter next to this Python or on PATH; the labs need it: {JUPYTER_FIX}")
     out = subprocess.run([jupyter, "lab", "--version"], capture_output=True, text=True, timeout=120)
     if out.returncode:
         raise RuntimeError(f"{jupyter} lab --version failed: {(out.stderr.strip().splitlines() or ['?'])[-1]}")
@@ -125,7 +127,7 @@ def kernel_row() -> str:
     try:
         from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
     except ImportError:
-        raise Skip("Jupyter is not installed; the labs need it: make install") from None
+        raise Skip(f"Jupyter is not installed; the labs need it: {JUPYTER_FIX}") from None
     fix = f"{sys.executable} -m ipykernel install --sys-prefix --name {KERNEL} --display-name 'Python (minidist)'"
     try:
         spec = KernelSpecManager().get_kernel_spec(KERNEL)
