@@ -94,7 +94,10 @@ def same_dtype(shapes, dtype) -> list:
 def bucket_cases(hidden: bool) -> list[tuple]:
     """(shapes, dtypes, cap_bytes)."""
     fp32 = same_dtype(SHAPES, torch.float32)
-    configs = [(SHAPES, fp32, 700), (SHAPES, fp32, 2000)]
+    # 728: the second bucket is exactly 676 + 52 bytes (exactly cap_bytes still fits); bf16 at 400: other
+    # buckets than 4 bytes per element would give (a parameter's bytes are numel() * element_size())
+    configs = [(SHAPES, fp32, 700), (SHAPES, fp32, 2000), (SHAPES, fp32, 728),
+               (SHAPES, same_dtype(SHAPES, torch.bfloat16), 400)]
     if hidden:
         configs += [(shapes, same_dtype(shapes, dt), cap)
                     for shapes, dt, cap in hidden_cases(__package__, "make_buckets").BUCKETS]
@@ -107,9 +110,9 @@ def bucket_params(case) -> list:
 
 
 def bucket_covered(hidden: bool) -> str:
-    dtypes = hidden_cases(__package__, "make_buckets").BUCKETS_SHOWN if hidden else "fp32"
+    dtypes = hidden_cases(__package__, "make_buckets").BUCKETS_SHOWN if hidden else "fp32/bf16"
     return (f"{len(bucket_cases(hidden))} (parameters, cap) cases in {dtypes}"
-            + ": the greedy buckets in reverse order")
+            + ": the greedy buckets in reverse order, a bucket of exactly the cap, bytes by dtype")
 
 
 # ----------------------------------------------------------------------------- BucketedDDP

@@ -52,11 +52,12 @@ def split(case, answer) -> str | None:
 
 
 # ----------------------------------------------------------------------------- make_buckets
-def expected_buckets(sizes, cap) -> list[list[int]]:
-    """Greedy, in reverse parameter order: a bucket is closed when the next parameter would pass the cap."""
+def expected_buckets(sizes, cap, fits_exactly: bool = True) -> list[list[int]]:
+    """Greedy, in reverse parameter order: a bucket is closed when the next parameter would pass the cap
+    (``fits_exactly=False``: already when it would reach it, the classic off-by-one)."""
     out, cur, size = [], [], 0
     for i in reversed(range(len(sizes))):
-        if cur and size + sizes[i] > cap:
+        if cur and (size + sizes[i] > cap if fits_exactly else size + sizes[i] >= cap):
             out.append(cur)
             cur, size = [], 0
         cur.append(i)
@@ -79,12 +80,24 @@ def buckets(case, answer) -> str | None:
     # the contract fixes the buckets and their order, not the order inside a bucket
     if [sorted(b) for b in got] != [sorted(b) for b in want] or sum(map(len, got)) != len(params):
         kinds = sorted({str(dt).replace("torch.", "") for dt in dtypes})
-        return (f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
+        return (_bucket_cause(got, sizes, cap, params) +f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
                 f"parameter indices) {got}; expected {want} (any order inside a bucket). Buckets are filled "
                 f"greedily in REVERSE order (the order backward produces gradients), a bucket holds at most "
                 f"cap_bytes unless one tensor alone is bigger (a parameter's bytes: numel() * element_size()), "
                 f"and every parameter appears exactly once.")
     return None
+
+
+def _bucket_cause(got, sizes, cap, params) -> str:
+    """The rule a classic wrong answer breaks, named first (the two rules the text stresses)."""
+    if got == expected_buckets(sizes, cap, fits_exactly=False) != expected_buckets(sizes, cap):
+        return (f"A bucket of exactly cap_bytes = {cap} bytes was split: exactly cap_bytes still fits "
+                f"(close a bucket only when the next parameter would take it OVER the cap). ")
+    as_fp32 = [p.numel() * 4 for p in params]
+    if as_fp32 != sizes and got == expected_buckets(as_fp32, cap):
+        return ("These are the buckets of 4 bytes per element: a parameter's size in bytes is "
+                "p.numel() * p.element_size() (not every model is float32). ")
+    return ""
 
 
 # ----------------------------------------------------------------------------- training
