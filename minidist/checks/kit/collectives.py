@@ -167,8 +167,8 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
             got, _, unchanged = results[r][i]
             want = ref(xs, r, case)
             if want is not None:         # a sum: the diagnosis says which ranks' inputs each wrong chunk holds
-                _compare(name, case, r, got, want, exact, *((xs, r if kind == "reduce_scatter" else None)
-                                                             if kind in SUMS else ()))
+                sums = dict(inputs=xs, chunk=r if kind == "reduce_scatter" else None) if kind in SUMS else {}
+                _compare(name, case, r, got, want, exact, **sums)
             if not unchanged:
                 raise AssertionError(f"{name} ({case}): rank {r} modified its input tensor; "
                                      f"work on a copy (tensor.clone()) and return a new tensor")

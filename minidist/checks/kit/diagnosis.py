@@ -153,7 +153,6 @@ def _some_rows(got, want, atol, factors, what):
             f"others are right: look at what is special about those (one rank's share, one chunk, the last one)")
 
 
-
 WHY = {   # what each reading of a wrong chunk of a sum suggests, said once however many chunks show it
     "partial": "a partial sum: a received chunk written over the running sum instead of added to it, "
                "or a step or a phase left out?",
@@ -167,8 +166,8 @@ WHY = {   # what each reading of a wrong chunk of a sum suggests, said once howe
 
 def sum_of_which_inputs(got: torch.Tensor, inputs: list, rank: int, chunk: int | None, close) -> str:
     """For a reduction (a sum of one input per rank), which inputs each wrong chunk of rank ``rank``'s
-    result ``got`` holds: ``"likely cause: chunk 1 holds rank 0's input only (rank 1's missing): a
-    partial sum: ..."``, or "" when no sum of inputs matches.
+    result ``got`` holds: ``"likely cause: chunk 1 holds the sum over rank 0 only (missing the input of
+    rank 1): a partial sum: ..."``, or "" when no sum of inputs matches.
 
     ``got`` is the whole sum, read as ``tensor_split(len(inputs))`` (all-reduce, ``chunk=None``), or
     its chunk ``chunk`` alone (reduce-scatter). ``close(a, b)`` is the comparison that found the

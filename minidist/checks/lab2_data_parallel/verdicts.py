@@ -80,7 +80,7 @@ def buckets(case, answer) -> str | None:
     # the contract fixes the buckets and their order, not the order inside a bucket
     if [sorted(b) for b in got] != [sorted(b) for b in want] or sum(map(len, got)) != len(params):
         kinds = sorted({str(dt).replace("torch.", "") for dt in dtypes})
-        return (_bucket_cause(got, sizes, cap, params) +f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
+        return (_bucket_cause(got, sizes, cap, params) + f"make_buckets(params of {sizes} bytes ({'/'.join(kinds)}), cap_bytes={cap}): got buckets (as "
                 f"parameter indices) {got}; expected {want} (any order inside a bucket). Buckets are filled "
                 f"greedily in REVERSE order (the order backward produces gradients), a bucket holds at most "
                 f"cap_bytes unless one tensor alone is bigger (a parameter's bytes: numel() * element_size()), "

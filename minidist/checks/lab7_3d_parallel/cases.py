@@ -126,11 +126,12 @@ def describe(layout: Layout) -> str:
     return f"layout dp={layout.dp} x pp={layout.pp} x tp={layout.tp}, {layout.schedule}, m={layout.micro_batches}"
 
 
-@functools.lru_cache(maxsize=1)
-def one_process():
-    """One process on the full batch: (losses, final state dict), the reference of every layout."""
+@functools.lru_cache(maxsize=None)
+def one_process(lr_scale: float = 1.0):
+    """One process on the full batch: (losses, final state dict), the reference of every layout
+    (``lr_scale``: SGD with every gradient that many times too large, for a verdict's diagnosis)."""
     with one_thread():
-        return reference_run(CFG, STEPS, BATCH, optimizer=OPTIMIZER, lr=LR)
+        return reference_run(CFG, STEPS, BATCH, optimizer=OPTIMIZER, lr=LR * lr_scale)
 
 
 def batch(step: int, device="cpu"):

@@ -9,7 +9,6 @@ targets (digests), the executor's F/B spans and the collectives of the last step
 """
 from __future__ import annotations
 
-import functools
 from collections import Counter
 
 import torch
@@ -17,11 +16,10 @@ import torch
 from minidist import mesh
 from minidist.checks.kit.compare import tensor_error, untouched
 from minidist.checks.kit.diagnosis import likely_cause
-from minidist.checks.kit.launch import TOL, one_thread
-from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, LR, OPTIMIZER, PARTS, STEPS, WORLD, MemoryConfig, batch,
-                                                    one_process)
+from minidist.checks.kit.launch import TOL
+from minidist.checks.lab7_3d_parallel.cases import BATCH, CFG, PARTS, WORLD, MemoryConfig, batch, one_process
 from minidist.cost.parallel3d import memory_per_rank, stage_numel, step_collectives
-from minidist.harness.parallel3d import Layout, axis_of, reference_run
+from minidist.harness.parallel3d import Layout, axis_of
 from minidist.pipeline import make
 
 SMALL = 16                      # a collective of at most this many bytes is a loss report, in any form
@@ -244,19 +242,13 @@ def sizes(layout: Layout) -> dict:
     return {"d": layout.dp, "p": layout.pp, "t": layout.tp, "m": layout.micro_batches}
 
 
-@functools.lru_cache(maxsize=None)
-def _scaled_losses(factor: float) -> list[float]:
-    with one_thread():
-        return reference_run(CFG, STEPS, BATCH, optimizer=OPTIMIZER, lr=LR * factor)[0]
-
-
 def scaled_gradients(losses: list, layout: Layout) -> str:
     """"likely cause: ..." when the losses are one process's with every gradient scaled by one of the
     layout's sizes (SGD: a gradient c times too large is a learning rate c times too large), else ""."""
     named = sizes(layout)
     for c in sorted({v for v in named.values() if v > 1}):
         for factor, how in ((c, "times"), (1 / c, "divided by")):
-            if all(abs(a - b) <= TOL for a, b in zip(losses, _scaled_losses(factor))):
+            if all(abs(a - b) <= TOL for a, b in zip(losses, one_process(factor)[0])):
                 label = " = ".join([f"{c:g}"] + [name for name, v in named.items() if v == c])
                 return (f"likely cause: these are one process's losses with every gradient {how} {label} (an "
                         f"average over the wrong group, a sum not divided by d, or a loss scaled twice?)")
