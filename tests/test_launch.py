@@ -380,15 +380,20 @@ def test_a_rank_that_writes_a_pickle_as_its_result_runs_nothing_in_the_launcher(
 
     def body():
         import pickle
-        import tempfile
 
         class Runs:
             def __reduce__(self):
                 return (exec, (f"open({str(marker)!r}, 'w').close()",))
 
-        mine = [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("minidist-")
-                and os.path.exists(os.path.join(tempfile.gettempdir(), d, f"rank{dist.get_rank()}.status"))]
-        run_dir = max((os.path.join(tempfile.gettempdir(), d) for d in mine), key=os.path.getmtime)
+        # its own launch's folder, from the stack file every rank keeps open there (the newest
+        # minidist-* folder may be another launch's: pytest's workers launch side by side)
+        held = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                held.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        run_dir = next(os.path.dirname(p) for p in held if p.endswith(f"rank{dist.get_rank()}.stack"))
         with open(os.path.join(run_dir, f"rank{dist.get_rank()}.result"), "wb") as f:
             pickle.dump(Runs(), f)
         os._exit(0)
