@@ -7,6 +7,20 @@ from minidist.trace import trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: Test files that grade with the sandbox and the confirmation: each runs its own pool of jobs (two at
+#: a time) or its own confirmations, with the fixture lab's launch and cell timeouts sized for a 2-core
+#: machine that does nothing else. They get the marker ``serial``: `make test` runs every other test
+#: on two pytest workers (pytest-xdist), then these, one at a time, in one process. (Plain nbgrader's
+#: one kernel at a time, tests/test_nbgrader_plain.py, runs with the others.)
+SERIAL = ("test_autograder.py", "test_authoring.py", "test_cheats.py", "test_judge.py", "test_labs_selftest.py",
+          "test_platforms.py", "test_private_folder.py", "test_sandbox.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SERIAL:
+            item.add_marker(pytest.mark.serial)
+
 
 def pid_alive(pid: int) -> bool:
     """True while pid exists and is not a zombie."""

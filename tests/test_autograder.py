@@ -1,7 +1,10 @@
 """End-to-end tests of python -m autograder on the fixture lab (tests/fixtures/course).
 
 The broken submissions are graded as ONE batch with --jobs 2 (module fixture) and the
-tests assert on its outputs, to keep the suite fast.
+tests assert on its outputs, to keep the suite fast. Two attacks of the attack bank ride in it (a
+verdict forged in the kernel and in the confirmation's child, a library answer run through ``exec``);
+with the root kernel of tests/test_private_folder.py and test_sandbox.py, `make test` grades one
+attack on each layer of the defence. The whole banks are tests/test_cheats.py (`make test-attacks`).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pathlib import Path
 import pytest
 from nbformat.v4 import new_code_cell
 
+from attack_bank import attack_bank
 from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
 
@@ -27,6 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 # grade --due: sol2 hands in 25 h late (2 started days: 20 % off with the course's per-day penalty)
 DUE = "2025-01-10 12:00:00 +0000"
 TIMESTAMPS = {"sol2": "2025-01-11 13:00:00.000000 UTC", "sol3": "2025-01-10 11:00:00.000000 UTC"}
+#: the attacks graded in this batch: student -> (notebook, files, the score it deserves, tests flagged)
+ATTACKS = ("walk_stack", "exec_library")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,13 +61,18 @@ def course(tmp_path_factory, fixture_course):
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
     from autograder.grade import grade
-    subs = write_class(tmp_path_factory.mktemp("subs"), broken_class(course["solution"], course["release"], course["source"]))
+    attacks = {s: a for s, a in attack_bank(course["solution"], course["release"]).items() if s in ATTACKS}
+    assert all(not files for _, files, _, _ in attacks.values())
+    subs = write_class(tmp_path_factory.mktemp("subs"),
+                       {**broken_class(course["solution"], course["release"], course["source"]),
+                        **{s: nb for s, (nb, _, _, _) in attacks.items()}})
     for student, when in TIMESTAMPS.items():
         (subs / student / LAB / "timestamp.txt").write_text(when)
     out = tmp_path_factory.mktemp("out")
     t0 = time.time()
     r = grade(subs, out, jobs=2, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False,
               due={LAB: DUE})
+    r["attacks"] = attacks
     r["subs"] = subs
     r["elapsed"] = time.time() - t0
     rows = list(csv.DictReader(open(out / "results.csv")))
@@ -82,7 +93,7 @@ def total(g, student):
 # ---------------------------------------------------------------- outputs
 def test_every_submission_gets_a_grade_and_reasons(graded, course):
     from autograder_fixtures import broken_class
-    students = set(broken_class(course["solution"], course["release"], course["source"]))
+    students = set(broken_class(course["solution"], course["release"], course["source"])) | set(ATTACKS)
     assert set(graded["grades"]) == students
     for s in students:
         for c in ("test_add", "test_allsum"):
@@ -112,6 +123,18 @@ def test_deterministic(graded):
     views = [[(c, row(graded, s, c)["points"], row(graded, s, c)["status"])
               for c in ("test_add", "test_allsum")] for s in ("sol1", "sol2", "sol3")]
     assert views[0] == views[1] == views[2]
+
+
+def test_two_attacks_gain_nothing(graded):
+    """A verdict forged in the kernel and in the confirmation's child (refused by its parent), and a
+    library answer under another file name (refused by the check)."""
+    for student, (_, _, deserved, unconfirmed) in graded["attacks"].items():
+        assert total(graded, student) == deserved, (student, graded["grades"][student])
+        for test in ("test_add", "test_allsum"):
+            flagged = "not confirmed: tampering suspected" in row(graded, student, test)["flags"]
+            assert flagged == (test in unconfirmed), (student, test, row(graded, student, test))
+    assert "sys._getframe" in row(graded, "walk_stack", "test_add")["flags"]
+    assert "called minidist's own implementation: mine.ring_all_reduce" in row(graded, "exec_library", "test_allsum")["reason"]
 
 
 # ---------------------------------------------------------------- instructor workflow
@@ -246,7 +269,7 @@ def test_corrupt_json(graded):
 
 
 def test_parallel_batch_is_fast_enough(graded):
-    # 20 submissions, several of which hit 10 s timeouts: the batch must not serialise
+    # 22 submissions, several of which hit 10 s timeouts: the batch must not serialise
     n = len(graded["grades"])
     assert graded["elapsed"] < n * 15, graded["elapsed"]
 

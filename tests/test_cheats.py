@@ -12,6 +12,9 @@ batch's processes killed (only in a sandbox: without one it would kill the test 
 installed minidist edited. And honest submissions, one of them importing a helper module handed
 in next to its notebook (it must work in both runs). The attacks of issue 27 (tests/attack_bank.py)
 are graded in the same batch: nothing outside the sandbox changes, each gains nothing.
+
+About 4 minutes on 2 cores, so it is its own stage (`make test-attacks`, marker ``attacks``), run by
+`.ci/run` after `make test`; `make test` grades a few of these attacks in tests/test_autograder.py's batch.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ import time
 
 import pytest
 
-from attack_bank import MACHINE, PRESTARTED_POOL, attack_bank
+from attack_bank import MACHINE, attack_bank
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
+
+pytestmark = pytest.mark.attacks        # `make test-attacks` (README: the suites); `.ci/run` runs it
 
 CELL_TIMEOUT, WALL = 20, 150
 
@@ -295,20 +300,3 @@ def test_feedback_for_everyone_and_bounded(batch, tmp_path):
 def test_a_timeout_gets_a_second_chance(batch):
     row = batch["rows"][("slow_under_load", "test_allsum")]
     assert row["points"] == "2.0" and "passed when run again with timeouts x3" in row["flags"], row
-
-
-def test_a_thread_running_before_the_graded_call_is_refused_library_answers():
-    """Issue 27: a pool worker started before the graded call (in a solution cell) answers with
-    minidist's ring_all_reduce: refused like a call on the graded thread; the same pool doing the
-    student's own work is not (a pure check's ``graded_call``, as labs 2, 4 and 6 make; 0.1 s)."""
-    import torch
-    from minidist.checks.kit.refusal import Refusal, graded_call
-    refused = Refusal("an all-reduce", ("minidist.collectives",))
-    ns: dict = {}
-    exec(compile(PRESTARTED_POOL, "<cell prestarted>", "exec"), ns)
-    try:
-        with pytest.raises(AssertionError, match="called minidist's own implementation: minidist.collectives"):
-            graded_call(refused, "allsum", ns["allsum"], torch.ones(3))
-        assert torch.equal(graded_call(refused, "honest", ns["honest"], torch.ones(3)), torch.full((3,), 2.0))
-    finally:
-        ns["pool"].shutdown()

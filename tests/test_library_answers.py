@@ -14,6 +14,8 @@ from minidist.checks import lab4_pipeline as lab4
 from minidist.checks.kit.refusal import LibraryAnswer, graded_call, refusing
 from minidist.checks.kit.refused_code import Refusal
 
+from attack_bank import PRESTARTED_POOL
+
 REFUSED_TEXT = "called minidist's own implementation"
 
 
@@ -225,3 +227,18 @@ def test_threads_started_by_graded_code_are_refused_too():
     seen = []
     graded_call(refusal, "backward", lambda: seen.append(torch._C._is_multithreading_enabled()))
     assert seen == [False] and torch._C._is_multithreading_enabled()     # autograd: the calling thread only
+
+
+def test_a_thread_running_before_the_graded_call_is_refused_library_answers():
+    """Issue 27: a pool worker started before the graded call (in a solution cell) answers with
+    minidist's ring_all_reduce: refused like a call on the graded thread; the same pool doing the
+    student's own work is not (a pure check's ``graded_call``, as labs 2, 4 and 6 make; 0.1 s)."""
+    refused = Refusal("an all-reduce", ("minidist.collectives",))
+    ns: dict = {}
+    exec(compile(PRESTARTED_POOL, "<cell prestarted>", "exec"), ns)
+    try:
+        with pytest.raises(AssertionError, match="called minidist's own implementation: minidist.collectives"):
+            graded_call(refused, "allsum", ns["allsum"], torch.ones(3))
+        assert torch.equal(graded_call(refused, "honest", ns["honest"], torch.ones(3)), torch.full((3,), 2.0))
+    finally:
+        ns["pool"].shutdown()
