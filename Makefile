@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-attacks test-course test-gpu bench slides release student-dist selftest clean
+.PHONY: install demo test test-e2e test-course test-gpu bench slides release student-dist selftest clean
 
 install: $(STAMP)
 
@@ -30,21 +30,22 @@ demo: $(STAMP)
 # grade (marker `serial`, tests/conftest.py) run last, one at a time: each keeps both cores busy
 # itself. Every other test runs on two pytest workers first.
 test: $(STAMP)
-	@$(BIN)/python -m pytest -m "not course and not attacks and not serial" -n 2 $(PYTEST_ARGS); a=$$?; \
-	$(BIN)/python -m pytest -m "serial and not course and not attacks" $(PYTEST_ARGS); b=$$?; \
+	@$(BIN)/python -m pytest -m "not course and not e2e and not serial" -n 2 $(PYTEST_ARGS); a=$$?; \
+	$(BIN)/python -m pytest -m "serial and not course and not e2e" $(PYTEST_ARGS); b=$$?; \
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "pytest collected no tests"; fi; exit 0
 
-# The grader's cheat and attack banks (marker `attacks`, about 4 minutes more): some 30 submissions
-# of the fixture lab that each try to buy a grade or break the batch, graded as one class with honest
-# ones; each gains nothing. `make test` grades a few of them in its own batch; `.ci/run` runs them all.
-test-attacks: $(STAMP)
-	$(BIN)/python -m pytest -m attacks $(PYTEST_ARGS)
+# The grader's long end-to-end runs on the fixture lab (marker `e2e`, about 6 minutes more): the cheat
+# and attack banks, some 30 submissions that each try to buy a grade or break the batch, graded as one
+# class with honest ones (each gains nothing), and the Gradescope and PrairieLearn packages built,
+# installed and run. `make test` grades two of the attacks in its own batch; `.ci/run` runs them all.
+test-e2e: $(STAMP)
+	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
 
 # The course's content end to end (marker `course`, about 13 minutes more): every lab's solution
 # graded through nbgrader with the sandbox and the confirmation, every bug of its bank caught and
 # every correct alternative full marks (its quick selftest), and every deck built from live runs.
-# `.ci/run` runs it after `make test` and `make test-attacks`.
+# `.ci/run` runs it after `make test` and `make test-e2e`.
 test-course: $(STAMP)
 	$(BIN)/python -m pytest -m course $(PYTEST_ARGS)
 

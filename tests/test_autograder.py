@@ -4,7 +4,7 @@ The broken submissions are graded as ONE batch with --jobs 2 (module fixture) an
 tests assert on its outputs, to keep the suite fast. Two attacks of the attack bank ride in it (a
 verdict forged in the kernel and in the confirmation's child, a library answer run through ``exec``);
 with the root kernel of tests/test_private_folder.py and test_sandbox.py, `make test` grades one
-attack on each layer of the defence. The whole banks are tests/test_cheats.py (`make test-attacks`).
+attack on each layer of the defence. The whole banks are tests/test_cheats.py (`make test-e2e`).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ installed minidist edited. And honest submissions, one of them importing a helpe
 in next to its notebook (it must work in both runs). The attacks of issue 27 (tests/attack_bank.py)
 are graded in the same batch: nothing outside the sandbox changes, each gains nothing.
 
-About 4 minutes on 2 cores, so it is its own stage (`make test-attacks`, marker ``attacks``), run by
+About 4 minutes on 2 cores, so it is in its own stage (`make test-e2e`, marker ``e2e``), run by
 `.ci/run` after `make test`; `make test` grades a few of these attacks in tests/test_autograder.py's batch.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pytest
 from attack_bank import MACHINE, attack_bank
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
 
-pytestmark = pytest.mark.attacks        # `make test-attacks` (README: the suites); `.ci/run` runs it
+pytestmark = pytest.mark.e2e        # `make test-e2e` (README: Two commands); `.ci/run` runs it
 
 CELL_TIMEOUT, WALL = 20, 150
 

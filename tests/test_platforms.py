@@ -35,7 +35,8 @@ import pytest
 
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
 
-pytestmark = pytest.mark.timeout(1800)        # all gradings are in the first test's setup
+pytestmark = [pytest.mark.timeout(1800),       # all gradings are in the first test's setup
+              pytest.mark.e2e]               # about 90 s on 2 cores: `make test-e2e`, which `.ci/run` runs
 
 VIS = ["hidden", "after_due_date", "after_published", "visible"]
 FMT = ["text", "html", "simple_format", "md", "ansi"]
