@@ -9,12 +9,11 @@ packages (minidist's excepted), so pip finds torch and nbgrader at the pinned ve
 installed and installs only the zip's minidist wheel and the kernel; a real machine downloads
 them there. (A venv with ``--system-site-packages`` would see the interpreter's packages, not this
 venv's, and packages reached through a ``.pth`` file are outside the sandbox: the grader refuses
-them, rightly.) Then ``run_autograder`` grades the solution (full marks), a bug of the bank (loses the
-test it names, and says why in the test's output), a submission that writes ``results.json`` itself (no effect),
+them, rightly.) Then ``run_autograder`` grades the solution (full marks), the release (0), a bug of
+the bank (loses the test it names), a submission that writes ``results.json`` itself (no effect),
 and submissions that are not the lab's notebook; every ``results.json`` is validated against a
 JSON schema of Gradescope's format. PrairieLearn's grader image is unpacked the same way (it shares
-the environment: its ``setup.sh`` is the same file) and grades the bug, the hostile submission and
-two notebooks at once (its format for a partial score, for full marks, and for what is not gradable).
+the environment: its ``setup.sh`` is the same file) and grades the same submissions.
 """
 from __future__ import annotations
 
@@ -36,7 +35,7 @@ import pytest
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
 
 pytestmark = [pytest.mark.timeout(1800),       # all gradings are in the first test's setup
-              pytest.mark.e2e]               # about 90 s on 2 cores: `make test-e2e`, which `.ci/run` runs
+              pytest.mark.e2e]               # about 2 minutes on 2 cores: `make test-e2e`, which `.ci/run` runs
 
 VIS = ["hidden", "after_due_date", "after_published", "visible"]
 FMT = ["text", "html", "simple_format", "md", "ansi"]
@@ -195,11 +194,9 @@ def graded(toy, installed):
         cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add")
         cell.source = HOSTILE.replace("PATHS", repr([str(root / "results" / "results.json")]))
         return nb
-    # the release's zero is tests/test_autograder.py's; PrairieLearn shares every step but the results'
-    # format: its bug and hostile runs show that format for a partial score and for full marks
-    cases = {"solution": {f"{LAB}.ipynb": toy["solution"]}, "bug": {f"{LAB}.ipynb": toy["bug"]}}
-    jobs = [("gradescope", name, files, None) for name, files in cases.items()]
-    jobs += [("prairielearn", "bug", cases["bug"], None)]
+    cases = {"solution": {f"{LAB}.ipynb": toy["solution"]}, "release": {f"{LAB}.ipynb": toy["release"]},
+             "bug": {f"{LAB}.ipynb": toy["bug"]}}
+    jobs = [(k, name, files, None) for k in ("gradescope", "prairielearn") for name, files in cases.items()]
     jobs += [(k, "hostile", {f"{LAB}.ipynb": hostile(k)}, {"MINIDIST_SANDBOX": "off"})
              for k in ("gradescope", "prairielearn")]
     jobs += [("gradescope", "notjson", {f"{LAB}.ipynb": b'{"cells": [oops'}, None),
@@ -217,21 +214,22 @@ def gs_tests(run) -> dict:
     return {t["name"].split(": ")[-1]: t for t in run["data"]["tests"]}
 
 
-def test_gradescope_solution_full_marks(graded):
-    sol = graded[("gradescope", "solution")]
-    assert sol["data"]["score"] == 3.0
+def test_gradescope_solution_full_marks_release_zero(graded):
+    sol, rel = graded[("gradescope", "solution")], graded[("gradescope", "release")]
+    assert sol["data"]["score"] == 3.0 and rel["data"]["score"] == 0.0
     assert all(t["status"] == "passed" and t["score"] == t["max_score"] for t in sol["data"]["tests"])
+    assert all(t["status"] == "failed" and t["score"] == 0 for t in rel["data"]["tests"])
     assert {t["name"] for t in sol["data"]["tests"]} == {f"{LAB}: test_add", f"{LAB}: test_allsum"}
     # both test cells have hidden tests: shown after the due date (the zip's default)
     assert {t["visibility"] for t in sol["data"]["tests"]} == {"after_due_date"}
     assert "confirmation run on" in sol["data"]["output"] and "sandbox: " in sol["data"]["output"]
+    assert rel["data"]["tests"][0]["output"].startswith("NotImplementedError")
 
 
 def test_gradescope_bug_loses_the_test_it_names(graded, toy):
     tests = gs_tests(graded[("gradescope", "bug")])
     assert toy["catches"] == ["test_add"]
     assert tests["test_add"]["score"] == 0 and tests["test_add"]["status"] == "failed"
-    assert "add(" in tests["test_add"]["output"], tests["test_add"]       # the check's own message
     assert tests["test_allsum"]["score"] == 2 and tests["test_allsum"]["status"] == "passed"
 
 
@@ -259,10 +257,11 @@ def test_gradescope_what_is_not_the_notebook(graded):
 
 
 def test_prairielearn_results(graded, toy):
-    runs = {name: graded[("prairielearn", name)]["data"] for name in ("hostile", "bug", "several")}
-    assert runs["hostile"]["score"] == 1.0 and runs["hostile"]["gradable"]       # full marks (the solution's code)
-    assert [(t["points"], t["max_points"]) for t in runs["hostile"]["tests"]] == [(1.0, 1.0), (2.0, 2.0)]
+    runs = {name: graded[("prairielearn", name)]["data"] for name in ("solution", "release", "bug", "several")}
+    assert runs["solution"]["score"] == 1.0 and runs["solution"]["gradable"]
+    assert [(t["points"], t["max_points"]) for t in runs["solution"]["tests"]] == [(1.0, 1.0), (2.0, 2.0)]
+    assert runs["release"]["score"] == 0.0 and runs["release"]["gradable"]
     bug = {t["name"].split(": ")[-1]: t for t in runs["bug"]["tests"]}
-    assert bug["test_add"]["points"] == 0 and bug["test_add"]["max_points"] == 1 and bug["test_allsum"]["points"] == 2
-    assert runs["bug"]["score"] == pytest.approx(2 / 3) and runs["bug"]["gradable"]
+    assert bug["test_add"]["points"] == 0 and bug["test_allsum"]["points"] == 2
+    assert runs["bug"]["score"] == pytest.approx(2 / 3)
     assert not runs["several"]["gradable"] and "2 notebooks were handed in" in runs["several"]["message"]
