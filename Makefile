@@ -35,10 +35,11 @@ test: $(STAMP)
 	for rc in $$a $$b; do if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi; done; \
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "pytest collected no tests"; fi; exit 0
 
-# The grader's long end-to-end runs on the fixture lab (marker `e2e`, about 6 minutes more): the cheat
+# The grader's long end-to-end runs on the fixture lab (marker `e2e`, about 9 minutes more): the cheat
 # and attack banks, some 30 submissions that each try to buy a grade or break the batch, graded as one
-# class with honest ones (each gains nothing), and the Gradescope and PrairieLearn packages built,
-# installed and run. `make test` grades two of the attacks in its own batch; `.ci/run` runs them all.
+# class with honest ones (each gains nothing); the Gradescope and PrairieLearn packages built,
+# installed and run; a full selftest of a bank with uncaught bugs and failing alternatives; and an
+# exercise added as docs/AUTHORING.md says. `make test` grades two of the attacks in its own batch.
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
 

@@ -58,6 +58,7 @@ def _fill(path: Path, stub: str, code: str) -> None:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.e2e        # about 45 s on 2 cores: `make test-e2e`, which `.ci/run` runs
 def test_an_exercise_added_as_the_guide_says_passes_the_selftest(copy):
     root, env = copy
     r = _autograder(root, env, "new-exercise", "toylab", "mul", "--args", "a, b", "--points", "2")

@@ -491,6 +491,7 @@ def test_cell_timeout_exceeds_launch_timeouts():
 
 
 # ---------------------------------------------------------------- selftest
+@pytest.mark.e2e        # about a minute on 2 cores: `make test-e2e`, which `.ci/run` runs
 def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys, course):
     """A bank with one real bug, one bug no test can see, a correct alternative, a wrong one,
     and too few bugs and alternatives per function: graded as submissions, and in a kernel."""
