@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 # grade --due: sol2 hands in 25 h late (2 started days: 20 % off with the course's per-day penalty)
 DUE = "2025-01-10 12:00:00 +0000"
 TIMESTAMPS = {"sol2": "2025-01-11 13:00:00.000000 UTC", "sol3": "2025-01-10 11:00:00.000000 UTC"}
-#: the attacks graded in this batch: student -> (notebook, files, the score it deserves, tests flagged)
+#: the attack bank's submissions graded in this batch (tests/attack_bank.py says what each deserves)
 ATTACKS = ("walk_stack", "exec_library")
 
 
