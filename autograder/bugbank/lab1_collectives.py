@@ -412,6 +412,15 @@ def ring_all_reduce(tensor):
         catches=["test_ring_all_reduce_correct", "test_ring_all_reduce_pattern"],
         why="shortcut: minidist's own ring implementation",
     ),
+    dict(
+        name="ring_buffer_without_device",
+        cell="ring_all_reduce",
+        replace=[("incoming = torch.empty_like(chunks[recv_index])",
+                  "incoming = torch.zeros(len(chunks[recv_index]), dtype=tensor.dtype)")],
+        catches=["test_collectives_device"],
+        why="the receive buffer is made without device=: right on a laptop's CPU ranks, on the CPU "
+            "next to the GPU's chunks on a GPU node (only the device check sees it)",
+    ),
 
     # ------------------------------------------------------------------ recursive halving
     dict(

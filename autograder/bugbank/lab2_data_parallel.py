@@ -94,6 +94,14 @@ def split_batch(x, y, rank, world_size):
             "only gives the ranks different sequences of all-reduces (mismatched tensors, or a hang)",
     ),
     dict(
+        name="avg_missing_gradient_without_device",
+        cell="average_gradients",
+        replace=[("            p.grad = torch.zeros_like(p)\n", "            p.grad = torch.zeros(p.shape)\n")],
+        catches=["test_data_parallel_device"],
+        why="the zero gradient of a layer this rank did not use is made without device=: right on CPU ranks, "
+            "a CPU gradient for a GPU parameter on a GPU node (only the device check sees it)",
+    ),
+    dict(
         name="avg_reduces_zeros_it_throws_away",
         cell="average_gradients",
         replace=[("        if p.grad is None:\n            p.grad = torch.zeros_like(p)\n",

@@ -62,7 +62,9 @@ class Check:
     the answer, outside the refusal; its result reaches the answer as ``reference=``);
     ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere;
     ``prepare()``: run in the calling process before the ranks are launched (what forked ranks should
-    inherit rather than each load, lab 5's ``torch._dynamo``)."""
+    inherit rather than each load, lab 5's ``torch._dynamo``); ``default_device``: torch's default
+    device where the answer is made (``"meta"``: the device check, :mod:`minidist.checks.kit.device_check`,
+    made with its ``on_meta``)."""
     lab: str
     name: str
     cases: Callable[..., list]
@@ -78,6 +80,7 @@ class Check:
     launch: dict | Callable[[Any], dict] | None = None
     stop_at_first_failure: bool = False
     prepare: Callable[[], None] | None = None
+    default_device: str | None = None
 
     def __post_init__(self):
         if self.where not in WHERE:

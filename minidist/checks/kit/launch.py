@@ -21,6 +21,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
+from minidist.checks.kit import device_check
 from minidist.checks.kit.refusal import ChecksTampered, LibraryAnswer, present_bindings, refusing
 from minidist.checks.kit.refused_code import Refusal, resolve
 from minidist.checks.kit.student_code import is_student_code
@@ -85,7 +86,7 @@ def stand_in_lab_functions(fn, stand_ins: dict) -> None:
 
 def launch_named(body, world_size: int, *args, name: str, timeout: float,
                  forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True,
-                 reference=None) -> list:
+                 reference=None, device: tuple[str, str] | None = None) -> list:
     """``launch(body, world_size, progress, *args)``; on failure, name the running case(s).
 
     ``body`` receives the progress folder first and calls :func:`mark_case` per case.
@@ -97,7 +98,9 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     check's own run of the lab's reference in the same rank, before the student's code and
     outside the refusal, ``reference(progress, *args)``; its result reaches ``body`` as the
     keyword argument ``reference`` (a measurement to compare with the student's in the same
-    process). A forbidden
+    process). ``device``: the device check's (default device, folder) (:mod:`...device_check`): every
+    rank runs ``body`` with that default device and records there the lines that made a tensor
+    without one. A forbidden
     operation or a library answer raises
     ``AssertionError`` (with ``forbidden_hint``); any other failure re-raises the launcher's
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
@@ -108,8 +111,8 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each
         present_bindings()       # likewise the snapshot of the bindings graded code must leave alone
     try:
-        return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, name, body, progress, *args,
-                      timeout=timeout)
+        return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, device, name, body, progress,
+                      *args, timeout=timeout)
     except LaunchError as err:
         where = _running_cases(name, world_size, progress)
         for verdict in (LibraryAnswer, ChecksTampered, strict_async.UnwaitedHandle, NcclWouldReject):   # one line
@@ -192,8 +195,9 @@ def nccl_point_to_point():
         rewriters.remove(check)
 
 
-def _checked_body(refusal, at_wait, reference, name, body, progress, *args):
-    before = {} if reference is None else {"reference": reference(progress, *args)}
-    with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name), \
-            nccl_point_to_point():
-        return body(progress, *args, **before)
+def _checked_body(refusal, at_wait, reference, device, name, body, progress, *args):
+    with device_check.in_rank(device):      # as the selftest's meta ranks: from the start, reference included
+        before = {} if reference is None else {"reference": reference(progress, *args)}
+        with strict_async.outputs_at_wait() if at_wait else contextlib.nullcontext(), refusing(refusal, name), \
+                nccl_point_to_point():
+            return body(progress, *args, **before)

@@ -12,6 +12,7 @@ and the verdict on the round-tripped copy, the value the grader's judge reads
 from __future__ import annotations
 
 import contextlib
+import tempfile
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -19,12 +20,13 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit import docket
+from minidist.checks.kit.device_check import Record, default_device
 from minidist.checks.kit.groups import consecutive_groups, describe_case
 from minidist.checks.kit.launch import (TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread, report_passed,
                                         stand_in_lab_functions)
 from minidist.checks.kit.refusal import graded_call
 from minidist.checks.kit.returned import require_plain
-from minidist.runtime import plain_data
+from minidist.runtime import LaunchError, plain_data
 from minidist.runtime.device import device as rank_device
 
 DEFAULT_TIMEOUT = TRAINING_CHECK_TIMEOUT        # a launch's, where the test cell gives none
@@ -63,9 +65,26 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
     stand_ins = check.stand_ins(params) if check.stand_ins is not None else {}
     if check.prepare is not None:
         check.prepare()
+    if check.default_device is None:
+        _answer_all(check, fn, timeout, params, cases, refusal, stand_ins, None)
+    else:       # the device check: a failure says which line made a tensor without a device
+        with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
+            record = Record(check.default_device, folder)
+            try:
+                _answer_all(check, fn, timeout, params, cases, refusal, stand_ins, record)
+            except (AssertionError, LaunchError) as err:
+                raise AssertionError(record.explain(str(err))) from None
+            except Exception as err:     # noqa: BLE001  a "here" answer raised: the chained traceback shows where
+                raise AssertionError(record.explain(f"{check.shown} raised {type(err).__name__}: {err}")) from err
+    if check.covered is not None:
+        report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
+
+
+def _answer_all(check, fn, timeout: float, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
+    """Every answer of ``check`` on ``cases``, each filed and judged; ``record``: the device check's."""
     if check.where == "here":
         for i, case in enumerate(cases):
-            _require(check, params, i, case, graded_call(refusal, check.shown, check.answer, fn, case))
+            _require(check, params, i, case, _here(record, refusal, check, fn, case))
     elif check.where == "launch":
         for i, case in enumerate(cases):
             options = dict(check.launch(case) if callable(check.launch) else check.launch or {})
@@ -73,12 +92,13 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
                 options["reference"] = partial(_reference, options["reference"])
             results = launch_named(_launch_answer, check.world(case), check.answer, fn, case, stand_ins,
                                    name=check.shown, timeout=timeout * options.pop("timeout_factor", 1),
-                                   refuse=refusal, **options)
+                                   refuse=refusal, device=record and record.launched, **options)
             _require(check, params, i, case, results)
     else:
         options = dict(check.launch or {})
         out = launch_named(_group_answers, check.world, check, fn, cases, stand_ins, name=check.shown,
-                           timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal, **options)
+                           timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal,
+                           device=record and record.launched, **options)
         failed, sizes = None, {}
         for i, item in enumerate(check.judged_cases(params)):
             problem, data = out[item.rank][i // check.world]
@@ -89,8 +109,14 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
             failed = failed or (check.stated(item, problem) if problem else None)
         if failed:
             raise AssertionError(failed + by_group_size(sizes))
-    if check.covered is not None:
-        report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
+
+
+def _here(record, refusal, check, fn, case):
+    """A ``"here"`` answer, under the device check's default device when there is one (restored after)."""
+    if record is None:
+        return graded_call(refusal, check.shown, check.answer, fn, case)
+    with default_device(record.device, record.here):
+        return graded_call(refusal, check.shown, check.answer, fn, case)
 
 
 def _require(check, params: dict, index: int, case, answer) -> None:

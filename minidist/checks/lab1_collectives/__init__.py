@@ -5,6 +5,7 @@ A test cell is a one-liner::
 
     checks.check_function("ring_all_reduce", ring_all_reduce)       # every rank's result vs torch
     checks.check_pattern("ring_all_reduce", ring_all_reduce)        # the traced messages
+    checks.check_device("ring_all_reduce", ring_all_reduce)         # no tensor made off the inputs' device
 
 Each launch runs one world size on every case (length × dtype × root) inside ``trace()`` and
 ``guard()``: only send/recv/isend/irecv are allowed, and minidist's own collectives are refused.
@@ -17,6 +18,7 @@ from functools import partial
 
 from minidist.checks.kit.check import Registry
 from minidist.checks.kit.collectives import FORBIDDEN_HINT
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab1_collectives import answers, cases, verdicts
@@ -33,6 +35,7 @@ PATTERNS = {name: CHECKS.check(f"{name} pattern", partial(cases.pattern_cases, n
                                verdicts.PATTERN[name], params=(), title=name, covered=partial(cases.pattern_covered, name),
                                **_ON_RANKS)
             for name in cases.WITH_PATTERN}
+DEVICE = {name: on_meta(FUNCTIONS[name]) for name in cases.GRADED}
 REJECTS = {name: CHECKS.check(f"{name} rejects", cases.rejects_cases, answers.rejects,
                               partial(verdicts.rejected, name), params=("world_sizes",), title=name,
                               covered=cases.rejects_covered, where="launch", world=lambda n: n, refusal=REFUSED)
@@ -50,6 +53,13 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = COLLECT
 @CHECKS.entry(PATTERNS, by="name")
 def check_pattern(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
     """The traced communication pattern of lab 1's graded function ``name`` (after its correctness)."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = COLLECTIVE_CHECK_TIMEOUT) -> None:
+    """Where the tensors of lab 1's graded function ``name`` live: its first visible case, run with
+    torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made without
+    ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""
 
 
 @CHECKS.entry(REJECTS, by="name")

@@ -9,6 +9,7 @@ backward produced its last gradient. A lab test cell is a one-liner::
 
     checks.check_average_gradients(average_gradients)
     checks.check_bucketed_ddp(BucketedDDP, hidden=True)
+    checks.check_device("BucketedDDP", BucketedDDP)     # no tensor made off the gradients' device
 
 Every rank trains on its contiguous slice of the same global batch (:func:`minidist.models.mlp_batch`).
 A deadlock fails after ``timeout`` seconds with the launcher's diagnosis, prefixed with the case that
@@ -20,6 +21,7 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab2_data_parallel import answers, cases, verdicts
@@ -44,6 +46,7 @@ BUCKETED = CHECKS.check("BucketedDDP", cases.bucketed_cases, partial(answers.tra
 BUCKETED_TRAFFIC = CHECKS.check("BucketedDDP traffic", cases.bucketed_traffic_cases,
                                 partial(answers.trained_only, kind="bucketed_ddp"), verdicts.bucketed_traffic,
                                 params=(), covered=cases.bucketed_traffic_covered, **_ON_RANKS)
+DEVICE = {"average_gradients": on_meta(AVERAGE), "BucketedDDP": on_meta(BUCKETED)}
 OVERLAP = CHECKS.check("BucketedDDP overlap", cases.overlap_cases, answers.overlap, verdicts.overlap, params=(),
                        covered=cases.overlap_covered, where="launch", world=lambda cap: 2, refusal=REFUSED)
 
@@ -89,3 +92,10 @@ def check_overlap(BucketedDDP, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
     produced its last gradient, and backward never waits for it: rank 0 produces its last
     gradient before rank 1 has started (``answers.overlap``), which only asynchronous
     all-reduces allow (communication overlaps the rest of backward)."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``name`` (``average_gradients`` or ``BucketedDDP``) live: its first visible
+    launch, run with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made
+    without ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

@@ -1,0 +1,116 @@
+"""The device check (minidist/checks/kit/device_check.py, issue 43): a lab's check run once with
+torch's default device ``meta``, so that a tensor made without ``device=`` fails on a laptop as it
+would on a GPU node, with a message naming the line that made it.
+
+Each lab's row takes its bank bug that makes a tensor without a device, runs the solution notebook's
+cells with that one cell broken, in this process, then the device test cell, and asserts the line
+and the GPU node's consequence; the same cell passes on the solution. A kit-level row covers a
+``"here"`` check, which sets the default device in this process and must put it back."""
+import linecache
+import os
+import re
+
+import nbformat
+import pytest
+import torch
+
+from autograder.course import grade_id, nbg, strip_solution_markers
+from autograder.notebooks import skip_demos
+from autograder.selftest import inject, load_bank
+from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import GPU_NODE, on_meta
+from minidist.checks.kit.run import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+LABS = [
+    # (lab, bank bug that makes a tensor without a device, the device test cell, the line it names)
+    ("lab1_collectives", "ring_buffer_without_device", "test_collectives_device",
+     "incoming = torch.zeros(len(chunks[recv_index]), dtype=tensor.dtype)"),
+    ("lab2_data_parallel", "avg_missing_gradient_without_device", "test_data_parallel_device",
+     "p.grad = torch.zeros(p.shape)"),
+]
+
+
+def compile_cell(source: str, filename: str):
+    """``source`` compiled as a notebook kernel does: its lines kept in ``linecache`` under ``filename``."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
+
+
+def device_cell(lab: str, bug_name: str | None, test_id: str) -> str | None:
+    """The AssertionError's message of the visible part of test cell ``test_id`` on the solution (with
+    the bank's ``bug_name`` injected), or None when it passes."""
+    nb = nbformat.read(os.path.join(ROOT, "solutions", lab, f"{lab}.ipynb"), as_version=4)
+    if bug_name is not None:
+        bug = next(b for b in load_bank(lab)["BUGS"] if b["name"] == bug_name)
+        nb = inject(bug, {lab: nb})[lab]
+    namespace = {"__name__": "__main__"}
+    for cell in skip_demos(nb).cells:
+        if cell.cell_type != "code" or (nbg(cell).get("grade") and not nbg(cell).get("solution")):
+            continue            # test cells: only the one asked for runs, below
+        exec(compile_cell(strip_solution_markers(cell.source), f"<solution {grade_id(cell)}>"), namespace)
+    test = next(c for c in nb.cells if grade_id(c) == test_id).source
+    visible = re.sub(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", "", test, flags=re.S)
+    try:
+        exec(compile(visible, f"<grader {test_id}>", "exec"), namespace)
+    except AssertionError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("lab, bug, test, line", LABS, ids=[row[0] for row in LABS])
+def test_a_tensor_made_without_a_device_fails_the_device_check_naming_its_line(lab, bug, test, line):
+    message = device_cell(lab, bug, test)
+    assert message is not None, f"{bug} passed {test}"
+    assert f"without device=" in message and GPU_NODE in message, message
+    made = message.split("without device=", 1)[1]
+    cell = bug_cell(lab, bug)
+    assert re.search(f'notebook cell "{cell}", line \\d+, in \\w+\n\\s+' + re.escape(line), made), message
+
+
+@pytest.mark.parametrize("lab, bug, test, line", LABS, ids=[row[0] for row in LABS])
+def test_the_solution_passes_its_device_check(lab, bug, test, line, capsys):
+    assert device_cell(lab, None, test) is None
+    assert "(device check): one visible case with torch's default device meta" in capsys.readouterr().out
+
+
+def bug_cell(lab: str, bug_name: str) -> str:
+    return next(b for b in load_bank(lab)["BUGS"] if b["name"] == bug_name)["cell"]
+
+
+# ----------------------------------------------------------------------------- a check made here
+def _scaled(fn, case):
+    x = torch.arange(4.0, device="cpu") * case
+    return fn(x).tolist()
+
+
+def _times_two(case, got):
+    want = [2.0 * case * i for i in range(4)]
+    return None if got == want else f"got {got}, expected {want}"
+
+
+HERE = on_meta(Registry(__name__).check("double", lambda hidden: [1, 3], _scaled, _times_two))
+STUDENT = """
+def double(x):
+    return x + x
+
+def double_with_a_new_tensor(x):
+    two = torch.full((len(x),), 2.0)
+    return x * two
+"""
+
+
+def test_a_here_check_on_meta_names_the_line_and_restores_the_default_device(capsys):
+    namespace = {"torch": torch}
+    exec(compile_cell(STUDENT, "<cell double>"), namespace)
+    run(HERE, namespace["double"])
+    assert "double (device check): one visible case" in capsys.readouterr().out
+    with pytest.raises(AssertionError) as info:
+        run(HERE, namespace["double_with_a_new_tensor"])
+    message = str(info.value)
+    assert re.search(r'notebook cell "double_with_a_new_tensor", line 6, in double_with_a_new_tensor\n\s+'
+                     r'two = torch\.full\(\(len\(x\),\), 2\.0\)', message) and GPU_NODE in message, message
+    assert torch.get_default_device() == torch.device("cpu")
+    assert torch.zeros(1).device.type == "cpu"
+    assert HERE.cases() == [1] and HERE.params == ()
