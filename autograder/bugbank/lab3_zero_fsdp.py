@@ -102,6 +102,15 @@ def reduce_scatter_gradients(unit):
             "case has float64 parameters)",
     ),
     dict(
+        name="rs_output_without_device",
+        cell="reduce_scatter_gradients",
+        replace=[("    mine = torch.empty_like(unit.shard)\n",
+                  "    mine = torch.empty(unit.layout.shard_numel, dtype=unit.shard.dtype)\n")],
+        catches=["test_zero_device"],
+        why="the reduce-scatter's output is made without device=: right on CPU ranks, a CPU tensor for the "
+            "GPU's collective on a GPU node (only the device check sees it)",
+    ),
+    dict(
         name="rs_keeps_a_full_gradient_buffer_per_unit",
         cell="reduce_scatter_gradients",
         code='''

@@ -165,6 +165,14 @@ def gpipe_schedule(p, m):
         why="receive buffers in the default dtype: right in float32 only (a hidden case trains in float64)",
     ),
     dict(
+        name="executor_buffers_without_device",
+        cell="run_pipeline",
+        replace=[("torch.empty(xs[0].shape, dtype=x.dtype, device=x.device)", "torch.empty(xs[0].shape, dtype=x.dtype)")],
+        catches=["test_run_pipeline_device"],
+        why="receive buffers made without device=: right on CPU ranks, a CPU buffer for NCCL's receive on a GPU "
+            "node (only the device check sees it)",
+    ),
+    dict(
         name="executor_loss_only_in_elif",
         cell="run_pipeline",
         replace=[('''                inp = xs[a.mb] if stage == 0 else received.pop(("act", *key)).requires_grad_()

@@ -372,6 +372,15 @@ BUGS = [
         catches=[SP_GATHER],
         why="gather buffer in the default dtype (float32): fp64 and bf16 shards do not fit it",
     ),
+    dict(
+        name="sp_gather_buffer_without_device",
+        cell="sp_gather",
+        replace=[("out = parts.new_empty((t * parts.shape[0], *parts.shape[1:]))",
+                  "out = torch.empty((t * parts.shape[0], *parts.shape[1:]), dtype=parts.dtype)")],
+        catches=["test_tp_device"],
+        why="gather buffer made without device=: right on CPU ranks, a CPU output for NCCL's all-gather on a GPU "
+            "node (only the device check sees it)",
+    ),
 
     # ------------------------------------------------------------------ sp_mlp_block
     dict(

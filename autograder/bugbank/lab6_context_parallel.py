@@ -237,6 +237,15 @@ def merge_partial_attention(out_a, lse_a, out_b, lse_b):
         why="out returned in the helper's float32: right for float32 and float64 inputs, wrong dtype for bfloat16",
     ),
     dict(
+        name="ring_buffer_without_device",
+        cell="ring_attention_forward",
+        replace=[("            incoming = torch.empty_like(kv)\n",
+                  "            incoming = torch.empty(kv.shape, dtype=kv.dtype)\n")],
+        catches=["test_cp_device"],
+        why="the receive buffer is made without device=: right on CPU ranks, a CPU buffer for NCCL's receive on a "
+            "GPU node (only the device check sees it)",
+    ),
+    dict(
         name="ring_waits_before_compute",
         cell="ring_attention_forward",
         replace=[("        if not causal or src <= rank:                      # later blocks are invisible when causal\n"

@@ -103,6 +103,14 @@ BUGS = [
         catches=[STEP],
         why="builds 1F1B whatever schedule it is given: same losses, weights and messages, another order and peak",
     ),
+    dict(
+        name="loss_report_without_device",
+        cell="train_step_3d",
+        replace=[(", dtype=torch.float64, device=flat.device)", ", dtype=torch.float64)")],
+        catches=["test_train_step_3d_device"],
+        why="the loss to all-reduce is made without device=: right on CPU ranks, a CPU tensor for NCCL's "
+            "all-reduce on a GPU node (only the device check sees it)",
+    ),
     # ------------------------------------------------------------------ predict_memory
     dict(
         name="1f1b_counted_as_gpipe",

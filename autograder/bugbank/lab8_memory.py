@@ -196,6 +196,14 @@ BUGS = [
         catches=[ZERO1],
         why="no all-gather: each rank refreshes its own shard of the model and keeps the others' old weights",
     ),
+    dict(
+        name="scaler_flag_without_device",
+        cell="DynamicLossScaler",
+        replace=[("        bad = torch.zeros(1, device=minidist.device())\n", "        bad = torch.zeros(1)\n")],
+        catches=["test_memory_device"],
+        why="the overflow flag is made without device=: right on CPU ranks, a CPU tensor for NCCL's all-reduce on "
+            "a GPU node (only the device check sees it)",
+    ),
 
     # ------------------------------------------------------------------ recompute_blocks
     dict(

@@ -8,6 +8,7 @@ at stage 3), with the bytes held through a step next to the lab's reference. Tra
 the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cell is a one-liner::
 
     checks.check_zero(Zero, stage=1)
+    checks.check_device(Zero, stage=3)          # no tensor made off the parameters' device
 
 Each stage's checks grade the functions that stage adds (ZeRO-1 ``sharded_step``, ZeRO-2
 ``reduce_scatter_gradients``, ZeRO-3 ``gather_parameters`` and ``free_parameters``): one Check per
@@ -20,6 +21,7 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab3_zero_fsdp import answers, cases, verdicts
@@ -67,6 +69,7 @@ MEMORY = {s: CHECKS.check(f"Zero(stage={s}) memory", partial(cases.memory_cases,
 TRAFFIC = {s: CHECKS.check(f"Zero(stage={s}) traffic", partial(cases.traffic_cases, s), answers.traffic,
                            verdicts.traffic, params=(), covered=partial(cases.traffic_covered, s), **_stage(s))
            for s in cases.GRADED}
+DEVICE = {s: on_meta(ZERO[s]) for s in cases.GRADED}
 
 
 @CHECKS.entry(REDUCE_SCATTER)
@@ -108,3 +111,10 @@ def check_zero_traffic(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT
     """Stages 1-2: reduce-scatter + all-gather of Ψ, no all-reduce, the same wire volume as
     DDP (2(N−1)/N·Ψ); stage 3: two all-gathers (forward, backward) and one reduce-scatter,
     3(N−1)/N·Ψ, 1.5x DDP."""
+
+
+@CHECKS.entry(DEVICE, by="stage")
+def check_device(Zero, stage: int, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Where the tensors of the functions stage ``stage`` grades live: its first visible training run
+    with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made without
+    ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

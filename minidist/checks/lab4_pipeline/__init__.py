@@ -8,6 +8,7 @@ A test cell is a one-liner::
     checks.check_schedule(gpipe_schedule, "gpipe")          # in this process, against the theory
     checks.check_executor(run_pipeline, hidden=True)         # on 2-4 ranks, against one process
     checks.check_executor_memory(run_pipeline)               # on 4 ranks: activations, replayed bubble
+    checks.check_device(run_pipeline)                        # no tensor made off the batch's device
 
 * ``check_schedule``: the schedule passes the validator (:func:`minidist.pipeline.validate`, deadlock
   included), has the kind's canonical compute order, and its simulated bubble (p-1)/(m+p-1) and peak
@@ -31,13 +32,15 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.lab4_pipeline import answers, cases, verdicts
 from minidist.checks.lab4_pipeline.cases import REFUSED
 from minidist.checks.lab4_pipeline.demo import measure_executor
 
 #: what a notebook reads: the test cells' checks, the demo cells' measurement
-__all__ = ["CHECKS", "REFUSED", "check_schedule", "check_executor", "check_executor_memory", "measure_executor"]
+__all__ = ["CHECKS", "REFUSED", "check_schedule", "check_executor", "check_executor_memory", "check_device",
+           "measure_executor"]
 CHECKS = Registry(__name__)
 _ON_RANKS = dict(where="launch", world=lambda case: case[0], refusal=REFUSED, title="run_pipeline")
 
@@ -50,6 +53,7 @@ EXECUTOR = CHECKS.check("executor", cases.executor_cases, answers.executor, verd
 MEMORY = CHECKS.check("executor memory", cases.memory_cases, answers.memory, verdicts.memory, params=(),
                       covered=cases.memory_covered, launch={"reference": cases.schedules, "outputs_at_wait": False},
                       **_ON_RANKS)
+DEVICE = on_meta(EXECUTOR)
 
 
 @CHECKS.entry(SCHEDULES, by="kind")
@@ -76,3 +80,10 @@ def check_executor_memory(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str
     time a backward begins, at most ``verdicts.KEPT_SLACK`` finished micro-batches still have their stage
     input (a receive buffer) or output alive; and the run's traced order, replayed at fixed costs, has the
     schedule's simulated bubble (p-1)/(m+p-1) exactly, whatever the load on the machine."""
+
+
+@CHECKS.entry(DEVICE)
+def check_device(fn, timeout: float = TRAINING_CHECK_TIMEOUT, name: str | None = None) -> None:
+    """Where the executor's tensors live: the gradient check's first visible case, run with torch's
+    default device ``meta`` in every rank (kit/device_check.py). A tensor made without ``device=`` (a
+    receive buffer) fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

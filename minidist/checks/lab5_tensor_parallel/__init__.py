@@ -6,6 +6,7 @@ loss); Korthikanti et al. 2022 (Sec. 4.2.2: sequence parallelism). A test cell i
 
     checks.check_function("column_parallel_linear", column_parallel_linear)
     checks.check_function("column_parallel_linear", column_parallel_linear, hidden=True)
+    checks.check_device("sp_gather", sp_gather)     # no tensor made off the inputs' device
 
 One launch of 4 ranks per call runs every case: the ranks are cut into tensor-parallel groups of t
 consecutive ranks (t = 3 leaves rank 3 alone, a group of one; t = 4 passes ``group=None``, the
@@ -26,6 +27,7 @@ import sys
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab5_tensor_parallel import answers, cases, verdicts
 from minidist.checks.lab5_tensor_parallel.cases import CFG, GRADED, SEQ, TP_CHECK_TIMEOUT, WORLD
@@ -33,7 +35,8 @@ from minidist.checks.lab5_tensor_parallel.demo import measure
 from minidist.tensor_parallel.comm import copy_to_tp, gather_along_dim, reduce_from_tp, reduce_scatter_along_dim
 from minidist.tensor_parallel.layers import column_parallel_linear, row_parallel_linear
 
-__all__ = ["CFG", "CHECKS", "FUNCTIONS", "GRADED", "REFUSED", "STAND_INS", "check_function", "measure"]
+__all__ = ["CFG", "CHECKS", "FUNCTIONS", "GRADED", "REFUSED", "STAND_INS", "check_device", "check_function",
+           "measure"]
 
 TP = "minidist.tensor_parallel."
 
@@ -93,6 +96,8 @@ FUNCTIONS = {name: CHECKS.check(name, partial(cases.function_cases, name), parti
                                 refusal=refusal(name), stand_ins=partial(stand_ins, name),
                                 covered=partial(cases.covered, name), prepare=load_dynamo_before_the_ranks)
              for name in GRADED}
+#: the functions that make buffers of their own (the device check costs a launch each)
+DEVICE = {name: on_meta(FUNCTIONS[name]) for name in ("vocab_parallel_cross_entropy", "sp_gather", "sp_reduce_scatter")}
 
 
 @CHECKS.entry(FUNCTIONS, by="name")
@@ -103,3 +108,10 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = TP_CHEC
     Visible: t = 2 and 4; hidden: t = 1, 2, 3, 4 and the cases the lab states (no bias,
     2-D and odd shapes, fp64 and bf16, an uneven vocabulary, a custom ignore_index, logits that
     overflow exp without the max, GQA, query or kv heads that do not split)."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = TP_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``name`` live: its first visible case, run with torch's default device
+    ``meta`` in every rank (kit/device_check.py). A tensor made without ``device=`` fails, naming its
+    line: on a GPU node it would sit on the CPU next to CUDA tensors."""

@@ -7,6 +7,7 @@ shards). A test cell is a one-liner::
 
     checks.check_function("ring_attention_forward", ring_attention_forward)
     checks.check_function("ring_attention_forward", ring_attention_forward, hidden=True)
+    checks.check_device("ring_attention_forward", ring_attention_forward)   # no tensor off the inputs' device
 
 One launch of 4 ranks per call runs every case, and stops at the first case that fails: the ranks
 are cut into context-parallel groups of t consecutive ranks (t = 3 leaves rank 3 alone, a group of
@@ -30,6 +31,7 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab6_context_parallel import answers, cases, verdicts
 from minidist.checks.lab6_context_parallel.cases import B, CP_CHECK_TIMEOUT, D, GRADED, H, MERGE, WORLD
@@ -38,8 +40,8 @@ from minidist.context_parallel.all_to_all import all_to_all
 from minidist.context_parallel.merge import merge_partial_attention
 from minidist.runtime.strict_async import blocking_p2p
 
-__all__ = ["B", "CHECKS", "D", "FUNCTIONS", "GRADED", "H", "REFUSED", "STAND_INS", "blocking_p2p", "check_function",
-           "measure"]
+__all__ = ["B", "CHECKS", "D", "FUNCTIONS", "GRADED", "H", "REFUSED", "STAND_INS", "blocking_p2p", "check_device",
+           "check_function", "measure"]
 
 CP = "minidist.context_parallel."
 
@@ -79,6 +81,8 @@ def graded_check(name: str):
 
 
 FUNCTIONS = {name: graded_check(name) for name in GRADED}
+#: the functions that make buffers of their own (the device check costs a launch each)
+DEVICE = {name: on_meta(FUNCTIONS[name]) for name in ("all_to_all", "ring_attention_forward")}
 
 
 @CHECKS.entry(FUNCTIONS, by="name")
@@ -91,3 +95,10 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
     past exp's range, query or only kv heads that do not split, more blocking runs, a late peer
     (the ring's first block computed before the late message can land), sequences that do not cut
     into 2P chunks. Prints the ✓ line when it passes."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = CP_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``name`` live: its first visible case, run with torch's default device
+    ``meta`` in every rank (kit/device_check.py). A tensor made without ``device=`` (a receive buffer)
+    fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

@@ -9,6 +9,7 @@ A test cell is a one-liner::
     checks.check_train_step(train_step_3d)                 # 8 ranks, 2×2×2 1F1B and 1×2×4 GPipe
     checks.check_stage_parameters(stage_parameters)        # pure: against cost.parallel3d.stage_numel
     checks.check_predict_memory(predict_memory)            # pure: against cost.parallel3d
+    checks.check_device(train_step_3d)                     # no tensor made off the stage's device
 
 ``check_train_step`` runs every layout of the call in one 8-rank launch: losses on every rank and
 the stage's weights after 2 SGD steps equal one process's within ``TOL``, the traced step by axis
@@ -29,6 +30,7 @@ handed-out ``stage_activation_bytes`` (one micro-batch's saved bytes on one stag
 from __future__ import annotations
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab7_3d_parallel import answers, cases, verdicts
 from minidist.checks.lab7_3d_parallel.cases import CFG, GRADED, STEP_CHECK_TIMEOUT, MemoryConfig
@@ -36,7 +38,7 @@ from minidist.checks.lab7_3d_parallel.demo import measure
 
 #: what a notebook reads: the test cells' checks, the demo cell's measurement, the model and a rank's config
 __all__ = ["CHECKS", "REFUSED", "GRADED", "CFG", "MemoryConfig", "check_mesh_groups", "check_train_step",
-           "check_stage_parameters", "check_predict_memory", "measure"]
+           "check_stage_parameters", "check_predict_memory", "check_device", "measure"]
 
 _MESH = Refusal("the 3D mesh and training step", ("minidist.mesh",), allow=("minidist.mesh.stage.GPTStage",),
                 checks=__name__)
@@ -52,6 +54,7 @@ MESH = CHECKS.check("mesh_groups", cases.mesh_cases, answers.groups, verdicts.gr
 # (cases.setup): the whole answer runs under it
 STEP = CHECKS.check("train_step_3d", cases.step_cases, answers.train_step, verdicts.train_step, where="launch",
                     world=lambda case: case[0], refusal=_MESH, covered=cases.step_covered, launch=cases.step_launch)
+DEVICE = on_meta(STEP)
 STAGES = CHECKS.check("stage_parameters", cases.stage_cases, answers.stages, verdicts.stages, refusal=_MEMORY,
                       covered=cases.stage_covered)
 MEMORY = CHECKS.check("predict_memory", cases.memory_cases, answers.memory, verdicts.memory, refusal=_MEMORY,
@@ -88,3 +91,10 @@ def check_predict_memory(fn, hidden: bool = False) -> None:
     bytes on one rank, each within 0.1 % of ``cost.parallel3d.memory_per_rank`` (ZeRO's shards
     may round), total the sum of the parts. Visible: 2×2×2 1F1B and 1×2×4 GPipe, both stages;
     hidden: 4 stages with 1F1B, m < p, SGD, ZeRO 1-3 over d = 4, no biases, GQA, a 7B model."""
+
+
+@CHECKS.entry(DEVICE)
+def check_device(fn, timeout: float = STEP_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``train_step_3d`` live: the step check's first visible layout, run with
+    torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made without
+    ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

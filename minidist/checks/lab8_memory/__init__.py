@@ -7,6 +7,7 @@ Korthikanti et al. 2022 (full and selective recomputation). A lab test cell is a
 
     checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step)
     checks.check_function("zero1_mixed_precision_step", zero1_mixed_precision_step, hidden=True)
+    checks.check_device("DynamicLossScaler", DynamicLossScaler)     # no tensor made off the gradients' device
 
 The distributed functions run in one launch of 4 ranks per call, cut into data-parallel groups of
 t consecutive ranks (visible t = 2, 4; hidden 1–4; t = 3 runs next to a group of one). The steps
@@ -33,6 +34,7 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab8_memory import answers, cases, verdicts
@@ -61,8 +63,11 @@ RECOMPUTE = CHECKS.check("recompute_blocks", cases.recompute_cases, answers.reco
 #: bookkeeping before unscale_)
 FUNCTIONS = {name: {"DynamicLossScaler": (SCALER_HERE, SCALER_RANKS), **STEPS, "recompute_blocks": RECOMPUTE}[name]
              for name in cases.GRADED}
+#: the functions that make tensors of their own: the scaler's flag, ZeRO-1's padded buffers
+DEVICE = {"DynamicLossScaler": on_meta(SCALER_RANKS),
+          "zero1_mixed_precision_step": on_meta(STEPS["zero1_mixed_precision_step"])}
 
-__all__ = ["CHECKS", "REFUSED", "check_function", "measure_bytes", "measure_recompute"]
+__all__ = ["CHECKS", "REFUSED", "check_device", "check_function", "measure_bytes", "measure_recompute"]
 
 
 @CHECKS.entry(FUNCTIONS, by="name")
@@ -70,3 +75,11 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = TRAININ
     """Lab 8's graded function ``name``: the steps and the scaler's unscale_ on 4 ranks cut into
     groups of t (visible t = 2, 4; hidden 1–4) against fp32 references, bytes per rank against
     2 + 2 + 12/N; the scaler's bookkeeping and recompute_blocks in this process."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``name`` live (the scaler's ``unscale_``, or ZeRO-1's step): its first visible
+    case on ranks, run with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor
+    made without ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA
+    tensors."""

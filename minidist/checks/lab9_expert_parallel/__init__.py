@@ -8,6 +8,7 @@ combine by all-to-all), Fedus et al. 2021 (Switch Transformers: the load-balanci
 
     checks.check_function("ep_dispatch", ep_dispatch)
     checks.check_function("ep_dispatch", ep_dispatch, hidden=True)
+    checks.check_device("ep_dispatch", ep_dispatch)     # no tensor made off the tokens' device
 
 ``top_k_router`` and ``load_balancing_loss`` communicate nothing and are checked in this process.
 The distributed ones run one launch of 4 ranks per call, cut into expert-parallel groups of t
@@ -27,6 +28,7 @@ from __future__ import annotations
 from functools import partial
 
 from minidist.checks.kit.check import Registry
+from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab9_expert_parallel import answers, cases, verdicts
@@ -52,9 +54,11 @@ _CHECKS = {
        for name, (case_list, answer, verdict) in _ON_RANKS.items()}}
 #: graded name -> its check, in the notebook's order
 FUNCTIONS = {name: _CHECKS[name] for name in cases.GRADED}
+#: the functions that make tensors of their own (counts, receive buffers, the combined output)
+DEVICE = {name: on_meta(_CHECKS[name]) for name in ("ep_dispatch", "ep_combine")}
 
 #: Route: what ep_dispatch returns for ep_combine (handed out); make_experts: the experts the checks use
-__all__ = ["CHECKS", "REFUSED", "Route", "check_function", "make_experts", "measure"]
+__all__ = ["CHECKS", "REFUSED", "Route", "check_device", "check_function", "make_experts", "measure"]
 
 
 @CHECKS.entry(FUNCTIONS, by="name")
@@ -63,3 +67,10 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = TRAININ
     ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): outputs and every gradient equal
     one process, the caller's tensors unchanged, the traced all-to-alls equal the cost model.
     Hidden cases: k = 1, fp64, uneven and empty loads, dropped choices, capacity, bad input."""
+
+
+@CHECKS.entry(DEVICE, by="name")
+def check_device(name: str, fn, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
+    """Where the tensors of ``name`` (``ep_dispatch`` or ``ep_combine``) live: its first visible case,
+    run with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made without
+    ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""
