@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+from minidist.checks.kit.device_check import backward_on
 from minidist.runtime.rank_process import DEFAULT_DEVICE_ENV
 
 
@@ -55,24 +56,10 @@ def assert_real(*tensors) -> None:
 @contextlib.contextmanager
 def default_device_in_backward():
     """Inside this block, every custom ``autograd.Function`` backward runs with torch's default
-    device as it was on entry (``meta`` in these tests), as its forward did.
-
-    The default device is a torch-function mode, and autograd's engine runs a custom backward
-    without it: a ``torch.zeros(...)`` there would land on the CPU unseen (ring attention's dK/dV
-    accumulator did, and passed)."""
-    import torch.autograd.function as autograd_function
-    original = autograd_function.BackwardCFunction.apply
-    default = torch.get_default_device()
-
-    def apply(self, *args):
-        with torch.device(default):
-            return original(self, *args)
-
-    autograd_function.BackwardCFunction.apply = apply
-    try:
+    device as it was on entry (``meta`` in these tests), as its forward did: a ``torch.zeros(...)``
+    there would otherwise land on the CPU unseen (ring attention's dK/dV accumulator did, and passed)."""
+    with backward_on(torch.get_default_device()):
         yield
-    finally:
-        autograd_function.BackwardCFunction.apply = original
 
 
 def run_bodies(bodies: dict[str, Callable[[], object]]) -> dict[str, str]:

@@ -85,8 +85,9 @@ def _student_line() -> str | None:
 
 
 @contextlib.contextmanager
-def _backward_on(device: str):
-    """Custom autograd backwards run with ``device`` as their default, as their forward did."""
+def backward_on(device):
+    """Custom autograd backwards run with ``device`` as their default, as their forward did (the default
+    device is a torch-function mode, and autograd's engine runs a custom backward without it)."""
     import torch.autograd.function as autograd_function
     original = autograd_function.BackwardCFunction.apply
 
@@ -105,7 +106,7 @@ def _backward_on(device: str):
 def default_device(device: str, lines: list, on_new=None):
     """Inside: torch's default device is ``device`` (custom backwards included), and ``lines`` collects
     the student's lines that made a tensor without ``device=``; restored on exit."""
-    with torch.device(device), _Made(lines, on_new), _backward_on(device):
+    with torch.device(device), _Made(lines, on_new), backward_on(device):
         yield
 
 

@@ -69,8 +69,8 @@ def check_executor(fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIM
     GPipe and 1F1B schedules (the first case of each launch twice with the same schedule object);
     gradients on every rank and the loss (returned by the rank holding the last stage, None
     elsewhere) must equal single-process autograd's at every step, and the schedule, the batch
-    and the weights stay as the caller gave them. Hidden: p = 3, m not a multiple of p, fp64, and p = 1 (one stage,
-    run on rank 0 of the 3-rank launch)."""
+    and the weights stay as the caller gave them; p = 1 (one stage, run on rank 0 of the 2-rank launch). Hidden:
+    p = 3, m not a multiple of p, fp64, and p = 1 on rank 0 of the 3-rank launch."""
 
 
 @CHECKS.entry(MEMORY)

@@ -90,11 +90,12 @@ def check_function(name: str, fn, hidden: bool = False, timeout: float = CP_CHEC
     """Lab 6's graded function ``name``: on 4 ranks cut into groups of t (visible t = 2, 4; hidden
     1, 2, 3, 4), inputs on ``minidist.device()``, output (its dtype exactly) and gradients equal
     fp64 attention of the whole sequence on the CPU, the caller's tensors unchanged, communication
-    equals the cost model; the merge in this process. The ring's visible cases include one with
-    every isend/irecv blocking. Hidden cases: other dims, fp64 and bf16, GQA and MQA, scores far
-    past exp's range, query or only kv heads that do not split, more blocking runs, a late peer
-    (the ring's first block computed before the late message can land), sequences that do not cut
-    into 2P chunks. Prints the ✓ line when it passes."""
+    equals the cost model; the merge in this process. The visible cases include each rule the text
+    stresses: a ValueError before any message (a scatter dim, query heads, a sequence that does not
+    split), the ring with every isend/irecv blocking, and with a late peer (its first block computed
+    before the late message can land). Hidden cases: other dims, fp64 and bf16, GQA and MQA, scores
+    far past exp's range, kv heads that do not split, more blocking runs, a late peer at t = 4, more
+    sequences that do not cut into 2P chunks. Prints the ✓ line when it passes."""
 
 
 @CHECKS.entry(DEVICE, by="name")

@@ -25,11 +25,20 @@ MERGE = "merge_partial_attention"       # no communication: checked in the calli
 GRADED = ("all_to_all", "ulysses_attention", MERGE, "ring_attention_forward", "zigzag_shard")
 
 
+#: the visible cases of the rules the text stresses, after the others: each function's ValueError (a
+#: dim, query heads, a sequence that does not split), and the ring's overlap with a late peer
+VISIBLE_RULES = {"all_to_all": [dict(t=4, local=(B, 3, 2, D), scatter=2, gather=1, dtype=F32, raises=True)],
+                 "ulysses_attention": [dict(t=4, causal=False, dtype=F32, h=6, raises=True)],
+                 "ring_attention_forward": [dict(t=2, causal=True, dtype=F32, late=True)]}
+ZIGZAG_VISIBLE = [((B, S, H, D), F32), ((2, 20), F32)]      # s = 20 cuts into 2P chunks at t = 2, not at t = 4
+
+
 def function_cases(name: str, hidden: bool) -> list[dict]:
     """The cases of a distributed graded function ``name``. Visible: t = 2 and 4 (the ring's also one
-    run with every isend/irecv blocking); hidden: t = 1..4 and other dims, fp64 and bf16, GQA and MQA,
-    scores far past exp's range, heads that do not split, a late peer, sequences that do not cut into
-    2P chunks."""
+    run with every isend/irecv blocking), a ValueError each (``VISIBLE_RULES``, zigzag's s = 20 at
+    t = 4) and the ring's late peer; hidden: t = 1..4 and other dims, fp64 and bf16, GQA and MQA,
+    scores far past exp's range, more heads that do not split, another late peer, more sequences
+    that do not cut into 2P chunks."""
     h = hidden_cases(__package__, name) if hidden else None
     ts = h.TS if hidden else (2, 4)
     if name == "all_to_all":
@@ -37,14 +46,14 @@ def function_cases(name: str, hidden: bool) -> list[dict]:
                     dict(local=(B, H, 3, D), scatter=1, gather=2, dtype=F32)]      # and back
         variants += h.ALL_TO_ALL if hidden else []
         cases = [dict(t=t, **v) for t in ts for v in variants if v["local"][v["scatter"]] % t == 0]
-        return cases + (h.ALL_TO_ALL_RAISES if hidden else [])
+        return cases + (h.ALL_TO_ALL_RAISES if hidden else VISIBLE_RULES[name])
     if name in ("ulysses_attention", "ring_attention_forward"):
         cases = [dict(t=t, causal=c, dtype=F32) for t in ts for c in (False, True)]
         if name == "ring_attention_forward":    # visible too: every isend/irecv blocks until matched (NCCL's worst)
             cases += [dict(t=4, causal=True, dtype=F32, blocking=True)]
-        return cases + (h.ATTENTION[name] if hidden else [])
+        return cases + (h.ATTENTION[name] if hidden else VISIBLE_RULES[name])
     if name == "zigzag_shard":
-        shapes = [((B, S, H, D), F32)] + (h.ZIGZAG_SHAPES if hidden else [])
+        shapes = [((B, S, H, D), F32)] + h.ZIGZAG_SHAPES if hidden else ZIGZAG_VISIBLE
         return [dict(t=t, shape=s, dtype=d) for t in ts for s, d in shapes]
     raise ValueError(f"lab 6 has no graded function {name!r}; graded: {', '.join(GRADED)}")
 
@@ -71,7 +80,7 @@ def covered(name: str, hidden: bool) -> str:
     ts = sorted({c["t"] for c in cases if "t" in c})
     dtypes = sorted({str(c["dtype"]).replace("torch.", "") for c in cases})
     extra = []
-    if any(c.get("raises") for c in cases) or (hidden and name == "zigzag_shard"):
+    if any(c.get("raises") or c.get("shape", (0, 0))[SEQ] % (2 * c.get("t", 1)) for c in cases):
         extra.append("ValueError before any message")
     if any(c.get("late") for c in cases):
         extra.append("overlap with a late peer")
