@@ -132,6 +132,15 @@ BUGS = [
         catches=[DISPATCH],
         why="E not divisible by e is not refused before the counts exchange: gloo fails instead of a ValueError",
     ),
+    dict(
+        name="dispatch_counts_without_device",
+        cell="ep_dispatch",
+        replace=[("    recv_counts = torch.empty_like(send_counts)\n",
+                  "    recv_counts = torch.empty(num_experts, dtype=torch.long)\n")],
+        catches=["test_ep_device"],
+        why="the buffer for the received counts is made without device=: right on CPU ranks, a CPU tensor for "
+            "NCCL's all-to-all on a GPU node (only the device check sees it)",
+    ),
 
     # ------------------------------------------------------------------ ep_combine
     dict(
@@ -173,15 +182,6 @@ BUGS = [
                   "out[route.order // k] += rows * w\n    return out")],
         catches=[COMBINE],
         why="out[idx] += ... with a token twice in idx keeps one of its k contributions",
-    ),
-    dict(
-        name="dispatch_counts_without_device",
-        cell="ep_dispatch",
-        replace=[("    recv_counts = torch.empty_like(send_counts)\n",
-                  "    recv_counts = torch.empty(num_experts, dtype=torch.long)\n")],
-        catches=["test_ep_device"],
-        why="the buffer for the received counts is made without device=: right on CPU ranks, a CPU tensor for "
-            "NCCL's all-to-all on a GPU node (only the device check sees it)",
     ),
 
     # ------------------------------------------------------------------ moe_layer
