@@ -279,3 +279,23 @@ def attack_bank(sol, release) -> dict:
         "bloat": (with_cell(sol, BLOAT, after="test_allsum"), {}, 3.0, []),
         "slow_under_load": (set_code(sol, "allsum", SLOW_UNDER_LOAD), {}, 3.0, []),
     }
+
+
+NOT_CONFIRMED = "not confirmed: tampering suspected"
+
+
+def misjudged(bank: dict, grades: dict, rows: dict) -> list[tuple]:
+    """Where the grading of ``bank`` (as :func:`attack_bank` returns it) differs from what it deserves:
+    a score other than the deserved one, the "not confirmed" flag on other tests than listed, or a
+    flagged test that kept points. ``grades``: grades.csv by student; ``rows``: results.csv by
+    (student, test). Empty when every submission got exactly what it deserves."""
+    wrong = []
+    for student, (_, _, deserved, unconfirmed) in bank.items():
+        if float(grades[student]["score"]) != deserved:
+            wrong.append((student, "score", grades[student]["score"], deserved))
+        for test in TESTS:
+            row = rows[(student, test)]
+            flagged = NOT_CONFIRMED in row["flags"]
+            if flagged != (test in unconfirmed) or (flagged and (row["points"], row["status"]) != ("0.0", "fail")):
+                wrong.append((student, test, row, "flagged" if test in unconfirmed else "not flagged"))
+    return wrong

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from nbformat.v4 import new_code_cell
 
-from attack_bank import attack_bank
+from attack_bank import attack_bank, misjudged
 from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
 
@@ -128,11 +128,7 @@ def test_deterministic(graded):
 def test_two_attacks_gain_nothing(graded):
     """A verdict forged in the kernel and in the confirmation's child (refused by its parent), and a
     library answer under another file name (refused by the check)."""
-    for student, (_, _, deserved, unconfirmed) in graded["attacks"].items():
-        assert total(graded, student) == deserved, (student, graded["grades"][student])
-        for test in ("test_add", "test_allsum"):
-            flagged = "not confirmed: tampering suspected" in row(graded, student, test)["flags"]
-            assert flagged == (test in unconfirmed), (student, test, row(graded, student, test))
+    assert misjudged(graded["attacks"], graded["grades"], graded["cells"]) == []
     assert "sys._getframe" in row(graded, "walk_stack", "test_add")["flags"]
     assert "called minidist's own implementation: mine.ring_all_reduce" in row(graded, "exec_library", "test_allsum")["reason"]
 

@@ -25,7 +25,7 @@ import time
 
 import pytest
 
-from attack_bank import MACHINE, attack_bank
+from attack_bank import MACHINE, NOT_CONFIRMED, attack_bank, misjudged
 from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
 
 pytestmark = pytest.mark.e2e        # `make test-e2e` (README: Two commands); `.ci/run` runs it
@@ -189,22 +189,11 @@ def test_the_batch_finishes_with_a_grade_for_everyone(batch):
     assert batch["elapsed"] < 40 * len(batch["bank"])
 
 
-def test_no_cheat_gains_and_honest_scores_are_exact(batch):
-    got = {s: float(batch["grades"][s]["score"]) for s in batch["bank"]}
-    want = {s: deserved for s, (_, _, deserved, _) in batch["bank"].items()}
-    assert got == want, {s: (got[s], want[s]) for s in got if got[s] != want[s]}
-
-
-def test_tampering_is_flagged_not_confirmed(batch):
-    for student, (_, _, _, unconfirmed) in batch["bank"].items():
-        for test in ("test_add", "test_allsum"):
-            row = batch["rows"][(student, test)]
-            flagged = "not confirmed: tampering suspected" in row["flags"]
-            assert flagged == (test in unconfirmed), (student, test, row)
-            if flagged:
-                assert row["points"] == "0.0" and row["status"] == "fail", row
+def test_no_cheat_gains_honest_scores_are_exact_and_tampering_is_flagged(batch):
+    """Every score is the deserved one; "not confirmed" flags exactly the listed tests, at 0 points."""
+    assert misjudged(batch["bank"], batch["grades"], batch["rows"]) == []
     fb = (batch["out"] / "feedback" / "checks_patched" / LAB / f"{LAB}.html").read_text()
-    assert "not confirmed: tampering suspected" in fb
+    assert NOT_CONFIRMED in fb
 
 
 def test_library_answer_fails_with_the_rule(batch):
