@@ -43,7 +43,7 @@ test: $(STAMP)
 test-e2e: $(STAMP)
 	$(BIN)/python -m pytest -m e2e $(PYTEST_ARGS)
 
-# The course's content end to end (marker `course`, about 13 minutes more): every lab's solution
+# The course's content end to end (marker `course`, about 16 minutes more): every lab's solution
 # graded through nbgrader with the sandbox and the confirmation, every bug of its bank caught and
 # every correct alternative full marks (its quick selftest), and every deck built from live runs.
 # `.ci/run` runs it after `make test` and `make test-e2e`.
