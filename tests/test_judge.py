@@ -225,21 +225,6 @@ def test_a_test_cell_the_judge_cannot_resolve_is_unconfirmed_and_scores_zero(tmp
     assert confirmed_points(outcome, 1.0)[0] == 0.0
 
 
-def test_a_test_answered_before_the_child_dies_is_still_judged(tmp_path):
-    """The judge works while the child runs the next cell: when the child dies in that cell, the test
-    it answered before is still judged and reported (confirmed), and the run is not ``done``."""
-    from autograder.confirm.start import Confirmation, copy_pristine, plan
-    nb = nbformat.read(TOYLAB, 4)
-    cells = [c for c in plan(nb, nb) if c["kind"] in ("setup", "given") or c["id"] in ("add", "test_add")]
-    cells.append({"id": "dies", "kind": "solution", "source": "import os\nos._exit(3)\n"})
-    run_ = Confirmation(cells, pristine=copy_pristine(tmp_path / "pristine"), workdir=tmp_path / "work",
-                        sandbox=None, env=dict(os.environ), timeout=240, cell_timeout=120, log=tmp_path / "log")
-    run_.wait()
-    results = run_.results()
-    assert not results["done"] and "dies" not in results["cells"], results
-    assert results["tests"]["test_add"]["error"] is None, results["tests"]
-
-
 def test_an_honest_answer_on_ranks_is_confirmed_by_the_judge(tmp_path):
     # every rank's answers of a launched check, filed by the child and judged again
     assert confirm_one(tmp_path, TOYLAB, "allsum")["error"] is None

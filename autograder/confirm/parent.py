@@ -14,10 +14,7 @@ timeout or answers out of turn ends the run, and the tests not answered stay unc
 
 A test the child reports passed is put to the judge (:mod:`autograder.confirm.judge`, started
 first, never runs student code) with the answers the child filed for it (the docket); the test
-passes only if the judge finds nothing wrong with them. The judge works while the child runs the
-next cell (one thread feeds it the tests in order), so its references cost the run no time of their
-own where a core is free; a test is reported once its verdict is in, and ``done`` only after the
-last verdict.
+passes only if the judge finds nothing wrong with them.
 
 Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
 ``workdir``, ``env``); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
@@ -26,11 +23,9 @@ Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, sourc
 import ctypes
 import json
 import os
-import queue
 import secrets
 import subprocess
 import sys
-import threading
 import time
 
 # the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
@@ -50,11 +45,8 @@ def main():
     os.close(fd)
     token = spec["token"]
 
-    lock = threading.Lock()       # the judging thread reports too; a line is written whole
-
     def report(**msg):
-        with lock:
-            out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
+        out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
 
     here = os.path.dirname(os.path.abspath(__file__))
     # the judge first: it makes itself undumpable before the child runs any student code
@@ -67,18 +59,6 @@ def main():
     timeout = float(spec.get("timeout") or 600) + MARGIN
     t_start = time.time()
     answered = 0
-    tests = queue.Queue()         # (cell id, the child's reply) in the order the child answered them
-
-    def judge_in_turn():
-        while (item := tests.get()) is not None:
-            cell, reply = item
-            if not reply.get("error"):
-                reply["error"] = judged(judge, cell, reply.get("docket"), timeout)
-            report(event="test", cell=cell, error=reply.get("error"), stderr=str(reply.get("stderr") or "")[:2000],
-                   value=reply.get("value"), changed=list(reply.get("changed") or [])[:20],
-                   seconds=reply.get("seconds"))
-    judging = threading.Thread(target=judge_in_turn, daemon=True)
-    judging.start()
     try:
         wire.send(cmd, {"path": spec.get("path", []), "workdir": spec.get("workdir"), "env": spec.get("env", {}),
                         "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge.pid]})
@@ -98,18 +78,19 @@ def main():
             if cell["kind"] == "test":
                 if reply.get("restored"):
                     report(event="restored", cell=cell["id"], changes=list(reply["restored"])[:20])
-                tests.put((cell["id"], reply))
+                if not reply.get("error"):
+                    reply["error"] = judged(judge, cell["id"], reply.get("docket"), timeout)
+                report(event="test", cell=cell["id"], error=reply.get("error"), stderr=str(reply.get("stderr") or "")[:2000],
+                       value=reply.get("value"), changed=list(reply.get("changed") or [])[:20],
+                       seconds=reply.get("seconds"))
             else:
                 report(event="cell", cell=cell["id"], kind=cell["kind"], error=reply.get("error"))
     except OSError:
         pass
     finally:
-        child.kill()              # the tests it answered are still judged; the judge needs nothing of it
-        child.wait()
-        tests.put(None)
-        judging.join()            # each verdict waits at most ``timeout``; the grader's wall clock bounds all
-        judge.kill()
-        judge.wait()
+        for proc in (child, judge):
+            proc.kill()
+            proc.wait()
     if answered == len(spec["cells"]):
         report(event="done", seconds=round(time.time() - t_start, 2))
     out.flush()
