@@ -6,7 +6,6 @@ each call of the test cell through the lab's registry of checks, takes the cases
 checks, computes the references and gives each verdict again. A solution cell that rewrites a check's
 verdict inside the child (where it runs next to the check), or hides the answers, no longer passes the
 confirmation, while honest answers do; a test cell the judge cannot resolve earns nothing."""
-import dataclasses
 import glob
 import json
 import os
@@ -161,27 +160,8 @@ def test_answers_from_the_ranks_are_indexed_by_case_and_world_rank(monkeypatch):
     key, pk, index, data = honest[5]
     forged = honest[:5] + [(key, pk, index, plain_data.dumps({**plain_data.loads(data), "got": 0}))] + honest[6:]
     assert GROUPS.judge(VISIBLE, forged) == "times ten (t=3, default sizes), rank 1 (rank 1 of its group): got 0, expected 10"
-    monkeypatch.setattr(docket, "ON", False)                        # the notebook: the ranks give the verdict
     with pytest.raises(AssertionError, match=r"times ten \(t=4, default sizes\), rank 2 \(rank 2 of its group\): got 0"):
         run(GROUPS, lambda r: 10 * r if r != 2 else 0, timeout=30, hidden=False)
-
-
-def test_where_answers_are_filed_the_judge_alone_gives_the_verdict(monkeypatch):
-    """In the confirmation's child (the docket on) a wrong answer is filed, not judged: the child ran
-    student code, so its verdict would never be trusted, only paid for twice. The judge fails it."""
-    monkeypatch.setattr(docket, "ON", True)
-    monkeypatch.setattr(docket, "_entries", [])
-    toylab.check_add(lambda a, b: 0, hidden=True)                   # no verdict here: no AssertionError
-    assert "returned 0; expected" in ADD.judge(HIDDEN, docket.entries())
-    del docket.entries()[:]
-    run(GROUPS, lambda r: 10 * r if r != 2 else 0, timeout=30, hidden=False)
-    assert GROUPS.judge(VISIBLE, docket.entries()).startswith("times ten (t=4, default sizes), rank 2")
-    # a check that stops at its first failing case still judges on its ranks, to stop there
-    stops = dataclasses.replace(GROUPS, stop_at_first_failure=True)
-    del docket.entries()[:]
-    with pytest.raises(AssertionError, match=r"rank 2 \(rank 2 of its group\): got 0"):
-        run(stops, lambda r: 10 * r if r != 2 else 0, timeout=30, hidden=False)
-    assert [e[2] for e in docket.entries()] == [0, 1, 3]            # the first case's right answers, no later case
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -2,10 +2,8 @@
 code (started by :mod:`autograder.confirm.parent` before the child runs any cell, as ``python -I
 confirm/judge.py``; standard library and minidist only).
 
-The child reports a test passed or failed; that report is not enough, and the child does not even
-judge the answers it files (``minidist.checks.kit.run.verdict_here``): a test it reports passed has
-answered every case without an error. With the child's reply comes the docket, the student's answers
-as plain data; the parent hands it here with the test cell's id.
+The child reports a test passed or failed; that report is not enough. With the child's reply comes
+the docket, the student's answers as plain data; the parent hands it here with the test cell's id.
 This process reads the test cell's source (the instructor's) and resolves each of its calls through
 the lab's registry of checks (``CHECKS`` in the lab's folder, :class:`minidist.checks.kit.check.Registry`):
 which checks the call runs, with which params. It takes their cases from the pristine checks,

@@ -24,8 +24,7 @@ minidist's own implementation on every thread, the watch on what graded calls re
 results only at ``wait()``, NCCL's point-to-point rules, stand-ins for the lab's other functions),
 each answer's round trip through plain data, its filing in the docket (:mod:`...docket`) at an
 index computed in one place, and the verdict on the round-tripped copy: exactly what the grader's
-judge gives again from the docket (:meth:`Check.judge`), which alone gives it in the grader's
-confirmation run. The ✓ line comes from ``covered``.
+judge gives again from the docket (:meth:`Check.judge`). The ✓ line comes from ``covered``.
 
 A lab declares its checks and the public functions its test cells call in one :class:`Registry`
 (``CHECKS``): the grader's judge resolves a test cell's call through it, and a call it cannot

@@ -6,8 +6,7 @@ the verdict is given again elsewhere: :func:`minidist.checks.kit.run.run` files 
 data, in this list, at an index it computes (the case's; for a check on groups of ranks, case × world
 + rank). The confirmation's runner holds the list from before any student code (:func:`entries`) and
 sends it with the test's reply; the judge (``autograder/confirm/judge.py``, a process that never runs
-student code) gives every verdict again from it (:meth:`minidist.checks.kit.check.Check.judge`); where
-answers are filed, :func:`~minidist.checks.kit.run.run` leaves the verdict to the judge alone. A case
+student code) gives every verdict again from it (:meth:`minidist.checks.kit.check.Check.judge`). A case
 with no answer filed is a failure, so only right answers pass. Answers are filed only where
 ``MINIDIST_DOCKET=1`` (the runner sets it), read once at import; a test's answers are at most
 :data:`minidist.protocol.DOCKET_MAX_BYTES`.

@@ -8,10 +8,6 @@ answer's round trip through plain data, its filing in the docket (:mod:`minidist
 at an index computed here and nowhere else (a case's index; for ``"groups"``, case × world + rank),
 and the verdict on the round-tripped copy, the value the grader's judge reads
 (:meth:`~minidist.checks.kit.check.Check.judge`). A passing check prints its ✓ line.
-
-Where answers are filed (the grader's confirmation) the verdict is left to the judge alone
-(:func:`verdict_here`): the confirmation's child ran student code, so its verdict was never trusted,
-and giving it there cost every reference's seconds a second time.
 """
 from __future__ import annotations
 
@@ -132,18 +128,9 @@ def _require(check, params: dict, index: int, case, answer) -> None:
         data = plain_data.dumps(answer)
     except TypeError as err:
         raise AssertionError(f"{check.shown} returned something that is not plain data ({err})") from None
-    problem = (check.problem(case, plain_data.loads(data)) if verdict_here(check) else None) or \
-        docket.file(check.key, params, index, data, check.shown)
+    problem = check.problem(case, plain_data.loads(data)) or docket.file(check.key, params, index, data, check.shown)
     if problem:
         raise AssertionError(problem)
-
-
-def verdict_here(check) -> bool:
-    """Whether this process gives ``check``'s verdicts: yes, except where answers are filed (the
-    grader's confirmation, whose judge gives every verdict from the docket in a process that never
-    ran student code); there only a ``"groups"`` check that stops at its first failing case needs
-    its ranks' verdicts, to stop."""
-    return not docket.ON or check.stop_at_first_failure
 
 
 def _reference(reference, progress, answer, fn, case, stand_ins):
@@ -181,8 +168,7 @@ def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
             except TypeError as err:
                 out.append((f"returned something that is not plain data ({err})", None))
             else:
-                out.append((check.found(RankCase(case, rank, r, t), plain_data.loads(data))
-                            if verdict_here(check) else None, data))
+                out.append((check.found(RankCase(case, rank, r, t), plain_data.loads(data)), data))
             if check.stop_at_first_failure and not every_rank_passed(out[-1][0] is None):
                 break
     return out + [("not run: an earlier case failed", None)] * (len(cases) - len(out))
