@@ -242,9 +242,12 @@ def run_converter(cls, config, assignment_id: str, student_id: str | None = None
 def lab_cells(course: Path, lab: str) -> dict[str, list[dict]]:
     """{notebook: [{name, max_score, kind}]} for the graded cells of a lab, in notebook order.
 
-    kind: "test" (autograded code cell) or "manual" (a solution cell that is also graded).
+    kind: "test" (autograded code cell) or "manual" (a solution cell that is also graded); hidden: the
+    points of its hidden tests (:mod:`autograder.test_parts`; 0 for a cell without any).
     """
     from nbgrader.api import Gradebook
+
+    from autograder.test_parts import hidden_points
 
     out = {}
     with Gradebook("sqlite:///" + str(Path(course) / "gradebook.db")) as gb:
@@ -252,9 +255,13 @@ def lab_cells(course: Path, lab: str) -> dict[str, list[dict]]:
         for nb in a.notebooks:
             rel = read_nb(Path(course) / "release" / lab / f"{nb.name}.ipynb")
             order = {grade_id(c): i for i, c in enumerate(rel.cells) if grade_id(c)}
+            src = Path(course) / "source" / lab / f"{nb.name}.ipynb"
+            source = {grade_id(c): c for c in read_nb(src).cells if grade_id(c)} if src.is_file() else {}
             solutions = {c.name for c in nb.solution_cells}
             cells = [{"name": gc.name, "max_score": float(gc.max_score),
-                      "kind": "manual" if gc.name in solutions or gc.cell_type != "code" else "test"}
+                      "kind": "manual" if gc.name in solutions or gc.cell_type != "code" else "test",
+                      "hidden": hidden_points(source[gc.name], float(gc.max_score))
+                      if gc.name in source and gc.name not in solutions and gc.cell_type == "code" else 0.0}
                      for gc in nb.grade_cells]
             cells.sort(key=lambda d: order.get(d["name"], 10**9))
             out[nb.name] = cells

@@ -126,34 +126,41 @@ def failure_reason(log: str, records: list[dict], sandbox_errors: list[str] = ()
     return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
-def confirmed_only(cells: dict, confirmed: dict) -> None:
+def confirmed_only(cells: dict, confirmed: dict, cells_meta: dict) -> None:
     """The grader's fallback rows (the worker was killed or failed before its result) when the
-    batch confirms: a test keeps its notebook points only as far as the confirmation's own report
-    (``confirmed``: {notebook: {test: points}}, received before the worker ended) confirms them;
-    without a report it keeps none. Otherwise a submission could pass patched tests in the
-    kernel and then stall past the wall-clock limit, before its confirmation was applied."""
-    from autograder.confirm.points import lower_to_confirmed
+    batch confirms: each test is scored by the one rule (:func:`autograder.confirm.points.score_row`)
+    from the confirmation's own report (``confirmed``: {notebook: {confirmation id: fraction}}, received
+    before the worker ended); without a report a test keeps nothing. Otherwise a submission could pass
+    patched tests in the kernel and then stall past the wall-clock limit, before its confirmation was
+    applied."""
+    from autograder.confirm.points import score_row
+    from autograder.test_parts import HIDDEN_PART
+    why = "its points there, reported before the worker was stopped"
     for nb, rows in cells.items():
         got = confirmed.get(nb)
+        metas = {m["name"]: m for m in cells_meta.get(nb, [])}
         for cid, row in rows.items():
-            pts = float(row["points"] or 0.0)
-            if row["status"] == "manual" or pts <= 0:
+            if row["status"] == "manual" or cid not in metas:
                 continue
             if got is None:
-                row.update(points=0.0, status="error",
-                           reason="not confirmed: the submission was stopped before its confirmation run ended")
-            else:
-                lower_to_confirmed(row, float(got.get(cid, 0.0)), "its points there, reported before the worker "
-                                                                   "was stopped")
+                if float(row["points"] or 0.0) > 0:
+                    row.update(points=0.0, status="error",
+                               reason="not confirmed: the submission was stopped before its confirmation run ended")
+                continue
+            parts = {"visible": (float(got.get(cid, 0.0)), why)}
+            if metas[cid].get("hidden"):
+                parts["hidden"] = (float(got.get(cid + HIDDEN_PART, 0.0)), why)
+            score_row(row, metas[cid], parts)
 
 
 def checked_confirmation(msg) -> tuple[str, dict] | None:
-    """(notebook, {test: points}) from a worker's confirmation report, or None if malformed."""
+    """(notebook, {confirmation id: fraction of its points}) from a worker's confirmation report
+    (fractions clamped to [0, 1]), or None if malformed."""
     nb, points = msg.get("notebook"), msg.get("points")
     if not isinstance(nb, str) or not isinstance(points, dict):
         return None
-    return nb, {str(k): max(0.0, float(v)) for k, v in points.items()
-                if isinstance(v, (int, float)) and v == v}
+    return nb, {str(k): min(1.0, max(0.0, float(v))) for k, v in points.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
 
 
 def checked_result(result, job: Job, cells_meta: dict) -> dict:
@@ -187,6 +194,9 @@ def checked_result(result, job: Job, cells_meta: dict) -> dict:
                                   "reason": str(row.get("reason", ""))[:400].replace("\n", " "),
                                   "flags": [str(f)[:400] for f in flags][:20] if isinstance(flags, list) else [],
                                   "confirmed": str(row.get("confirmed", ""))[:300]}
+            parts = checked_parts(row.get("parts"), meta, pts)
+            if parts:
+                rows[meta["name"]]["parts"] = parts
         cells[nb] = rows
     notes = result.get("notes") or []
     late = result.get("late_penalty") or {}
@@ -201,6 +211,26 @@ def checked_result(result, job: Job, cells_meta: dict) -> dict:
     for nb, info in (out["confirmation"].get("notebooks") or {}).items():
         if isinstance(info, dict):
             out["notes"] += [str(n)[:600] for n in info.get("notes", [])][:6]
+    return out
+
+
+def checked_parts(parts, meta: dict, points) -> dict | None:
+    """A test's parts as the worker reports them (:mod:`autograder.test_parts`), checked: exactly the
+    test's parts, each clamped to its share, adding up to the test's points; else None (no parts)."""
+    from autograder.test_parts import shares
+    share = shares(meta)
+    if not isinstance(parts, dict) or set(parts) != set(share) or points is None:
+        return None
+    out = {}
+    for part, top in share.items():
+        p = parts[part]
+        if not isinstance(p, dict) or str(p.get("status")) not in STATUSES:
+            return None
+        pts = float(p.get("points") or 0.0) if isinstance(p.get("points"), (int, float)) else 0.0
+        out[part] = {"points": min(max(pts if pts == pts else 0.0, 0.0), top), "max_points": top,
+                     "status": str(p["status"]), "reason": str(p.get("reason", ""))[:400].replace("\n", " ")}
+    if abs(sum(p["points"] for p in out.values()) - points) > 1e-6:
+        return None
     return out
 
 

@@ -154,7 +154,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
                       "cells": fallback_cells(cells_meta, records, {}, reason,
                                               status_unrun="timeout" if timed_out else "error")}
         if batch.get("confirm"):
-            confirmed_only(job.result["cells"], confirmed)
+            confirmed_only(job.result["cells"], confirmed, cells_meta)
     if unreadable:
         job.result.setdefault("notes", []).append(f"{unreadable} unreadable record(s) from the worker ignored")
     job.result.setdefault("submitted", True)

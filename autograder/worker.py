@@ -31,6 +31,7 @@ from autograder.notebooks import load, locate, repair, skip_demos
 from autograder.records import failure_reason, fallback_cells, notebook_cells
 from autograder.retry import RETRY_TIMEOUT_SCALE, overrides, scaled
 from autograder.sandbox.kernel import KernelJob, kernel_manager
+from minidist.protocol import HIDDEN_CASES_ENV, HIDDEN_IN_CONFIRMATION
 
 MAX_EXTRA_BYTES = 20 << 20          # files handed in next to the notebook: at most this much is copied
 MAX_EXTRA_FILES = 200
@@ -171,7 +172,10 @@ def run(spec: dict, send=lambda msg: None) -> dict:
 
     # --- the sandbox's private home, and the confirmation runs (they need nothing from nbgrader's)
     backend = Backend(**spec["sandbox"]) if spec.get("sandbox") else None
-    uid = spec.get("uid")
+    # the job's uid and limits: in the sandbox, or alone where none works (never root); none at all only
+    # when the sandbox is turned off on purpose (autograder/core.py: prepare_batch)
+    drop = spec.get("drop", True)
+    uid = spec.get("uid") if drop else None
     # what the sandboxes of this job see of the grader's files: in the batch's area, the job's uid's
     box = Path(tempfile.mkdtemp(prefix="job-", dir=spec.get("area") or None))
     home = box / "home"
@@ -183,9 +187,11 @@ def run(spec: dict, send=lambda msg: None) -> dict:
     shutil.copyfile(handed_in.__file__, startup / "00-handed-in.py")
     kernel_cwd = shutil.copytree(dest, box / "kernel-cwd")     # what the student handed in, no hidden tests
     give(box, uid)
-    limit = limits(cpu_seconds=2 * float(spec.get("wall", 600)))
+    limit = limits(cpu_seconds=2 * float(spec.get("wall", 600))) if drop else None
+    confirming = spec.get("confirm", True)
+    # a confirmed batch's kernels have no hidden cases: their hidden=True calls are the confirmation's
     kernel = KernelJob(backend, str(home), str(pristine), spec["tag_var"], str(kernel_cwd), uid, spec.get("tools"),
-                       limit)
+                       limit, env={HIDDEN_CASES_ENV: HIDDEN_IN_CONFIRMATION} if confirming else {})
     deadline = t_start + float(spec.get("wall", 600)) - 5
     conf_env = inner_env(os.environ, str(home / "confirm"), str(pristine), spec["tag_var"])
 
@@ -202,7 +208,6 @@ def run(spec: dict, send=lambda msg: None) -> dict:
                             timeout=max(10.0, deadline - time.time()), cell_timeout=spec["cell_timeout"] * scale,
                             log=job / f"confirm-{wd.name}.log", only=only)
 
-    confirming = spec.get("confirm", True)
     runs = {n: start_confirmation(n) for n in graded_nbs} if confirming else {}
     if runs:      # the grader hears the confirmed points even if this worker never finishes
         threading.Thread(target=report_points, args=(runs, cells_meta, send), daemon=True).start()
@@ -233,7 +238,7 @@ def run(spec: dict, send=lambda msg: None) -> dict:
 
     # --- confirmation: combine, retry what was not confirmed once, alone
     if confirming:
-        result["confirmation"] = confirm_cells(result["cells"], runs, start_confirmation, deadline)
+        result["confirmation"] = confirm_cells(result["cells"], runs, start_confirmation, deadline, cells_meta)
     else:
         result["confirmation"] = {"ran": False}
 

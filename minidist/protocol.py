@@ -26,6 +26,10 @@ CHECK_TIMEOUT_ENV = "MINIDIST_CHECK_TIMEOUT"
 TIMEOUT_SCALE_ENV = "MINIDIST_TIMEOUT_SCALE"
 #: a rank's default device ("meta" in the selftest: a tensor made without a device fails)
 RANK_DEFAULT_DEVICE_ENV = "MINIDIST_RANK_DEFAULT_DEVICE"
+#: HIDDEN_IN_CONFIRMATION in a grading kernel: its ``hidden=True`` calls are scored by the confirmation
+#: alone (the kernel has no hidden case tables; :mod:`minidist.checks.kit.withheld`)
+HIDDEN_CASES_ENV = "MINIDIST_HIDDEN_CASES"
+HIDDEN_IN_CONFIRMATION = "confirmation"
 
 # ----------------------------------------------------------------------------- the docket
 #: the module holding the docket, which the confirmation's runner reads after every test

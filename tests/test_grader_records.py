@@ -7,9 +7,9 @@ import pytest
 
 from autograder.records import Job, checked_confirmation, checked_result, confirmed_only, fallback_cells
 
-META = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test"},
-               {"name": "t2", "max_score": 1.0, "kind": "test"},
-               {"name": "essay", "max_score": 3.0, "kind": "manual"}]}
+META = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test", "hidden": 0.0},
+               {"name": "t2", "max_score": 1.0, "kind": "test", "hidden": 0.0},
+               {"name": "essay", "max_score": 3.0, "kind": "manual", "hidden": 0.0}]}
 JOB = Job("s", "lab", None, Path("/nonexistent"))
 
 
@@ -44,14 +44,38 @@ def test_a_killed_worker_keeps_only_confirmed_points():
                {"event": "done", "index": "x", "grade_id": "t2", "points": 9.0}]        # malformed: ignored
     cells = fallback_cells(META, records, {}, "killed")
     assert cells["nb"]["t1"]["points"] == 2.0 and cells["nb"]["t2"]["points"] == 1.0
-    confirmed_only(cells, {"nb": {"t1": 2.0, "t2": 0.0}})
+    confirmed_only(cells, {"nb": {"t1": 1.0, "t2": 0.0}}, META)    # the fraction of each part's points
     assert cells["nb"]["t1"]["points"] == 2.0
     assert cells["nb"]["t2"]["points"] == 0.0 and "not confirmed" in cells["nb"]["t2"]["reason"]
     cells = fallback_cells(META, records, {}, "killed")
-    confirmed_only(cells, {})                          # no report arrived before the worker ended
+    confirmed_only(cells, {}, META)                    # no report arrived before the worker ended
     assert all(cells["nb"][t]["points"] == 0.0 for t in ("t1", "t2"))
     assert checked_confirmation({"notebook": "nb", "points": {"t1": "2"}}) == ("nb", {})
+    assert checked_confirmation({"notebook": "nb", "points": {"t1": 7.0}}) == ("nb", {"t1": 1.0})
     assert checked_confirmation({"notebook": 3, "points": {}}) is None
+
+
+def test_a_killed_workers_hidden_part_scores_what_the_confirmation_reported():
+    """A test cell with hidden tests is scored in two parts: the visible one as far as the notebook and
+    the confirmation both give it, the hidden one from the confirmation alone (the kernel had no
+    hidden cases); a hidden part that fails costs its share only, and is no tampering."""
+    meta = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test", "hidden": 1.0}]}
+    records = [{"event": "done", "index": 3, "grade_id": "t1", "points": 2.0, "status": "pass", "reason": "ok"}]
+    cells = fallback_cells(meta, records, {}, "killed")
+    confirmed_only(cells, {"nb": {"t1": 1.0, "t1/hidden": 0.0}}, meta)
+    row = cells["nb"]["t1"]
+    assert row["points"] == 1.0 and row["status"] == "fail" and row["reason"].startswith("hidden tests")
+    assert row["parts"]["visible"]["points"] == 1.0 and row["parts"]["hidden"]["points"] == 0.0
+    assert not any("not confirmed" in f for f in row["flags"])
+    cells = fallback_cells(meta, records, {}, "killed")
+    confirmed_only(cells, {"nb": {"t1": 0.0, "t1/hidden": 1.0}}, meta)    # visible not confirmed: flagged
+    row = cells["nb"]["t1"]
+    assert row["points"] == 1.0 and row["parts"]["visible"]["points"] == 0.0
+    assert any("not confirmed" in f for f in row["flags"])
+    checked = checked_result({"cells": {"nb": {"t1": row}}}, JOB, meta)["cells"]["nb"]["t1"]
+    assert checked["parts"] == row["parts"]
+    forged = dict(row, parts={"visible": {"points": 1.0, "status": "pass"}, "hidden": {"points": 9.0, "status": "pass"}})
+    assert "parts" not in checked_result({"cells": {"nb": {"t1": forged}}}, JOB, meta)["cells"]["nb"]["t1"]
 
 
 def test_points_awaiting_manual_grading_are_shown_as_such_in_grades_csv(tmp_path):

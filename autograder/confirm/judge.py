@@ -16,7 +16,8 @@ resolves. What the child can do to this process: send it data, which is read as 
 pickle, no code). It is not dumpable, from before the child starts, so no process of the same uid can
 trace it or read its memory.
 
-Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, cells}``, then ``{cell, docket}``
+Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, cells, hidden}`` (``hidden``: the lab's
+hidden case tables, :mod:`autograder.confirm.hidden_tables`), then ``{cell, docket}``
 per test the child reported passed, each answered by ``{cell, problem, judged}``.
 """
 import ast
@@ -28,26 +29,7 @@ import sys
 # the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from autograder.confirm import wire  # noqa: E402
-
-CHECKS_PACKAGE = "minidist.checks."
-
-
-def checks_modules(setup_sources) -> dict:
-    """{name in the notebook: module name} for every ``from minidist.checks import X as Y`` /
-    ``import minidist.checks.X as Y`` of the lab's own cells."""
-    out = {}
-    for source in setup_sources:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == CHECKS_PACKAGE[:-1] and not node.level:
-                out.update({a.asname or a.name: CHECKS_PACKAGE + a.name for a in node.names})
-            elif isinstance(node, ast.Import):
-                out.update({a.asname: a.name for a in node.names if a.name.startswith(CHECKS_PACKAGE) and a.asname})
-    return out
-
+from autograder.confirm.hidden_tables import checks_modules, install  # noqa: E402
 
 class NotConstant:
     """An argument the test cell does not give as a constant (the student's function, a variable)."""
@@ -137,6 +119,7 @@ def main():
         os._exit(0)
     path = [str(p) for p in spec.get("path", [])]
     sys.path[:0] = path
+    install(spec.get("hidden"), path[0] if path else "")      # the hidden cases: from the grader, no file
     cells = spec.get("cells", [])
     modules = checks_modules([c["source"] for c in cells if c.get("kind") in ("setup", "given")])
     tests = {c["id"]: c["source"] for c in cells if c.get("kind") == "test"}

@@ -17,7 +17,8 @@ first, never runs student code) with the answers the child filed for it (the doc
 passes only if the judge finds nothing wrong with them.
 
 Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
-``workdir``, ``env``); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
+``workdir``, ``env``, ``hidden``: the lab's hidden case tables, which the judge and the child serve to
+their imports, :mod:`autograder.confirm.hidden_tables`); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
 ``test``, ``restored``, ``flags`` and, when every cell was answered, ``done``.
 """
 import ctypes
@@ -52,7 +53,8 @@ def main():
     # the judge first: it makes itself undumpable before the child runs any student code
     judge = subprocess.Popen([sys.executable, "-I", os.path.join(here, "judge.py")], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
-    wire.send(judge.stdin.fileno(), {"path": spec.get("path", []), "cells": spec["cells"]})
+    wire.send(judge.stdin.fileno(), {"path": spec.get("path", []), "cells": spec["cells"],
+                                     "hidden": spec.get("hidden", {})})
     child = subprocess.Popen([sys.executable, "-I", os.path.join(here, "runner.py")], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
     cmd, replies = child.stdin.fileno(), child.stdout.fileno()
@@ -61,7 +63,8 @@ def main():
     answered = 0
     try:
         wire.send(cmd, {"path": spec.get("path", []), "workdir": spec.get("workdir"), "env": spec.get("env", {}),
-                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge.pid]})
+                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge.pid],
+                        "hidden": spec.get("hidden", {})})
         for cell in spec["cells"]:
             nonce = secrets.token_hex(16)
             wire.send(cmd, {"cell": dict(cell), "nonce": nonce})

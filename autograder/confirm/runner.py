@@ -23,7 +23,7 @@ What it guards:
   pipe's descriptors are closed in every process forked from this one (the ranks, where graded
   code runs while a test's nonce is in flight), and this process is not dumpable (:func:`_seal`).
 
-Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, workdir, env, timeout, own_pids, keep}``, then
+Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, workdir, env, timeout, own_pids, keep, hidden}``, then
 ``{cell: {id, kind, source}, nonce}`` per cell, each answered by ``{cell, nonce, kind, error,
 stderr, value, changed, restored, flags, seconds}`` and, for a test, ``docket``: the answers the
 judged checks filed while it ran (:mod:`minidist.checks.kit.docket`), for the parent's judge.
@@ -40,6 +40,7 @@ import types
 # the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from autograder.confirm import audit, handed_in, wire  # noqa: E402
+from autograder.confirm.hidden_tables import install as install_hidden_tables  # noqa: E402
 from minidist import protocol  # noqa: E402
 
 EMPTY = object()
@@ -202,6 +203,7 @@ def main():
     spec = recv(cmd)
     path = list(spec.get("path", []))
     sys.path[:0] = path
+    install_hidden_tables(spec.get("hidden"), path[0] if path else "")     # from the grader, no file
     workdir = spec.get("workdir") or os.getcwd()
     os.chdir(workdir)
     # whatever the sandbox lets this process write is student code when it runs

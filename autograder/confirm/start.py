@@ -14,16 +14,18 @@ import threading
 import time
 from pathlib import Path
 
+from autograder.confirm import hidden_tables
 from autograder.course import grade_id, nbg
 from autograder.notebooks import DEMO_TAG
 from autograder.procs import TAG_VAR
 from autograder.sandbox.backend import command
 from autograder.sandbox.home import outer_env
+from autograder.test_parts import HIDDEN_PART, split
 from minidist.protocol import DOCKET_ENV, GUARD_BINDINGS_ENV
 
 HERE = Path(__file__).resolve().parent
 #: what a confirmation runs in the sandbox, copied next to the pristine minidist (standard library and minidist only)
-FILES = ("__init__.py", "parent.py", "runner.py", "judge.py", "audit.py", "wire.py", "handed_in.py")
+FILES = ("__init__.py", "parent.py", "runner.py", "judge.py", "audit.py", "wire.py", "handed_in.py", "hidden_tables.py")
 PRISTINE_PACKAGE = Path("autograder", "confirm")      # where they are, below the pristine copy
 
 
@@ -31,7 +33,9 @@ PRISTINE_PACKAGE = Path("autograder", "confirm")      # where they are, below th
 def plan(source_nb, submission_nb) -> list[dict]:
     """The cells a confirmation runs, in notebook order: the lab's locked (setup, given) code
     cells and test cells from the source notebook, the solution cells from the submission
-    (the release's stub where the submission has none)."""
+    (the release's stub where the submission has none). A test cell with hidden tests is two tests,
+    its visible part (the cell's id) and its hidden part (the id and ``/hidden``), scored apart
+    (:mod:`autograder.test_parts`)."""
     submitted = {grade_id(c): c for c in submission_nb.cells if grade_id(c) and c.get("cell_type") == "code"}
     cells = []
     for c in source_nb.cells:
@@ -43,8 +47,12 @@ def plan(source_nb, submission_nb) -> list[dict]:
             theirs = submitted.get(gid)
             source = theirs.source if theirs is not None else "raise NotImplementedError()"
             cells.append({"id": gid, "kind": "solution", "source": source})
-        elif m.get("grade"):
-            cells.append({"id": gid, "kind": "test", "source": c.source})
+        elif m.get("grade"):          # its visible and its hidden tests: two tests, scored apart
+            visible, hidden = split(c.source)
+            if visible.strip() or not hidden.strip():
+                cells.append({"id": gid, "kind": "test", "source": visible})
+            if hidden.strip():
+                cells.append({"id": gid + HIDDEN_PART, "kind": "test", "source": hidden})
         elif m.get("locked"):
             cells.append({"id": gid, "kind": "setup" if not cells else "given", "source": c.source})
     return cells
@@ -63,7 +71,9 @@ class Confirmation:
         self.timeout = timeout
         workdir.mkdir(parents=True, exist_ok=True)
         read, write = os.pipe()
+        setup = [c["source"] for c in self.cells if c["kind"] in ("setup", "given")]
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
+                "hidden": hidden_tables.tables(setup),      # never a file: the kernel has the same view
                 "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", GUARD_BINDINGS_ENV: "1",
                                                     DOCKET_ENV: "1"},
                 "own_pids": sandbox is not None}      # the sandbox is a PID namespace of this run's own
@@ -136,15 +146,32 @@ class Confirmation:
         return out
 
 
-def copy_pristine(dest: Path) -> Path:
+def copy_pristine(dest: Path, hidden: bool = False) -> Path:
     """A copy of the minidist the grader imports, and of this package's sandbox-side files (as
     ``autograder/confirm/`` next to it, with the package's light ``__init__``), made when the batch
-    starts: kernels and confirmations import these, read-only, whatever happens to the repository."""
+    starts: kernels and confirmations import these, read-only, whatever happens to the repository.
+
+    Without the labs' hidden case tables (``minidist/checks/<lab>/hidden.py``): a kernel that could
+    read them could print them into a visible test's output; the confirmation gets them from the
+    grader (:mod:`autograder.confirm.hidden_tables`). ``hidden=True`` (a batch without the
+    confirmation, whose kernels then run the hidden tests themselves) puts them in."""
     import minidist
     src = Path(minidist.__file__).resolve().parent
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    shutil.copytree(src, dest / "minidist", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    tables = src / "checks"
+
+    def leave_out(folder, names):
+        skip = {n for n in names if n == ".ipynb_checkpoints" or n == "__pycache__"}
+        if Path(folder).parent == tables:
+            skip.add("hidden.py")
+        return skip
+    shutil.copytree(src, dest / "minidist", ignore=leave_out)
+    if hidden:
+        for lab in sorted(p.name for p in (dest / "minidist" / "checks").iterdir() if p.is_dir()):
+            path = hidden_tables.table_file(hidden_tables.CHECKS_PACKAGE + lab)
+            if path is not None:
+                shutil.copyfile(path, dest / "minidist" / "checks" / lab / "hidden.py")
     (dest / PRISTINE_PACKAGE).mkdir(parents=True)
     shutil.copy2(HERE.parent / "__init__.py", dest / "autograder" / "__init__.py")
     for name in FILES:

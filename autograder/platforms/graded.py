@@ -10,8 +10,10 @@ A platform hands the grader a folder (Gradescope's ``/autograder/submission``, P
 * no notebook at all, or several notebooks none of which has the lab's name -> not graded: every
   test 0 with a reason that says what to upload (:attr:`Outcome.problem`).
 
-A test cell whose source has hidden tests is ``hidden`` (platforms show it after the due date); a
-solution cell that is graded by hand (lab 7's written answer) is ``manual``: listed, never scored here.
+A test cell is scored in parts (:mod:`autograder.test_parts`): its visible tests and, where it has them,
+its hidden tests, each with its share of the cell's points (platforms show the hidden part after the due
+date); a solution cell that is graded by hand (lab 7's written answer) is ``manual``: listed, never
+scored here.
 """
 from __future__ import annotations
 
@@ -19,7 +21,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course import BEGIN_HIDDEN, grade_id, lab_notebooks, nbg, read_nb, solutions_dir
+from autograder.course import grade_id, lab_notebooks, nbg, read_nb, solutions_dir
+from autograder.test_parts import has_hidden, hidden_points
+
+
+@dataclass
+class Part:
+    """One part of a test cell (:mod:`autograder.test_parts`): its visible tests or its hidden tests."""
+    name: str                      # "visible" or "hidden"
+    points: float
+    max_points: float
+    status: str
+    reason: str
+
+    @property
+    def passed(self) -> bool:
+        return self.points >= self.max_points - 1e-9
 
 
 @dataclass
@@ -31,8 +48,9 @@ class Test:
     status: str                    # pass / fail / error / timeout / manual
     reason: str                    # one line
     flags: list[str] = field(default_factory=list)
-    hidden: bool = False
+    hidden: bool = False           # the cell has hidden tests (its second part)
     manual: bool = False
+    parts: list[Part] = field(default_factory=list)     # the visible part, then the hidden part if any
 
     @property
     def passed(self) -> bool:
@@ -70,9 +88,11 @@ class Outcome:
             lines.append(f"Not graded: {self.problem}")
         elif self.failure:
             lines.append(f"Grading stopped: {self.failure}")
-        lost = [t for t in self.tests if not t.manual and not t.passed]
+        lost = [p for t in self.tests if not t.manual for p in t.parts if not p.passed]
         if lost and not self.problem:
-            lines.append(f"{len(lost)} test(s) lost points; each test says why.")
+            lines.append(f"{len(lost)} test(s) lost points; each test says why"
+                         + (" (a hidden test's result may be shown only after the due date)."
+                            if any(p.name == "hidden" for p in lost) else "."))
         return "\n".join(lines)
 
     def how(self) -> str:
@@ -91,9 +111,16 @@ def test_cells(lab: str, solutions: Path | None = None) -> list[Test]:
             if not m.get("grade"):
                 continue
             manual = bool(m.get("solution")) or c.cell_type != "code"
-            out.append(Test(name, grade_id(c), 0.0, float(m.get("points") or 0), "manual" if manual else "error",
-                            "graded by hand" if manual else "not run", hidden=BEGIN_HIDDEN in c.source,
-                            manual=manual))
+            points = float(m.get("points") or 0)
+            t = Test(name, grade_id(c), 0.0, points, "manual" if manual else "error",
+                     "graded by hand" if manual else "not run", hidden=not manual and has_hidden(c.source),
+                     manual=manual)
+            if not manual:
+                hidden = hidden_points(c, points)
+                t.parts = [Part(part, 0.0, share, t.status, t.reason)
+                           for part, share in (("visible", points - hidden), ("hidden", hidden))
+                           if part == "visible" or hidden]
+            out.append(t)
     return out
 
 
@@ -136,6 +163,8 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
         for t in tests:
             if not t.manual:
                 t.reason = f"not graded: {problem}"
+                for part in t.parts:
+                    part.reason = t.reason
         return Outcome(lab, tests, problem=problem, notes=notes, sandbox="not started (nothing to grade)",
                        confirmation=confirm, seconds=time.time() - t0)
     job, batch = grade_one(folder, lab, work, student=student, confirm=confirm, sandbox=sandbox, wall_s=wall_s,
@@ -150,6 +179,11 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
         t.max_points = float(row["max_points"])
         t.points = 0.0 if t.manual else float(row["points"] or 0.0)
         t.flags = list(row.get("flags") or [])       # "not confirmed: tampering suspected" among them
+        if not t.manual:
+            parts = row.get("parts") or {"visible": {"points": t.points, "max_points": t.max_points,
+                                                     "status": t.status, "reason": t.reason}}
+            t.parts = [Part(name, float(p["points"]), float(p["max_points"]), str(p["status"]), str(p["reason"]))
+                       for name, p in parts.items()]
     return Outcome(lab, tests, failure=job.result.get("failure"), notes=notes + list(job.result.get("notes", [])),
                    sandbox=batch.sandbox, confirmation=confirm, seconds=time.time() - t0)
 
@@ -162,6 +196,8 @@ def broken(lab: str, why: str, seconds: float = 0.0) -> Outcome:
         tests = []
     for t in tests:
         t.reason = f"the grader failed (not your submission's fault; tell the course staff): {why}"
+        for part in t.parts:
+            part.reason = t.reason
     return Outcome(lab, tests, failure=f"the grader failed: {why}", seconds=seconds)
 
 

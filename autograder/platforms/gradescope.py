@@ -6,8 +6,9 @@ its ``setup.sh`` once (:mod:`autograder.platforms.bundle`) and its ``run_autogra
 format: ``score``, ``execution_time``, ``output`` (the summary and how it was graded: the sandbox or
 why there is none, the confirmation), and ``tests``, one per test cell: ``name`` (its grade id),
 ``score``, ``max_score``, ``status`` (``passed`` / ``failed``), ``output`` (the one-line reason and
-flags) and ``visibility`` (``visible`` for a test cell without hidden tests, ``after_due_date`` for
-one with them; both configurable when the zip is built). A cell graded by hand is listed with
+flags) and ``visibility``. A test cell with hidden tests is two tests, its visible part (``visible``)
+and its hidden part (``after_due_date``), each with its share of the cell's points
+(:mod:`autograder.test_parts`); both visibilities are configurable when the zip is built. A cell graded by hand is listed with
 ``max_score`` 0 and says so: its points belong to a manual question on Gradescope.
 
 The file is written last, by this process, once every process of the submission has been killed
@@ -42,6 +43,7 @@ ROOT="${@ROOT_VAR@:-/autograder}"
 HERE="$ROOT/source"
 cd "$HERE/course" || exit 1
 export MINIDIST_SOLUTIONS="$HERE/course/solutions"
+export MINIDIST_HIDDEN="$HERE/course/hidden"          # the hidden cases: the grader's, no job reads them
 exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.gradescope @LAB@ --root "$ROOT" @OPTS@
 """
 
@@ -55,10 +57,13 @@ def results_json(outcome: Outcome, hidden: str = "after_due_date", visible: str 
                           "output": f"graded by hand: {t.max_points:g} points, in this assignment's manual "
                                     f"grading, not by the autograder", "visibility": "visible"})
             continue
-        out = t.reason + "".join(f"\n{f}" for f in t.flags)
-        tests.append({"name": f"{t.notebook}: {t.name}", "score": round(t.points, 6), "max_score": t.max_points,
-                      "status": "passed" if t.passed else "failed", "output": out.strip() or t.status,
-                      "visibility": hidden if t.hidden else visible})
+        for part in t.parts:          # the visible tests shown at once, the hidden ones as configured
+            shown = part.name == "visible"
+            out = part.reason + ("".join(f"\n{f}" for f in t.flags) if shown else "")
+            tests.append({"name": f"{t.notebook}: {t.name}" + ("" if shown else " (hidden tests)"),
+                          "score": round(part.points, 6), "max_score": part.max_points,
+                          "status": "passed" if part.passed else "failed", "output": out.strip() or part.status,
+                          "visibility": visible if shown else hidden})
     return {"score": round(outcome.score, 6), "execution_time": int(round(outcome.seconds)),
             "output": outcome.summary() + "\n\n" + outcome.how(), "tests": tests}
 

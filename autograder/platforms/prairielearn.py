@@ -40,13 +40,14 @@ ROOT="${@ROOT_VAR@:-/grade}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/course" || exit 1
 export MINIDIST_SOLUTIONS="$HERE/course/solutions"
+export MINIDIST_HIDDEN="$HERE/course/hidden"          # the hidden cases: the grader's, no job reads them
 exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.prairielearn @LAB@ --root "$ROOT" @OPTS@
 """
 
 DOCKERFILE = """# The grader image of PrairieLearn's question minidist/@LAB@: build and push it, name it in info.json.
 FROM python:@PY@-slim
 COPY . /minidist
-RUN bash /minidist/setup.sh && chmod -R a+rX /minidist
+RUN bash /minidist/setup.sh
 """
 
 QUESTION = """<pl-question-panel>
@@ -71,9 +72,13 @@ def results_json(outcome: Outcome, succeeded: bool = True) -> dict:
                           "points": 0.0, "max_points": 0.0,
                           "message": f"graded by hand: {t.max_points:g} points, this question's manual points"})
             continue
-        tests.append({"name": f"{t.notebook}: {t.name}", "description": "with hidden tests" if t.hidden else "",
-                      "points": round(t.points, 6), "max_points": t.max_points,
-                      "message": (t.reason + "".join(f"\n{f}" for f in t.flags)).strip() or t.status})
+        for part in t.parts:
+            shown = part.name == "visible"
+            tests.append({"name": f"{t.notebook}: {t.name}" + ("" if shown else " (hidden tests)"),
+                          "description": "" if shown else "the grader's hidden cases",
+                          "points": round(part.points, 6), "max_points": part.max_points,
+                          "message": (part.reason + ("".join(f"\n{f}" for f in t.flags) if shown else "")).strip()
+                          or part.status})
     mx = outcome.max_score
     return {"succeeded": succeeded, "gradable": succeeded and not outcome.problem,
             "score": min(1.0, max(0.0, outcome.score / mx)) if mx > 0 else 0.0,

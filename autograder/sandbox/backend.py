@@ -178,19 +178,27 @@ def _bwrap_argv(exe, argv, ro, rw, cwd, env, devices, root: bool):
 def command(backend: Backend | None, argv: list[str], *, rw: list[str], cwd: str | None, env: dict,
             ro_extra: list[str] = (), uid: int | None = None, limit: dict | None = None,
             tools: str | None = None) -> list[str]:
-    """The argv that runs ``argv`` in a sandbox (``backend`` None: unchanged, unsandboxed), with
-    the drop step (``uid``: the job's, see :func:`job_uid`; ``limit``: :func:`limits`; ``tools``: the
-    folder holding copies of ``init.py`` and ``drop.py`` that uid can read,
-    :func:`install_tools`).
+    """The argv that runs ``argv`` in a sandbox, with the drop step (``uid``: the job's, see
+    :func:`job_uid`; ``limit``: :func:`limits`; ``tools``: the folder holding copies of ``init.py`` and
+    ``drop.py`` that uid can read, :func:`install_tools`).
+
+    Without a backend (no sandbox works here) the drop step alone: the job's limits and, for a grader
+    started as root, the job's unprivileged uid, so that student code never runs as root and cannot read
+    what the grader keeps to itself (its files owned by root, mode 0700: Gradescope's containers).
 
     A grader running as root builds the sandbox as root (it can reach the interpreter wherever
     it lives) and drops to ``uid`` inside, before ``argv``; an ordinary grader drops first (limits
     only) and lets the backend's user namespace build it. ``rw`` holds paths, each seen at its own
     place, or ``(source, seen_at)`` pairs."""
-    if backend is None:
-        return list(argv)
     tools = str(tools or Path(__file__).resolve().parent)
     root = os.geteuid() == 0
+    if backend is None:
+        if uid is None and limit is None:
+            return list(argv)
+        cfg = dict(limit or limits(), uid=uid, gid=uid)
+        if gpu_devices():
+            cfg["address_space"] = None
+        return [sys.executable, "-I", "-S", os.path.join(tools, DROP.name), json.dumps(cfg), "--", *argv]
     ro = ro_paths(list(ro_extra) + ([tools] if root else []))
     rw = [(str(p[0]), str(p[1])) if isinstance(p, (tuple, list)) else (str(p), str(p)) for p in rw]
     devices = gpu_devices()

@@ -50,19 +50,23 @@ class SandboxKernelManager(KernelManager):
 
     def __init__(self, **kw):
         super().__init__(**kw)
+        self.connection_file = os.path.join(self.job.home, "kernel.json")     # the job's uid reads it
         if self.job.backend is not None:
             self.transport = "ipc"
             self.ip = os.path.join(self.job.home, "k")
-            self.connection_file = os.path.join(self.job.home, "kernel.json")
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         job = self.job
         grader_env = {**(kw.get("env") or os.environ), **job.env}
-        if job.backend is None:
-            return await super()._async_launch_kernel(kernel_cmd, **{**kw, "env": grader_env})
-        cwd = str(kw.get("cwd") or os.getcwd())
         env = inner_env(grader_env, job.home, job.pristine, job.tag_var)
         give(job.home, job.uid)          # the connection file jupyter just wrote (mode 0600) included
+        if job.backend is None:
+            # no sandbox: the drop step alone (the job's uid and limits), in the copy of what was handed
+            # in, with the environment a sandbox gives (the pristine minidist, a private home)
+            argv = command(None, kernel_cmd, rw=[], cwd=job.workdir, env=env, uid=job.uid, limit=job.limit,
+                           tools=job.tools)
+            return await super()._async_launch_kernel(argv, **{**kw, "env": env, "cwd": job.workdir})
+        cwd = str(kw.get("cwd") or os.getcwd())
         argv = command(job.backend, kernel_cmd, rw=[(job.workdir, cwd), job.home], cwd=cwd, env=env,
                        ro_extra=[job.pristine], uid=job.uid, limit=job.limit, tools=job.tools)
         kw["env"] = outer_env(grader_env, job.tag_var)

@@ -59,7 +59,7 @@ def probe(hidden: list[str] = (), area: Path | None = None, pristine: str | None
     within reach; a backend that works but leaves them out of reach raises
     :class:`JobsCannotReach` with the message for the instructor (falling back to no sandbox would
     run every kernel with the grader's privileges)."""
-    if os.environ.get("MINIDIST_SANDBOX", "").lower() in ("0", "off", "none", "no"):
+    if turned_off():
         return None, "sandbox turned off (MINIDIST_SANDBOX=off)"
     if not sys.platform.startswith("linux"):
         return None, f"no Linux namespaces on {sys.platform}"
@@ -94,6 +94,37 @@ def probe(hidden: list[str] = (), area: Path | None = None, pristine: str | None
         if own_area:
             shutil.rmtree(area, ignore_errors=True)
     return None, "no sandbox possible here (" + "; ".join(reasons) + ")"
+
+
+def turned_off() -> bool:
+    """Whether the sandbox is turned off on purpose (``MINIDIST_SANDBOX=off``), not missing."""
+    return os.environ.get("MINIDIST_SANDBOX", "").lower() in ("0", "off", "none", "no")
+
+
+def reach_unsandboxed(area: Path, pristine: str | None = None, programs: list[str] = ()) -> None:
+    """Where no sandbox works and the grader is root, its jobs still run as their own unprivileged uid
+    (:func:`autograder.sandbox.backend.command`'s drop step), on the machine's folders as they are: raise
+    :class:`JobsCannotReach` when that uid cannot reach the interpreter, its packages and the pristine
+    minidist (falling back to root would hand the submission the grader's privileges)."""
+    if os.geteuid() != 0:
+        return
+    tools = install_tools(area)
+    uid = job_uid(uuid.uuid4().hex)
+    wanted = reach.needs(([os.path.join(str(pristine), "minidist", "__init__.py")] if pristine else [])
+                         + [os.path.join(tools, DROP.name)], programs)
+    try:
+        walked = subprocess.run(command(None, ["/bin/sh", "-c", reach.WALK, "sh", *wanted], rw=[], cwd="/tmp",
+                                        env={"PATH": "/usr/bin:/bin"}, uid=uid, tools=tools),
+                                capture_output=True, text=True, timeout=30, cwd="/tmp", env={"PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise JobsCannotReach(f"autograder: no sandbox works here, and a job's uid could not be tried: {err}. "
+                              f"Nothing was graded.") from None
+    found = reach.blocked(walked.stdout)
+    if found is None:
+        raise JobsCannotReach(f"autograder: no sandbox works here, and a job's uid could not be tried "
+                              f"({_why(walked)}). Nothing was graded.")
+    if found:
+        raise JobsCannotReach(reach.explain(found, uid, sandboxed=False))
 
 
 def _why(r) -> str:

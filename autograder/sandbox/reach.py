@@ -91,11 +91,15 @@ def _mode(path: str) -> str:
     return f"mode {stat.S_IMODE(st.st_mode):04o}, owner {owner}"
 
 
-def explain(found: list[tuple[str, str, str]], uid: int | None) -> str:
-    """The one message that stops the grader: each path, what blocks it, and what to do."""
+def explain(found: list[tuple[str, str, str]], uid: int | None, sandboxed: bool = True) -> str:
+    """The one message that stops the grader: each path, what blocks it, and what to do (``sandboxed``
+    False: no sandbox works here, and a root grader's jobs still run as their own uid)."""
     who = f"its own unprivileged uid ({uid})" if uid is not None else "the grader's uid inside a user namespace"
     lines = [f"autograder: the grading jobs cannot reach what they need. Each job runs in a sandbox as {who}; "
-             f"the sandbox makes every folder above what a job needs traversable, but not the folders below:"]
+             f"the sandbox makes every folder above what a job needs traversable, but not the folders below:"
+             if sandboxed else
+             f"autograder: the grading jobs cannot reach what they need. No sandbox works here, so each job runs "
+             f"as {who} on the machine's own folders (never as root), and these are out of its reach:"]
     folders, missing = [], False
     for how, path, where in found:
         if how == "missing":
@@ -112,5 +116,7 @@ def explain(found: list[tuple[str, str, str]], uid: int | None) -> str:
     if missing:
         fixes.append("run the grader with the interpreter its kernel uses, with every package installed in that "
                      "environment (not reached through a .pth file or PYTHONPATH pointing elsewhere)")
+    if not sandboxed:
+        fixes.append("allow unprivileged user namespaces (or install bubblewrap) so that the sandbox works")
     fixes.append("or run the grader as an ordinary user")
     return "\n".join(lines + ["What to do: " + "; ".join(fixes) + ". Nothing was graded."])

@@ -4,11 +4,22 @@ A lab's ``cases.py`` holds its visible cases and asks :func:`hidden_cases` for t
 grader (this repository) has every lab's ``hidden.py``; the student wheel
 (``python -m autograder student-dist``) leaves them out, so a test cell run with ``hidden=True`` on
 a student's machine stops here, before any rank is launched, with one line saying why.
+
+In the grader, the student's kernel has no hidden cases either: the copy of minidist it imports
+leaves them out, and the grader sets ``MINIDIST_HIDDEN_CASES=confirmation`` there
+(:data:`minidist.protocol.HIDDEN_CASES_ENV`). A ``hidden=True`` call then says, in one line, that its
+cases run in the grader's confirmation, and passes: the hidden part of a test cell is scored by the
+confirmation alone, whose processes receive the tables from the grader (never from a file the
+submission can read). So the kernel, whose output the student sees, can print no hidden case.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 from types import ModuleType
+
+from minidist.protocol import HIDDEN_CASES_ENV, HIDDEN_IN_CONFIRMATION
 
 
 class HiddenTestsInGrader(RuntimeError):
@@ -28,3 +39,19 @@ def hidden_cases(package: str, check: str) -> ModuleType:
             raise
     raise HiddenTestsInGrader(f"{check}: hidden tests run in the grader, not in the student package; "
                               f"run it without hidden=True here") from None
+
+
+def in_confirmation(package: str) -> bool:
+    """Whether this process leaves ``package``'s hidden cases to the grader's confirmation: a grading
+    kernel (the grader's variable set) that has no hidden tables."""
+    if os.environ.get(HIDDEN_CASES_ENV) != HIDDEN_IN_CONFIRMATION:
+        return False
+    try:
+        return importlib.util.find_spec(f"{package}.hidden") is None
+    except (ImportError, ValueError):
+        return True
+
+
+def left_to_confirmation(name: str) -> None:
+    """The one line a ``hidden=True`` call prints in a grading kernel (stdout: nbgrader scores stderr 0)."""
+    print(f"\u2026 {name} (hidden): runs in the grader's confirmation, scored there", flush=True)
