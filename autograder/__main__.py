@@ -101,15 +101,26 @@ def cmd_export(a) -> int:
     return 0
 
 
+def _bundle_check(a) -> int:
+    from autograder.platforms.version import check
+    ok, text = check(a.lab, Path(a.check))
+    print(text)
+    return 0 if ok else 1
+
+
 def cmd_gradescope(a) -> int:
     from autograder.platforms.gradescope import build
-    dest = build(a.lab, Path(a.out), a.hidden_visibility, a.visible_visibility, a.wall_timeout)
+    if a.check:
+        return _bundle_check(a)
+    dest = build(a.lab, Path(a.out), a.hidden_visibility, a.visible_visibility, a.wall_timeout, a.timeout)
     print(f"{dest}: upload it as the assignment's autograder (Gradescope: Configure Autograder, Zip file upload)")
     return 0
 
 
 def cmd_prairielearn(a) -> int:
     from autograder.platforms.prairielearn import build
+    if a.check:
+        return _bundle_check(a)
     dest = build(a.lab, Path(a.out), a.image, a.timeout)
     print(f"{dest}/questions: copy into the course repository's questions/; "
           f"{dest}/grader-image: build it (docker build -t IMAGE .), push it, name it in info.json")
@@ -244,16 +255,25 @@ def main(argv=None) -> int:
                    help="visibility of a test cell with hidden tests (default: after_due_date)")
     s.add_argument("--visible-visibility", choices=vis, default="visible",
                    help="visibility of a test cell without hidden tests (default: visible)")
-    s.add_argument("--wall-timeout", type=float, default=540,
-                   help="a submission's wall-clock limit, s (default 540: within Gradescope's default 10 minutes)")
+    s.add_argument("--timeout", type=float, default=600,
+                   help="the assignment's Gradescope timeout, s (default 600, Gradescope's default 10 minutes)")
+    s.add_argument("--wall-timeout", type=float, default=None,
+                   help="a submission's wall-clock limit, s: 60 to the timeout less 60 (default: the timeout less 60)")
+    s.add_argument("--check", metavar="ZIP",
+                   help="build nothing: say whether the course here has changed since ZIP was built, and what")
     s.set_defaults(fn=cmd_gradescope)
 
     s = sub.add_parser("prairielearn", help="a PrairieLearn external-grading question for LAB and its grader image")
     s.add_argument("lab")
     s.add_argument("--out", default=".")
-    s.add_argument("--image", help="the grader image's name in info.json (default: minidist-grader-labN)")
+    s.add_argument("--image", help="required: the name the grader image is pushed under, for info.json "
+                                   "(e.g. yourorg/minidist-grader-lab1)")
     s.add_argument("--timeout", type=int, default=600,
-                   help="info.json's grading timeout, s (default 600); a submission's wall-clock limit is 60 s less")
+                   help="info.json's grading timeout, s: 120 to 600, PrairieLearn's maximum (default 600); "
+                        "a submission's wall-clock limit is 60 s less")
+    s.add_argument("--check", metavar="DIR",
+                   help="build nothing: say whether the course here has changed since DIR (the output folder "
+                        "or grader-image/) was built, and what")
     s.set_defaults(fn=cmd_prairielearn)
 
     s = sub.add_parser("selftest", help="solution = full marks, release = 0, every bank bug caught, "

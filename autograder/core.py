@@ -135,7 +135,7 @@ def grade_submission(batch: Batch, job: Job, env: dict | None = None, stop: thre
     except Exception as err:          # one submission, never the batch
         reason = f"grading failed: {type(err).__name__}: {str(err)[:200]}"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
-                      "failure": reason, "submitted": True,
+                      "failure": reason, "submitted": True, "grader_failed": True,
                       "cells": fallback_cells(lab_cells(batch.template, job.lab), [], {}, reason)}
         return job
 

@@ -18,6 +18,8 @@ from autograder.course import grade_id, read_nb
 from autograder.notebooks import classify
 
 STATUSES = {"pass", "fail", "error", "timeout", "manual"}
+#: how :func:`failure_reason` begins when the kernel never started: the grading machine's failure
+KERNEL_NOT_STARTED = "the kernel could not start"
 
 
 def valid_record(r) -> bool:
@@ -115,7 +117,7 @@ def failure_reason(log: str, records: list[dict], sandbox_errors: list[str] = ()
     died = "kernel died" in low or "deadkernel" in low or "dead kernel" in low
     if (died or sandbox_errors) and not any(valid_record(r) and r["event"] == "start" for r in records):
         # no cell had been sent to it: nothing of the submission ran (a kernel's start is the grader's)
-        return ("the kernel could not start (a problem of the grading machine, not of the submission; "
+        return (KERNEL_NOT_STARTED + " (a problem of the grading machine, not of the submission; "
                 "`python -m autograder doctor` checks the sandbox)" +
                 (f": {sandbox_errors[-1][:200]}" if sandbox_errors else ""))
     if died:
@@ -124,6 +126,17 @@ def failure_reason(log: str, records: list[dict], sandbox_errors: list[str] = ()
         return f"the kernel stopped responding after the cell timeout{where}"
     lines = [l for l in log.strip().split("\n") if l.strip()]
     return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
+
+
+def grader_fault(result: dict) -> str | None:
+    """Why grading failed for the grader's own sake, or None (it did not fail, or failed for the
+    submission's: a timeout, a kernel the submission killed). The grader's: a result marked
+    ``grader_failed`` (an exception in the core, a worker that ended without a result or sent an
+    unreadable one, the grader stopped), or a kernel that never started."""
+    failure = result.get("failure")
+    if result.get("grader_failed") or (isinstance(failure, str) and failure.startswith(KERNEL_NOT_STARTED)):
+        return str(failure or "the grader failed")
+    return None
 
 
 def confirmed_only(cells: dict, confirmed: dict, cells_meta: dict) -> None:

@@ -150,7 +150,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
             tail = error.strip().split("\n")[-1][:200] if error else f"worker exited with code {proc.exitcode}"
             reason = f"grading failed: {tail}"
         job.result = {"student": job.student, "lab": job.lab, "graded": False, "notes": [reason],
-                      "failure": reason,
+                      "failure": reason, "grader_failed": not timed_out,     # a timeout is the submission's
                       "cells": fallback_cells(cells_meta, records, {}, reason,
                                               status_unrun="timeout" if timed_out else "error")}
         if batch.get("confirm"):

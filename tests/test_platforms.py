@@ -13,7 +13,10 @@ them, rightly.) Then ``run_autograder`` grades the solution (full marks), the re
 the bank (loses the test it names), a submission that writes ``results.json`` itself (no effect),
 and submissions that are not the lab's notebook; every ``results.json`` is validated against a
 JSON schema of Gradescope's format. PrairieLearn's grader image is unpacked the same way (it shares
-the environment: its ``setup.sh`` is the same file) and grades the same submissions.
+the environment: its ``setup.sh`` is the same file) and grades the same submissions. Every run's
+output names the bundle (its record, ``bundle.json``, which ``--check`` finds up to date), and a
+bundle that lacks its lab's notebook is the grader's failure: no score on either platform, exit
+status 1, the cause on stdout.
 """
 from __future__ import annotations
 
@@ -136,19 +139,27 @@ def seed_venv(venv: Path) -> None:
 def installed(toy, tmp_path_factory):
     """Gradescope's zip and PrairieLearn's image folder, built, unpacked and set up (one environment)."""
     from autograder.platforms import gradescope, prairielearn
+    from autograder.platforms.version import check
     tmp = tmp_path_factory.mktemp("platforms")
     zpath = gradescope.build(LAB, tmp / "zip")
     assert zpath.name == f"{LAB}_autograder.zip"
     source = tmp / "gradescope-source"
     unzip(zpath, source)
-    assert {p.name for p in source.iterdir()} >= {"setup.sh", "run_autograder", "wheels", "course", "requirements.txt"}
+    assert {p.name for p in source.iterdir()} >= {"setup.sh", "run_autograder", "wheels", "course", "requirements.txt",
+                                                 "bundle.json"}
     assert not (source / "course" / "autograder" / "bugbank").exists()      # the bank's answers stay home
-    pl = prairielearn.build(LAB, tmp / "pl")
+    pl = prairielearn.build(LAB, tmp / "pl", image="minidist-test/grader-toylab", timeout=300)
     image = pl / "grader-image"
     assert (image / "setup.sh").read_text() == (source / "setup.sh").read_text()    # one environment serves both
     info = json.loads((pl / "questions" / "minidist" / LAB / "info.json").read_text())
-    assert info["gradingMethod"] == "External" and info["externalGradingOptions"]["entrypoint"] == \
-        "/minidist/run_prairielearn"
+    assert info["gradingMethod"] == "External" and info["externalGradingOptions"] == {
+        "enabled": True, "image": "minidist-test/grader-toylab", "entrypoint": "/minidist/run_prairielearn",
+        "timeout": 300}
+    assert "--wall-timeout 240 " in (image / "run_prairielearn").read_text()
+    assert "--wall-timeout 540 " in (source / "run_autograder").read_text()
+    for built in (zpath, pl):                   # each records the course it was built from: up to date here
+        ok, text = check(LAB, built)
+        assert ok and "up to date" in text, text
     seed_venv(source / "venv")
     t0 = time.time()
     r = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, cwd=tmp,
@@ -158,8 +169,9 @@ def installed(toy, tmp_path_factory):
     return {"source": source, "image": image, "tmp": tmp, "setup_s": time.time() - t0}
 
 
-def submit(kind: str, installed, name: str, files: dict, env: dict | None = None) -> dict:
-    """Lay out one submission on a fresh platform root, run the platform's entry point, return results.json."""
+def submit(kind: str, installed, name: str, files: dict, env: dict | None = None, rc: int = 0) -> dict:
+    """Lay out one submission on a fresh platform root, run the platform's entry point, return results.json
+    (None where there is none). ``rc``: the exit status expected (1: the grader failed)."""
     root = installed["tmp"] / f"{kind}-{name}"
     sub = root / ("submission" if kind == "gradescope" else "student")
     sub.mkdir(parents=True)
@@ -175,13 +187,16 @@ def submit(kind: str, installed, name: str, files: dict, env: dict | None = None
         argv, var = [str(root / "run_autograder")], "MINIDIST_GRADESCOPE_ROOT"
     else:
         argv, var = [str(installed["image"] / "run_prairielearn")], "MINIDIST_PRAIRIELEARN_ROOT"
-    environ = dict(os.environ, **{var: str(root)}, MINIDIST_VENV=str(installed["source"] / "venv"), **(env or {}))
+    venv = installed.get("venv") or installed["source"] / "venv"
+    environ = dict(os.environ, **{var: str(root)}, MINIDIST_VENV=str(venv), **(env or {}))
     t0 = time.time()
     r = subprocess.run(argv, capture_output=True, text=True, env=environ, cwd=root)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.returncode == rc, r.stdout[-2000:] + r.stderr[-3000:]
     time.sleep(0.5)                      # anything of the submission still alive would write now
-    data = json.loads((root / "results" / "results.json").read_text())
-    jsonschema.validate(data, GRADESCOPE if kind == "gradescope" else PRAIRIELEARN)
+    path = root / "results" / "results.json"
+    data = json.loads(path.read_text()) if path.exists() else None
+    if data is not None:
+        jsonschema.validate(data, GRADESCOPE if kind == "gradescope" else PRAIRIELEARN)
     return {"data": data, "root": root, "stdout": r.stdout, "seconds": time.time() - t0}
 
 
@@ -224,6 +239,10 @@ def test_gradescope_solution_full_marks_release_zero(graded):
     assert {t["visibility"] for t in sol["data"]["tests"]} == {"after_due_date"}
     assert "confirmation run on" in sol["data"]["output"] and "sandbox: " in sol["data"]["output"]
     assert rel["data"]["tests"][0]["output"].startswith("NotImplementedError")
+    # the instructor's output (stdout) and the stored extra data name the bundle it was graded with
+    fingerprint = sol["data"]["extra_data"]["bundle"]["fingerprint"]
+    assert f"bundle: {LAB}, fingerprint {fingerprint[:12]}, built " in sol["stdout"]
+    assert graded[("prairielearn", "solution")]["stdout"].startswith(f"bundle: {LAB}, fingerprint ")
 
 
 def test_gradescope_bug_loses_the_test_it_names(graded, toy):
@@ -265,3 +284,27 @@ def test_prairielearn_results(graded, toy):
     assert bug["test_add"]["points"] == 0 and bug["test_allsum"]["points"] == 2
     assert runs["bug"]["score"] == pytest.approx(2 / 3)
     assert not runs["several"]["gradable"] and "2 notebooks were handed in" in runs["several"]["message"]
+
+
+def test_a_bundle_without_its_lab_fails_as_the_grader_not_as_a_score(toy, installed):
+    """The lab's notebook taken out of a copy of each installed bundle (the environment is shared): the
+    grader fails before grading; Gradescope gets no results.json, PrairieLearn a failed job."""
+    tmp = installed["tmp"]
+    copies = {"gradescope": tmp / "broken-source", "prairielearn": tmp / "broken-image"}
+    shutil.copytree(installed["source"], copies["gradescope"], ignore=shutil.ignore_patterns("venv"), symlinks=True)
+    shutil.copytree(installed["image"], copies["prairielearn"], symlinks=True)
+    for copy in copies.values():
+        gone = list((copy / "course").rglob(f"{LAB}.ipynb"))
+        assert gone
+        for nb in gone:
+            nb.unlink()
+    broken = dict(installed, source=copies["gradescope"], image=copies["prairielearn"],
+                  venv=installed["source"] / "venv")
+    files = {f"{LAB}.ipynb": toy["solution"]}
+    gs = submit("gradescope", broken, "nolab", files, rc=1)
+    assert gs["data"] is None                                   # Gradescope: "the autograder failed"
+    assert f"{LAB}: THE GRADER FAILED (not the submission's fault): no lab {LAB}" in gs["stdout"]
+    assert f"bundle: {LAB}, fingerprint " in gs["stdout"]
+    pl = submit("prairielearn", broken, "nolab", files, rc=1)
+    assert pl["data"]["succeeded"] is False and pl["data"]["gradable"] is False and "score" not in pl["data"]
+    assert f"no lab {LAB}" in pl["stdout"] and "not your submission" in pl["data"]["message"]

@@ -38,22 +38,87 @@ SETUP = r"""#!/usr/bin/env bash
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${MINIDIST_VENV:-$HERE/venv}"
-PYTHON="${PYTHON:-python3}"
 TORCH_VERSION="@TORCH@"
+PY_BUILT="@PYVER@"      # the Python the bundle was built (and its packages pinned) with
+
+# --- Python >= 3.11 (the pinned numpy, matplotlib and ipykernel need it) with its venv module.
+# Gradescope's Ubuntu 22.04 image has Python 3.10 and no venv module: an installed python3.11+ is
+# used, else apt installs python$PY_BUILT (or python3.11) with its -venv package where apt works as
+# root; anywhere else setup stops and says what to install. `setup.sh --python` stops after this part.
+say() { echo "setup: $*"; }
+die() { echo "setup: ERROR: $*" >&2; exit 1; }
+pyver() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+new_enough() {
+    local v
+    v="$(pyver "$1")" || return 1
+    [[ "$v" =~ ^3\.([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 11 ]
+}
+has_venv() { "$1" -c 'import venv, ensurepip' >/dev/null 2>&1; }     # Debian splits ensurepip off
+apt_root() { command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; }
+APT_FRESH=""
+apt_install() {
+    if [ -z "$APT_FRESH" ]; then apt-get update -qq || true; APT_FRESH=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+find_python() {          # SEL: the first Python >= 3.11 of $PYTHON, python3 and python3.N on PATH
+    local c p
+    for c in "${PYTHON:-python3}" python3 "python$PY_BUILT" python3.14 python3.13 python3.12 python3.11; do
+        p="$(command -v "$c" 2>/dev/null)" || continue
+        if new_enough "$p"; then SEL="$p"; return 0; fi
+    done
+    return 1
+}
+choose_python() {
+    find_python && return 0
+    local v want
+    v="$(pyver "${PYTHON:-python3}" || true)"
+    say "${PYTHON:-python3} is ${v:+Python }${v:-missing}: grading needs Python >= 3.11"
+    apt_root || die "no Python >= 3.11 here and apt-get cannot install one (it needs apt and root): install \
+Python 3.11 or later with its venv module, then run setup.sh again with PYTHON=/path/to/python3.11"
+    for want in "$PY_BUILT" 3.11; do
+        say "installing python$want and python$want-venv with apt-get"
+        if apt_install "python$want" "python$want-venv" && find_python; then return 0; fi
+    done
+    die "apt-get could not install python$PY_BUILT or python3.11 (Ubuntu 22.04 has python3.11 in its \
+universe component): install Python 3.11 or later with its venv module, then run setup.sh again with PYTHON=/path/to/it"
+}
+ensure_venv() {          # the interpreter's venv module, from apt where Debian/Ubuntu split it off
+    has_venv "$1" && return 0
+    local v
+    v="$(pyver "$1")"
+    say "$1 (Python $v) has no venv module"
+    if apt_root; then
+        say "installing python$v-venv with apt-get"
+        { apt_install "python$v-venv" || apt_install python3-venv || true; } && has_venv "$1" && return 0
+    fi
+    die "$1 cannot make a virtual environment: install its venv module (Debian/Ubuntu: python$v-venv), then \
+run setup.sh again"
+}
+if [ -x "$VENV/bin/python" ]; then       # run again, setup keeps the environment
+    new_enough "$VENV/bin/python" || die "$VENV holds Python $(pyver "$VENV/bin/python" || echo '(unknown)'); \
+grading needs >= 3.11: remove it (or set MINIDIST_VENV to another folder) and run setup.sh again"
+    SEL="$VENV/bin/python"
+else
+    choose_python
+    ensure_venv "$SEL"
+fi
+say "python: $SEL (Python $(pyver "$SEL"))"
+if [ "${1:-}" = "--python" ]; then exit 0; fi
 
 # the sandbox: bubblewrap where apt can install it (else the grader tries unshare, and says what it used)
 if ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "setup: bubblewrap not installed"
 fi
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"      # run again, setup keeps the environment
+[ -x "$VENV/bin/python" ] || "$SEL" -m venv "$VENV"
 PY="$VENV/bin/python"
+PYTAG="$("$PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 
 # torch's pinned CPU build: from a local wheel where this machine keeps one (pip's find-links folders
 # and /opt/wheels, as the Makefile looks), else from PyTorch's CPU index
 TORCH_WHEEL=""
 for d in ${PIP_FIND_LINKS//file:\/\//} $("$PY" -m pip config get global.find-links 2>/dev/null || true) /opt/wheels; do
-    for w in "$d"/torch-"$TORCH_VERSION"-*.whl; do
+    for w in "$d"/torch-"$TORCH_VERSION"-"$PYTAG"-*.whl; do
         if [ -f "$w" ]; then TORCH_WHEEL="$w"; break 2; fi
     done
 done
@@ -66,7 +131,7 @@ fi
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$HERE"/wheels/minidist-*.whl
 "$PY" -m ipykernel install --sys-prefix --name minidist --display-name "Python (minidist)" >/dev/null
 cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core; print('setup: ok, torch', torch.__version__)"
-"""
+""".replace("@PYVER@", f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
 def minidist_wheel(dest: Path, leave_out=(), readme: str | None = None) -> Path:

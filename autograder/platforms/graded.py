@@ -14,6 +14,11 @@ A test cell is scored in parts (:mod:`autograder.test_parts`): its visible tests
 its hidden tests, each with its share of the cell's points (platforms show the hidden part after the due
 date); a solution cell that is graded by hand (lab 7's written answer) is ``manual``: listed, never
 scored here.
+
+A failure of the grader itself is never a score: :func:`grade_folder` raises :class:`GraderFailure`
+(a lab the bundle lacks, the core's result marked as the grader's failure,
+:func:`autograder.records.grader_fault`), and a platform reports it, as any exception of the grader,
+as its own kind of error (:func:`clear_results`: no results file on Gradescope).
 """
 from __future__ import annotations
 
@@ -37,6 +42,10 @@ class Part:
     @property
     def passed(self) -> bool:
         return self.points >= self.max_points - 1e-9
+
+
+class GraderFailure(Exception):
+    """The grader could not grade (not the submission's fault): the platform reports an error, no score."""
 
 
 @dataclass
@@ -155,8 +164,11 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
     """Grade the submission in ``folder`` with the one grading core (``work``: an empty scratch folder;
     ``hide``: a folder the sandbox must not show, e.g. the platform's results folder)."""
     from autograder.core import grade_one
+    from autograder.records import grader_fault
 
     t0 = time.time()
+    if not lab_notebooks(lab):
+        raise GraderFailure(f"no lab {lab} in the grader's course files ({solutions_dir()})")
     tests = test_cells(lab)
     problem, notes = problem_with(folder, lab)
     if problem:
@@ -169,6 +181,9 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
                        confirmation=confirm, seconds=time.time() - t0)
     job, batch = grade_one(folder, lab, work, student=student, confirm=confirm, sandbox=sandbox, wall_s=wall_s,
                            hide=hide)
+    fault = grader_fault(job.result)
+    if fault:
+        raise GraderFailure(fault)
     rows = {(nb, cid): row for nb, cells in job.result["cells"].items() for cid, row in cells.items()}
     for t in tests:
         row = rows.get((t.notebook, t.name))
@@ -188,17 +203,35 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
                    sandbox=batch.sandbox, confirmation=confirm, seconds=time.time() - t0)
 
 
-def broken(lab: str, why: str, seconds: float = 0.0) -> Outcome:
-    """The outcome when the grader itself failed (never the submission's fault): every test 0, why."""
+def clear_results(path: Path) -> None:
+    """Nothing at ``path`` (a file, a folder, a link a submission left), nor in place of its folder:
+    what a platform finds when the grader failed (Gradescope: no results file, its own error)."""
+    import shutil
+    path = Path(path)
+    folder = path.parent
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        folder.unlink()
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def report_failure(lab: str, err: BaseException, what_platform_shows: str, bundle_line: str) -> str:
+    """Tell the instructor (on stdout: both platforms keep it for the course staff) that the grader
+    failed and why, with the traceback of an unexpected exception; returns the cause in one line."""
+    import sys
+    import traceback
+    why = str(err) if isinstance(err, GraderFailure) else f"{type(err).__name__}: {str(err)[:300]}"
     try:
-        tests = test_cells(lab)
-    except Exception:
-        tests = []
-    for t in tests:
-        t.reason = f"the grader failed (not your submission's fault; tell the course staff): {why}"
-        for part in t.parts:
-            part.reason = t.reason
-    return Outcome(lab, tests, failure=f"the grader failed: {why}", seconds=seconds)
+        if not isinstance(err, GraderFailure):
+            traceback.print_exc(file=sys.stdout)
+        print(f"{lab}: THE GRADER FAILED (not the submission's fault): {why}\n"
+              f"No score was recorded: {what_platform_shows}. Fix the cause, then regrade the submission.\n"
+              f"{bundle_line}", flush=True)
+    except OSError:
+        pass
+    return why
 
 
 def write_last(path: Path, data: dict) -> Path:
@@ -208,18 +241,11 @@ def write_last(path: Path, data: dict) -> Path:
     the file is written under a fresh name, then renamed into place."""
     import json
     import os
-    import shutil
     import tempfile
     path = Path(path)
-    folder = path.parent
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        folder.unlink()
-    folder.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        shutil.rmtree(path)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".results-", suffix=".json")
+    clear_results(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
     os.chmod(tmp, 0o644)

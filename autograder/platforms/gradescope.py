@@ -13,8 +13,14 @@ and its hidden part (``after_due_date``), each with its share of the cell's poin
 
 The file is written last, by this process, once every process of the submission has been killed
 (:func:`~autograder.platforms.graded.write_last`): what a submission writes there has no effect.
-Any error of the grader itself still gives a results.json that says so. The root (``/autograder``)
-is ``$MINIDIST_GRADESCOPE_ROOT`` where set (the tests lay out a Gradescope machine in a folder).
+A failure of the grader itself (it could not start, crashed, lacks the lab: not the submission's
+fault) leaves no results.json and exits with status 1, with the cause on stdout: Gradescope then
+shows the submission as "The autograder failed to execute correctly", with no score, and keeps the
+stdout for the instructor (its "Autograder Specifications": ``/autograder/results/stdout`` is
+displayed back to the instructor; results.json "must be produced" by ``run_autograder``).
+Every run's stdout names the bundle (:mod:`autograder.platforms.version`), as does results.json's
+``extra_data``. The root (``/autograder``) is ``$MINIDIST_GRADESCOPE_ROOT`` where set (the tests lay
+out a Gradescope machine in a folder).
 """
 from __future__ import annotations
 
@@ -24,17 +30,19 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 import zipfile
 from pathlib import Path
 
-from autograder.platforms.graded import Outcome, broken, grade_folder, write_last
+from autograder.platforms.graded import Outcome, clear_results, grade_folder, report_failure, write_last
+from autograder.platforms.limits import GRADESCOPE_DEFAULT, MARGIN, gradescope_wall
+from autograder.platforms.version import describe, load_for_run, write_record
 
 ROOT_VAR = "MINIDIST_GRADESCOPE_ROOT"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
 #: the submission's wall-clock limit (s): Gradescope's default timeout is 10 minutes, and setting up
 #: the batch and writing the results take some of them
-WALL = 540
+WALL = GRADESCOPE_DEFAULT - MARGIN
+FAILED = 'Gradescope shows the submission as "The autograder failed to execute correctly", without a score'
 
 RUN = r"""#!/usr/bin/env bash
 # Gradescope runs this once per submission: grades /autograder/submission into
@@ -69,24 +77,30 @@ def results_json(outcome: Outcome, hidden: str = "after_due_date", visible: str 
 
 
 def run(root: Path, lab: str, hidden: str = "after_due_date", visible: str = "visible", confirm: bool = True,
-        wall_s: float | None = None) -> dict:
-    """Grade ``root/submission`` and write ``root/results/results.json``; returns what was written."""
+        wall_s: float | None = None, bundle: dict | None = None) -> dict | None:
+    """Grade ``root/submission`` and write ``root/results/results.json``; returns what was written, or
+    None when the grader itself failed (then there is no results.json: Gradescope's own error state).
+    ``bundle``: the bundle's record (:mod:`autograder.platforms.version`), named in the output."""
     t0 = time.time()
     results = root / "results"
     work = Path(tempfile.mkdtemp(prefix="minidist-gradescope-"))
     try:
         outcome = grade_folder(root / "submission", lab, work, confirm=confirm, wall_s=wall_s, hide=results)
-    except BaseException as err:              # the grader's own failure: still a results.json that says so
+    except BaseException as err:              # the grader's own failure: no score, the instructor is told
         if isinstance(err, KeyboardInterrupt):
             raise
-        traceback.print_exc()
-        outcome = broken(lab, f"{type(err).__name__}: {str(err)[:300]}", time.time() - t0)
+        clear_results(results / "results.json")
+        report_failure(lab, err, FAILED, describe(bundle))
+        return None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     outcome.seconds = time.time() - t0
     data = results_json(outcome, hidden, visible)
+    if bundle:
+        data["extra_data"] = {"bundle": {k: bundle.get(k) for k in ("lab", "fingerprint", "built", "commit")}}
     write_last(results / "results.json", data)
     try:                                      # Gradescope keeps stdout for the instructor
+        print(describe(bundle))
         print(data["output"])
         for t in outcome.tests:
             print(f"  {t.notebook}: {t.name}: {t.points:g}/{t.max_points:g} {t.status} {t.reason}")
@@ -97,16 +111,21 @@ def run(root: Path, lab: str, hidden: str = "after_due_date", visible: str = "vi
     return data
 
 
-def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "visible", wall_s: float = WALL) -> Path:
-    """``out/LAB_autograder.zip``: the bundle, ``run_autograder``, all at the zip's root. ``wall_s``: the
-    submission's wall-clock limit in ``run_autograder`` (below Gradescope's timeout, so that the results
-    are written before it)."""
+def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "visible", wall_s: float | None = None,
+          timeout: float = GRADESCOPE_DEFAULT) -> Path:
+    """``out/LAB_autograder.zip``: the bundle, its record (``bundle.json``), ``run_autograder``, all at
+    the zip's root. ``timeout``: the assignment's Gradescope timeout (s); ``wall_s``: the submission's
+    wall-clock limit in ``run_autograder``, at most ``timeout`` less :data:`~autograder.platforms.limits.MARGIN`
+    so that the results are written before Gradescope stops the run (default: exactly that)."""
     from autograder.platforms.bundle import make_bundle
+    wall_s = gradescope_wall(wall_s, timeout)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="minidist-gradescope-zip-") as tmp:
         tree = make_bundle(lab, Path(tmp) / "zip")
-        opts = f"--hidden-visibility {hidden} --visible-visibility {visible} --wall-timeout {wall_s:g}"
+        write_record(lab, tree)
+        opts = (f"--hidden-visibility {hidden} --visible-visibility {visible} --wall-timeout {wall_s:g} "
+                f'--bundle "$HERE/bundle.json"')
         script = tree / "run_autograder"
         script.write_text(RUN.replace("@ROOT_VAR@", ROOT_VAR).replace("@LAB@", lab).replace("@OPTS@", opts))
         script.chmod(0o755)
@@ -128,9 +147,11 @@ def main(argv=None) -> int:
     p.add_argument("--hidden-visibility", choices=VISIBILITIES, default="after_due_date")
     p.add_argument("--visible-visibility", choices=VISIBILITIES, default="visible")
     p.add_argument("--wall-timeout", type=float, default=WALL, help="the submission's wall-clock limit (s)")
+    p.add_argument("--bundle", help="the bundle's record (bundle.json), named in the output")
     a = p.parse_args(argv)
-    run(Path(a.root), a.lab, a.hidden_visibility, a.visible_visibility, wall_s=a.wall_timeout)
-    return 0
+    data = run(Path(a.root), a.lab, a.hidden_visibility, a.visible_visibility, wall_s=a.wall_timeout,
+               bundle=load_for_run(a.bundle))
+    return 0 if data is not None else 1
 
 
 if __name__ == "__main__":

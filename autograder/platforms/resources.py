@@ -78,7 +78,8 @@ def measure(lab: str, cpu: int = 0) -> dict:
                 "--root", str(root)]
         peak, done = 0, threading.Event()
         t0 = time.time()
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = open(work / "grader.log", "w")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
         def sample():
             nonlocal peak
@@ -91,6 +92,10 @@ def measure(lab: str, cpu: int = 0) -> dict:
         wall = time.time() - t0
         done.set()
         t.join()
+        log.close()
+        if proc.returncode != 0:         # the grader's own failure: it says why on its output
+            raise SystemExit(f"{lab}: the grader failed (exit {proc.returncode}):\n"
+                             + (work / "grader.log").read_text()[-3000:])
         data = json.loads((root / "results" / "results.json").read_text())
         full = sum(x.get("max_score", 0) for x in data["tests"])
         return {"lab": lab, "wall_s": round(wall, 1), "peak_mib": round(peak / 2**20), "score": data["score"],
