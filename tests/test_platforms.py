@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
@@ -122,9 +123,20 @@ def unzip(zpath: Path, dest: Path) -> None:
             os.chmod(z.extract(info, dest), (info.external_attr >> 16) & 0o777 or 0o644)
 
 
+def base_python() -> str:
+    """The interpreter the platforms' environment is made with: one every uid can run where the machine
+    has it (a grading container's python3; this machine's own may sit in root's private home), of this
+    venv's version, so that its packages serve it."""
+    want = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for exe in (f"/usr/bin/{want}", f"/usr/local/bin/{want}"):
+        if os.path.exists(exe):
+            return exe
+    return sys._base_executable
+
+
 def seed_venv(venv: Path) -> None:
     """A venv holding hard links of this venv's packages (minidist's excepted), see the docstring."""
-    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([base_python(), "-m", "venv", "--without-pip", str(venv)], check=True)
     rel = Path(sysconfig.get_paths()["purelib"]).relative_to(sys.prefix)
     src = Path(sys.prefix) / rel
     subprocess.run(["cp", "-al", *[str(e) for e in src.iterdir() if "minidist" not in e.name], str(venv / rel)],
@@ -136,11 +148,15 @@ def seed_venv(venv: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(toy, tmp_path_factory):
+def installed(toy, request):
     """Gradescope's zip and PrairieLearn's image folder, built, unpacked and set up (one environment)."""
     from autograder.platforms import gradescope, prairielearn
     from autograder.platforms.version import check
-    tmp = tmp_path_factory.mktemp("platforms")
+    # a folder every uid may traverse, as Gradescope's /autograder and PrairieLearn's /minidist are: where no
+    # sandbox works, a job runs as its own uid and must reach the environment (pytest's folders are 0700)
+    tmp = Path(tempfile.mkdtemp(prefix="minidist-platforms-"))
+    os.chmod(tmp, 0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     zpath = gradescope.build(LAB, tmp / "zip")
     assert zpath.name == f"{LAB}_autograder.zip"
     source = tmp / "gradescope-source"
@@ -162,10 +178,18 @@ def installed(toy, tmp_path_factory):
         assert ok and "up to date" in text, text
     seed_venv(source / "venv")
     t0 = time.time()
+    env = {k: v for k, v in os.environ.items() if k != "MINIDIST_SOLUTIONS"}
     r = subprocess.run(["bash", str(source / "setup.sh")], capture_output=True, text=True, cwd=tmp,
-                       env={k: v for k, v in os.environ.items() if k != "MINIDIST_SOLUTIONS"})
+                       env=dict(env, PYTHON=base_python()))
     assert r.returncode == 0 and "setup: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
     assert list((source / "venv").glob("lib/python*/site-packages/minidist-0.1.0.dist-info"))   # from the zip
+    # PrairieLearn's image runs the same setup.sh in its Dockerfile: here, on the environment already made
+    r = subprocess.run(["bash", str(image / "setup.sh")], capture_output=True, text=True, cwd=tmp,
+                       env=dict(env, PYTHON=base_python(), MINIDIST_VENV=str(source / "venv")))
+    assert r.returncode == 0 and "setup: ok" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    for folder in (source, image):       # setup.sh keeps the grader's files to root (the jobs' uids read nothing)
+        if os.geteuid() == 0:
+            assert (folder / "course").stat().st_mode & 0o077 == 0
     return {"source": source, "image": image, "tmp": tmp, "setup_s": time.time() - t0}
 
 
@@ -200,6 +224,48 @@ def submit(kind: str, installed, name: str, files: dict, env: dict | None = None
     return {"data": data, "root": root, "stdout": r.stdout, "seconds": time.time() - t0}
 
 
+#: a submission whose ``add`` reads every file it can reach (its folder, its home, the grader's folders in
+#: /tmp, the interpreter's packages, the platform's root; the rest of this machine's /tmp is other people's
+#: business, not the grader's) for the lab's solution code and its hidden case table, and says what it
+#: found in the visible test's output (the error it raises there); the markers are written reversed, so
+#: that the submission itself holds neither
+PROBE = r'''
+import os, sys
+_MARKS = {"solution code": MARK_SOLUTION[::-1], "hidden case table": MARK_HIDDEN[::-1]}
+_found = []
+def _walk():
+    mine = [os.path.join("/tmp", d) for d in os.listdir("/tmp") if d.startswith("minidist-")]   # the grader's
+    roots = ROOTS + [os.getcwd(), os.path.expanduser("~"), sys.prefix] + mine + [p for p in sys.path if p]
+    seen, hits, n = set(), [], 0
+    for root in roots:
+        for d, dirs, files in os.walk(root):
+            dirs[:] = [x for x in dirs if x not in ("proc", "sys", "dev", "__pycache__")]
+            for f in files:
+                p = os.path.join(d, f)
+                real = os.path.realpath(p)
+                if real in seen or f.endswith((".so", ".pyc", ".a")):
+                    continue
+                seen.add(real)
+                try:
+                    if os.path.getsize(p) > 1 << 20:
+                        continue
+                    with open(p, "rb") as fh:
+                        data = fh.read().decode("utf-8", "replace")
+                except OSError:
+                    continue
+                n += 1
+                hits += [f"{what} in {p}" for what, mark in _MARKS.items() if mark in data]
+    return n, hits
+def add(a, b):
+    if not _found:
+        _found.append(_walk())
+    n, hits = _found[0]
+    raise RuntimeError(f"PROBE read {n} files; found: {hits[:3]}")
+'''
+MARK_SOLUTION = "dist.all_reduce(y)\n    return y"         # the lab's allsum, as its source notebook solves it
+MARK_HIDDEN = "lengths 5 and 1 in fp64"                      # a line of the lab's hidden case table
+
+
 @pytest.fixture(scope="module")
 def graded(toy, installed):
     """Every submission on both platforms, two at a time."""
@@ -214,6 +280,16 @@ def graded(toy, installed):
     jobs = [(k, name, files, None) for k in ("gradescope", "prairielearn") for name, files in cases.items()]
     jobs += [(k, "hostile", {f"{LAB}.ipynb": hostile(k)}, {"MINIDIST_SANDBOX": "off"})
              for k in ("gradescope", "prairielearn")]
+    def probe(kind):
+        nb = nbformat.from_dict(json.loads(json.dumps(toy["release"])))       # the release: no solution of its own
+        cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "add")
+        roots = [str(installed["tmp"])]
+        cell.source = (PROBE.replace("MARK_SOLUTION", repr(MARK_SOLUTION[::-1]))
+                       .replace("MARK_HIDDEN", repr(MARK_HIDDEN[::-1]))
+                       .replace("ROOTS", repr(roots)))
+        return {f"{LAB}.ipynb": nb}
+    jobs += [("gradescope", "probe", probe("gradescope"), None), ("prairielearn", "probe", probe("prairielearn"), None),
+             ("gradescope", "probe-nosandbox", probe("gradescope"), {"MINIDIST_SANDBOX": "missing"})]
     jobs += [("gradescope", "notjson", {f"{LAB}.ipynb": b'{"cells": [oops'}, None),
              ("gradescope", "nonotebook", {"answer.py": b"def add(a, b):\n    return a + b\n"}, None),
              ("prairielearn", "several", {"a.ipynb": toy["solution"], "b.ipynb": toy["release"]}, None)]
@@ -234,9 +310,12 @@ def test_gradescope_solution_full_marks_release_zero(graded):
     assert sol["data"]["score"] == 3.0 and rel["data"]["score"] == 0.0
     assert all(t["status"] == "passed" and t["score"] == t["max_score"] for t in sol["data"]["tests"])
     assert all(t["status"] == "failed" and t["score"] == 0 for t in rel["data"]["tests"])
-    assert {t["name"] for t in sol["data"]["tests"]} == {f"{LAB}: test_add", f"{LAB}: test_allsum"}
-    # both test cells have hidden tests: shown after the due date (the zip's default)
-    assert {t["visibility"] for t in sol["data"]["tests"]} == {"after_due_date"}
+    # each test cell has hidden tests: its visible part is shown at once, its hidden part after the due date
+    # (the zip's defaults), each with half of the cell's points
+    seen = {t["name"]: (t["visibility"], t["max_score"]) for t in sol["data"]["tests"]}
+    assert seen == {f"{LAB}: test_add": ("visible", 0.5), f"{LAB}: test_add (hidden tests)": ("after_due_date", 0.5),
+                    f"{LAB}: test_allsum": ("visible", 1.0),
+                    f"{LAB}: test_allsum (hidden tests)": ("after_due_date", 1.0)}
     assert "confirmation run on" in sol["data"]["output"] and "sandbox: " in sol["data"]["output"]
     assert rel["data"]["tests"][0]["output"].startswith("NotImplementedError")
     # the instructor's output (stdout) and the stored extra data name the bundle it was graded with
@@ -249,7 +328,10 @@ def test_gradescope_bug_loses_the_test_it_names(graded, toy):
     tests = gs_tests(graded[("gradescope", "bug")])
     assert toy["catches"] == ["test_add"]
     assert tests["test_add"]["score"] == 0 and tests["test_add"]["status"] == "failed"
-    assert tests["test_allsum"]["score"] == 2 and tests["test_allsum"]["status"] == "passed"
+    assert tests["test_add (hidden tests)"]["score"] == 0 and tests["test_add (hidden tests)"]["status"] == "failed"
+    assert tests["test_add (hidden tests)"]["output"].startswith("hidden tests: ")
+    assert tests["test_allsum"]["score"] == 1 and tests["test_allsum"]["status"] == "passed"
+    assert tests["test_allsum (hidden tests)"]["score"] == 1
 
 
 def test_hostile_results_write_has_no_effect(graded):
@@ -259,18 +341,18 @@ def test_hostile_results_write_has_no_effect(graded):
         data = json.loads((run["root"] / "results" / "results.json").read_text())
         assert data == run["data"]              # nothing wrote after the grader
         if kind == "gradescope":
-            assert data["score"] == 3.0 and len(data["tests"]) == 2
+            assert data["score"] == 3.0 and len(data["tests"]) == 4
         else:
-            assert data["score"] == 1.0 and data["gradable"] and len(data["tests"]) == 2
+            assert data["score"] == 1.0 and data["gradable"] and len(data["tests"]) == 4
         assert "sandbox: none" in json.dumps(data)      # and it says it ran without one
 
 
 def test_gradescope_what_is_not_the_notebook(graded):
     bad = graded[("gradescope", "notjson")]["data"]
-    assert bad["score"] == 0 and len(bad["tests"]) == 2
+    assert bad["score"] == 0 and len(bad["tests"]) == 4
     assert all("not a readable notebook" in t["output"] for t in bad["tests"])
     none = graded[("gradescope", "nonotebook")]["data"]
-    assert none["score"] == 0 and len(none["tests"]) == 2
+    assert none["score"] == 0 and len(none["tests"]) == 4
     assert "no notebook was handed in (found: answer.py)" in none["output"]
     assert f"upload {LAB}.ipynb" in none["tests"][0]["output"]
 
@@ -278,10 +360,11 @@ def test_gradescope_what_is_not_the_notebook(graded):
 def test_prairielearn_results(graded, toy):
     runs = {name: graded[("prairielearn", name)]["data"] for name in ("solution", "release", "bug", "several")}
     assert runs["solution"]["score"] == 1.0 and runs["solution"]["gradable"]
-    assert [(t["points"], t["max_points"]) for t in runs["solution"]["tests"]] == [(1.0, 1.0), (2.0, 2.0)]
+    assert [(t["points"], t["max_points"]) for t in runs["solution"]["tests"]] == [(0.5, 0.5)] * 2 + [(1.0, 1.0)] * 2
     assert runs["release"]["score"] == 0.0 and runs["release"]["gradable"]
     bug = {t["name"].split(": ")[-1]: t for t in runs["bug"]["tests"]}
-    assert bug["test_add"]["points"] == 0 and bug["test_allsum"]["points"] == 2
+    assert bug["test_add"]["points"] == 0 and bug["test_add (hidden tests)"]["points"] == 0
+    assert bug["test_allsum"]["points"] == 1 and bug["test_allsum (hidden tests)"]["points"] == 1
     assert runs["bug"]["score"] == pytest.approx(2 / 3)
     assert not runs["several"]["gradable"] and "2 notebooks were handed in" in runs["several"]["message"]
 
@@ -308,3 +391,22 @@ def test_a_bundle_without_its_lab_fails_as_the_grader_not_as_a_score(toy, instal
     pl = submit("prairielearn", broken, "nolab", files, rc=1)
     assert pl["data"]["succeeded"] is False and pl["data"]["gradable"] is False and "score" not in pl["data"]
     assert f"no lab {LAB}" in pl["stdout"] and "not your submission" in pl["data"]["message"]
+
+
+@pytest.mark.parametrize("kind, name", [("gradescope", "probe"), ("gradescope", "probe-nosandbox"),
+                                        ("prairielearn", "probe")])
+def test_a_submission_reads_no_answer_while_graded(graded, installed, kind, name):
+    """What a submission can read while it is graded holds neither the lab's solution code nor its hidden
+    case table: with the sandbox, and where none works (a root grader's job then runs as its own uid, and
+    the bundle's course folder is root's alone). The probe says in its visible test's output how many
+    files it read and what it found there; the markers are really in the bundle (checked first)."""
+    run = graded[(kind, name)]
+    tests = {t["name"].split(": ")[-1]: t for t in run["data"]["tests"]}
+    shown = tests["test_add"]["output"] if kind == "gradescope" else tests["test_add"]["message"]
+    assert "PROBE read " in shown and shown.rstrip().endswith("found: []"), shown
+    assert int(shown.split("PROBE read ")[1].split()[0]) > 100, shown      # it did read the folders it reached
+    assert (("sandbox: none" in json.dumps(run["data"])) == name.endswith("nosandbox"))
+    bundle = installed["source" if kind == "gradescope" else "image"] / "course"
+    texts = "".join(p.read_text(errors="replace") for p in bundle.rglob("*") if p.is_file())
+    assert MARK_HIDDEN in texts                       # the bundle holds the hidden table, for the grader alone
+    assert "dist.all_reduce(y)" not in texts          # and no solution at all

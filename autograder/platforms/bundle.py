@@ -3,11 +3,16 @@
 ``make_bundle(lab, dest)`` writes into ``dest``:
 
 * ``wheels/minidist-*.whl``: the library alone (the kernels and the confirmation import it), built
-  from this checkout; the grader's own code is not in it, so a sandbox that binds the interpreter's
-  packages read-only shows no grader, bug bank or source notebook;
-* ``course/autograder/`` (this package without its bug bank) and ``course/solutions/LAB/`` (the
-  lab's nbgrader source notebook, with its hidden tests): the grader runs from ``course/``, which
-  no sandbox shows;
+  from this checkout as the student wheel is, without any lab's hidden case tables; the grader's own
+  code is not in it, so a sandbox that binds the interpreter's packages read-only shows no grader, bug
+  bank, source notebook or hidden case;
+* ``course/autograder/`` (this package without its bug bank), ``course/solutions/LAB/`` (the lab's
+  nbgrader source notebook **without its solutions**: every solution region emptied, so that nbgrader
+  makes the same release from it, with the test cells and their hidden tests) and ``course/hidden/``
+  (the hidden case tables of the checks the lab imports, which the confirmation gets from the grader,
+  :mod:`autograder.confirm.hidden_tables`): the grader runs from ``course/``, which no sandbox shows
+  and which ``setup.sh`` makes root's alone (mode 0700: where no sandbox works, a job runs as its own
+  unprivileged uid, :func:`autograder.sandbox.backend.command`);
 * ``requirements.txt``: the grader's packages pinned at the versions of the interpreter that built
   the bundle (the versions this grader was tested with);
 * ``setup.sh``: a virtual environment ``venv/`` next to it (or ``$MINIDIST_VENV``; one already there is
@@ -27,6 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from autograder import PACKAGE_DIR, REPO
+from autograder.course import BEGIN_SOLUTION, END_SOLUTION, nbg, read_nb, write_nb
 
 #: the packages grading imports (torch apart: it is installed first, its CPU build)
 PINNED = ["numpy", "cloudpickle", "matplotlib", "nbgrader", "nbconvert", "nbformat", "nbclient", "jupyter_client",
@@ -131,6 +137,11 @@ fi
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$HERE"/wheels/minidist-*.whl
 "$PY" -m ipykernel install --sys-prefix --name minidist --display-name "Python (minidist)" >/dev/null
 cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core; print('setup: ok, torch', torch.__version__)"
+# the grader's files (its code, the lab without solutions, the hidden cases) are root's alone: a job that
+# runs without a sandbox runs as an unprivileged uid of its own, and must not read them
+# (the environment, the bundle's folder and the wheel stay readable: every job runs that interpreter)
+chmod a+rx "$HERE" && chmod -R a+rX "$VENV" "$HERE/wheels"
+if [ "$(id -u)" = 0 ]; then chown -R 0:0 "$HERE/course" && chmod -R go-rwx "$HERE/course"; fi
 """.replace("@PYVER@", f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
@@ -182,18 +193,66 @@ def torch_version() -> str:
     return v if "+" in v else v + "+cpu"          # a CPU build: grading machines have no GPU
 
 
-def make_bundle(lab: str, dest: Path) -> Path:
-    """Everything to grade ``lab`` on another machine, in ``dest`` (see the module's docstring)."""
+def without_solutions(nb):
+    """A copy of source notebook ``nb`` with every solution emptied, from which nbgrader makes the same
+    release: a solution region keeps its two marker lines and loses what lies between (nbgrader's
+    ``ClearSolutions`` puts its stub in place of the whole region), a solution cell without markers loses
+    its whole text (nbgrader puts its stub in place of the cell). Test cells, their hidden tests and the
+    lab's own cells stay as they are."""
+    import copy
+    out = copy.deepcopy(nb)
+    for cell in out.cells:
+        if not nbg(cell).get("solution"):
+            continue
+        lines, kept, inside = cell.source.split("\n"), [], False
+        for line in lines:
+            if BEGIN_SOLUTION.removeprefix("### ") in line:
+                inside = True
+                kept.append(line)
+            elif END_SOLUTION.removeprefix("### ") in line:
+                inside = False
+                kept.append(line)
+            elif not inside:
+                kept.append(line)
+        cell.source = "\n".join(kept) if any(BEGIN_SOLUTION.removeprefix("### ") in l for l in lines) else ""
+        if cell.cell_type == "code":
+            cell.outputs = []
+    return out
+
+
+def grading_files(lab: str, course: Path) -> None:
+    """What grading ``lab`` reads of the course, in ``course``: ``solutions/LAB/`` without solutions
+    (its notebooks through :func:`without_solutions`, its other files as they are) and ``hidden/`` (the
+    hidden case tables of every checks module the lab's notebooks import)."""
+    from autograder.confirm.hidden_tables import CHECKS_PACKAGE, checks_modules, table_file
     from autograder.course import solutions_dir
-    dest = Path(dest)
     lab_src = solutions_dir() / lab
     if not lab_src.is_dir():
         raise SystemExit(f"no lab {lab} under {solutions_dir()}")
-    minidist_wheel(dest / "wheels")
+    shutil.copytree(lab_src, course / "solutions" / lab,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.ipynb"))
+    sources = []
+    for path in sorted(lab_src.glob("*.ipynb")):
+        nb = read_nb(path)
+        write_nb(without_solutions(nb), course / "solutions" / lab / path.name)
+        sources += [c.source for c in nb.cells if c.cell_type == "code" and nbg(c).get("locked")]
+    for module in sorted(set(checks_modules(sources).values())):
+        table = table_file(module)
+        if table is not None:
+            target = course / "hidden" / module[len(CHECKS_PACKAGE):] / "hidden.py"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(table, target)
+
+
+def make_bundle(lab: str, dest: Path) -> Path:
+    """Everything to grade ``lab`` on another machine, in ``dest`` (see the module's docstring)."""
+    from autograder.student_dist import hidden_tables
+    dest = Path(dest)
     course = dest / "course"
+    grading_files(lab, course)
+    minidist_wheel(dest / "wheels", leave_out=hidden_tables())
     shutil.copytree(PACKAGE_DIR, course / "autograder",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "bugbank"))
-    shutil.copytree(lab_src, course / "solutions" / lab, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     (dest / "requirements.txt").write_text(requirements())
     setup = dest / "setup.sh"
     setup.write_text(SETUP.replace("@LAB@", lab).replace("@TORCH@", torch_version()))

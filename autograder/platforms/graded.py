@@ -194,11 +194,17 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
         t.max_points = float(row["max_points"])
         t.points = 0.0 if t.manual else float(row["points"] or 0.0)
         t.flags = list(row.get("flags") or [])       # "not confirmed: tampering suspected" among them
-        if not t.manual:
-            parts = row.get("parts") or {"visible": {"points": t.points, "max_points": t.max_points,
-                                                     "status": t.status, "reason": t.reason}}
+        if t.manual:
+            continue
+        if row.get("parts"):
             t.parts = [Part(name, float(p["points"]), float(p["max_points"]), str(p["status"]), str(p["reason"]))
-                       for name, p in parts.items()]
+                       for name, p in row["parts"].items()]
+        elif t.points in (0.0, t.max_points):     # not scored in parts (nothing ran; no confirmation): all or none
+            for part in t.parts:
+                part.points = part.max_points if t.points else 0.0
+                part.status, part.reason = t.status, t.reason
+        else:
+            t.parts = [Part("visible", t.points, t.max_points, t.status, t.reason)]
     return Outcome(lab, tests, failure=job.result.get("failure"), notes=notes + list(job.result.get("notes", [])),
                    sandbox=batch.sandbox, confirmation=confirm, seconds=time.time() - t0)
 
