@@ -70,16 +70,20 @@ def cmd_grade(a) -> int:
 
 
 def cmd_similarity(a) -> int:
-    from autograder.similarity import THRESHOLD
-    from autograder.similarity_report import other_name, report
-    r = report(Path(a.out))
-    top = [{"score": f"{p.score:.2f}", "lab": p.a.lab, "cell": p.a.cell, "student": p.a.who,
-            "resembles": other_name(p)[:70]} for p in r["pairs"][:20]]
+    from autograder.similarity import NEAR_MISS, THRESHOLD
+    from autograder.similarity_report import pair_name, report
+    r = report(Path(a.out), NEAR_MISS if a.near_miss is None else a.near_miss)
+    top = [{"highest": f"{p.score:.2f}", "pair": pair_name(p)[:60],
+            "cells": ", ".join(f"{m.a.cell} {m.score:.2f}" for m in p.matches[:4])
+                     + (f", +{len(p.matches) - 4}" if len(p.matches) > 4 else ""),
+            "": "flagged" if p.flagged else "near miss, not flagged"} for p in r["pairs"][:20]]
     if top:
-        print(_table(top, ["score", "lab", "cell", "student", "resembles"]))
+        print(_table(top, ["highest", "pair", "cells", ""]))
         if len(r["pairs"]) > len(top):
             print(f"... and {len(r['pairs']) - len(top)} more")
-    print(f"\n{r['answers']} answers compared; {len(r['pairs'])} pairs at or above {THRESHOLD:g} "
+    flagged = sum(p.flagged for p in r["pairs"])
+    print(f"\n{r['answers']} answers compared; pairs flagged (a cell at or above {THRESHOLD:g}): {flagged}; "
+          f"near misses from {r['near_miss']:g}, not flagged: {len(r['pairs']) - flagged} "
           f"(flags for a person to read; no score changed)\n"
           f"report:  {r['html']}\nresults: {Path(a.out) / 'results.csv'} ({r['rows_flagged']} rows with a similarity)")
     return 0
@@ -215,9 +219,13 @@ def main(argv=None) -> int:
     timing(s)
     s.set_defaults(fn=cmd_grade)
 
-    s = sub.add_parser("similarity", help="after grade: compare every answer cell of OUT with the library's answer "
-                                          "and with classmates' (OUT/similarity.html, results.csv's similarity)")
+    s = sub.add_parser("similarity", help="after grade: compare every answer cell of OUT with all of the installed "
+                                          "minidist (its checks included) and with classmates', by pair "
+                                          "(OUT/similarity.html, results.csv's similarity)")
     s.add_argument("out")
+    s.add_argument("--near-miss", type=float, default=None, metavar="SCORE",
+                   help="list the pairs from SCORE up to the threshold (0.8) below the flagged ones, not flagged "
+                        "(default 0.6)")
     s.set_defaults(fn=cmd_similarity)
 
     s = sub.add_parser("feedback", help="check a graded OUT/feedback for hidden-test leaks and "
