@@ -73,7 +73,7 @@ class Text:
     prints: dict = field(default_factory=dict)      # boilerplate key -> CodeFingerprint
 
 
-@dataclass
+@dataclass(eq=False)          # compared by identity: a deep comparison of slices is never wanted
 class Match:
     """One cell compared: a student's answer and a classmate's answer to it, or the library."""
     score: float
@@ -82,7 +82,7 @@ class Match:
     slices: tuple             # copydetect's (a's slices, b's slices) of shared code
 
 
-@dataclass
+@dataclass(eq=False)
 class Pair:
     """Two students, or a student and the library: every cell they share, highest score first."""
     a: str

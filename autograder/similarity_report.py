@@ -81,10 +81,10 @@ def write_html(path: Path, pairs: list[similarity.Pair], texts: list[similarity.
              f"score.</b> Short answers and answers the lab all but dictates score high by themselves: see "
              f"docs/INTEGRITY.md.</p>"]
     numbered = list(enumerate(pairs, 1))
-    for title, group in ((f"Flagged pairs (a cell from {similarity.THRESHOLD:g})", flagged),
-                         (f"Near misses (from {near_miss:g} to {similarity.THRESHOLD:g}): not flagged", near)):
+    for title, flag in ((f"Flagged pairs (a cell from {similarity.THRESHOLD:g})", True),
+                        (f"Near misses (from {near_miss:g} to {similarity.THRESHOLD:g}): not flagged", False)):
         parts.append(f"<h2>{esc(title)}</h2>")
-        rows = [(i, p) for i, p in numbered if p in group]
+        rows = [(i, p) for i, p in numbered if p.flagged == flag]
         if not rows:
             parts.append("<p>None.</p>")
             continue
