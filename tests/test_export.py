@@ -206,3 +206,15 @@ def test_a_wrong_canvas_column_is_refused(batch, tmp_path, value, message):
         main(["export", str(batch), "--format", "canvas", "--to", str(tmp_path / "c.csv"), "--canvas-column", value])
     assert message in str(err.value), str(err.value)
     assert not (tmp_path / "c.csv").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "moodle", "--canvas-column", f"{LAB}=Lab 1 (1)"], "are for --format canvas, not moodle"),
+    (["--format", "csv", "--roster", "r.csv"], "--roster is for --format canvas or moodle"),
+    (["--format", "canvas", "--moodle-percent"], "--moodle-percent is for --format moodle, not canvas"),
+])
+def test_an_option_of_another_format_is_refused(batch, tmp_path, args, message):
+    from autograder.__main__ import main
+    with pytest.raises(SystemExit) as err:
+        main(["export", str(batch), "--to", str(tmp_path / "x.csv")] + args)
+    assert message in str(err.value) and not (tmp_path / "x.csv").exists()
