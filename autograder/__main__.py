@@ -45,7 +45,8 @@ def cmd_grade(a) -> int:
     from autograder.grade import grade
     r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
               wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work, confirm=a.confirm,
-              sandbox=a.sandbox, students=a.student, due=_due(a.due), gpus_per_job=a.gpus_per_job)
+              sandbox=a.sandbox, students=a.student, due=_due(a.due), gpus_per_job=a.gpus_per_job,
+              roster=a.roster)
     subs = []
     for j in sorted(r["jobs"], key=lambda j: (j.student, j.lab)):
         cells = [c for nb in j.result["cells"].values() for c in nb.values()]
@@ -65,21 +66,26 @@ def cmd_grade(a) -> int:
     print(f"grades:   {out / 'grades.csv'}\nresults:  {out / 'results.csv'}, {out / 'results.json'}\n"
           f"batch:    {out / 'batch.json'} (the sandbox, confirmation, limits and due dates of every row)\n"
           f"feedback: {out / 'feedback'}/<student>/<lab>/<notebook>.html\n"
-          f"next:     python -m autograder similarity {out}   (answers that look copied, for you to read)")
+          + (f"roster:   {out / 'roster.csv'} (export's Canvas and Moodle files read it)\n" if a.roster else "")
+          + f"next:     python -m autograder similarity {out}   (answers that look copied, for you to read)")
     return 0
 
 
 def cmd_similarity(a) -> int:
-    from autograder.similarity import THRESHOLD
-    from autograder.similarity_report import other_name, report
-    r = report(Path(a.out))
-    top = [{"score": f"{p.score:.2f}", "lab": p.a.lab, "cell": p.a.cell, "student": p.a.who,
-            "resembles": other_name(p)[:70]} for p in r["pairs"][:20]]
+    from autograder.similarity import NEAR_MISS, THRESHOLD
+    from autograder.similarity_report import pair_name, report
+    r = report(Path(a.out), NEAR_MISS if a.near_miss is None else a.near_miss)
+    top = [{"highest": f"{p.score:.2f}", "pair": pair_name(p)[:60],
+            "cells": ", ".join(f"{m.a.cell} {m.score:.2f}" for m in p.matches[:4])
+                     + (f", +{len(p.matches) - 4}" if len(p.matches) > 4 else ""),
+            "": "flagged" if p.flagged else "near miss, not flagged"} for p in r["pairs"][:20]]
     if top:
-        print(_table(top, ["score", "lab", "cell", "student", "resembles"]))
+        print(_table(top, ["highest", "pair", "cells", ""]))
         if len(r["pairs"]) > len(top):
             print(f"... and {len(r['pairs']) - len(top)} more")
-    print(f"\n{r['answers']} answers compared; {len(r['pairs'])} pairs at or above {THRESHOLD:g} "
+    flagged = sum(p.flagged for p in r["pairs"])
+    print(f"\n{r['answers']} answers compared; pairs flagged (a cell at or above {THRESHOLD:g}): {flagged}; "
+          f"near misses from {r['near_miss']:g}, not flagged: {len(r['pairs']) - flagged} "
           f"(flags for a person to read; no score changed)\n"
           f"report:  {r['html']}\nresults: {Path(a.out) / 'results.csv'} ({r['rows_flagged']} rows with a similarity)")
     return 0
@@ -96,8 +102,16 @@ def cmd_feedback(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from autograder.export import export
-    print(export(Path(a.out), a.format, Path(a.to) if a.to else None, a.canvas_id))
+    from autograder.export import canvas_columns, export
+    columns = canvas_columns(a.canvas_column, a.canvas_columns)
+    if columns and a.format != "canvas":
+        raise SystemExit(f"--canvas-column and --canvas-columns are for --format canvas, not {a.format}")
+    if a.roster and a.format == "csv":
+        raise SystemExit("--roster is for --format canvas or moodle (csv is nbgrader's own export)")
+    if a.moodle_percent and a.format != "moodle":
+        raise SystemExit(f"--moodle-percent is for --format moodle, not {a.format}")
+    print(export(Path(a.out), a.format, Path(a.to) if a.to else None, a.canvas_id, roster=a.roster,
+                 columns=columns, moodle_percent=a.moodle_percent))
     return 0
 
 
@@ -213,6 +227,9 @@ def main(argv=None) -> int:
     s.add_argument("--due", action="append", metavar="[LAB=]DATE",
                    help="due date (ISO 8601 with time zone) of LAB, or of every lab graded; over the course "
                         "config (c.Minidist.due_dates); late penalties follow c.LatePenalty")
+    s.add_argument("--roster", metavar="CSV",
+                   help="the class roster (columns login, name, email, lms_id, section; login required): "
+                        "checked before grading, stored as OUT/roster.csv for export's Canvas and Moodle files")
     s.add_argument("--no-confirm", dest="confirm", action="store_false",
                    help="skip the confirmation run (tests again outside the kernel); for measurements only")
     s.add_argument("--gpus-per-job", type=int, default=None, metavar="K",
@@ -226,9 +243,13 @@ def main(argv=None) -> int:
     timing(s)
     s.set_defaults(fn=cmd_grade)
 
-    s = sub.add_parser("similarity", help="after grade: compare every answer cell of OUT with the library's answer "
-                                          "and with classmates' (OUT/similarity.html, results.csv's similarity)")
+    s = sub.add_parser("similarity", help="after grade: compare every answer cell of OUT with all of the installed "
+                                          "minidist (its checks included) and with classmates', by pair "
+                                          "(OUT/similarity.html, results.csv's similarity)")
     s.add_argument("out")
+    s.add_argument("--near-miss", type=float, default=None, metavar="SCORE",
+                   help="list the pairs from SCORE up to the threshold (0.8) below the flagged ones, not flagged "
+                        "(default 0.6)")
     s.set_defaults(fn=cmd_similarity)
 
     s = sub.add_parser("feedback", help="check a graded OUT/feedback for hidden-test leaks and "
@@ -243,7 +264,16 @@ def main(argv=None) -> int:
     s.add_argument("--to")
     s.add_argument("--format", choices=("csv", "canvas", "moodle"), default="csv")
     s.add_argument("--canvas-id", choices=("sis_login", "sis_user"), default="sis_login",
-                   help="the Canvas column that holds the student id (default: SIS Login ID)")
+                   help="the Canvas column that holds the student's login (default: SIS Login ID)")
+    s.add_argument("--roster", metavar="CSV",
+                   help="the class roster (as grade --roster's), over the one grade stored in OUT/roster.csv")
+    s.add_argument("--canvas-column", action="append", metavar='LAB="NAME (ID)"',
+                   help="put LAB's grades in an existing Canvas assignment's column, named as Canvas names it "
+                        "(e.g. lab1=\"Lab 1 (123456)\"); repeatable")
+    s.add_argument("--canvas-columns", metavar="FILE", help="the same mapping from a file, one LAB=COLUMN a line")
+    s.add_argument("--moodle-percent", action="store_true",
+                   help="Moodle: grades as percentages of each lab's maximum (for new grade items, whose maximum "
+                        "is 100), instead of points")
     s.set_defaults(fn=cmd_export)
 
     vis = ("visible", "after_due_date", "after_published", "hidden")

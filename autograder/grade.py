@@ -37,6 +37,7 @@ from autograder.course import all_labs, build_course, solutions_dir
 from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
 from autograder.records import Job
 from autograder.report import load_previous, write_feedback, write_results
+from autograder.roster import ROSTER_FILE, not_on_roster, read_roster, warning, write_roster
 from autograder.supervise import INTERRUPTED
 
 
@@ -199,16 +200,19 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
           progress: bool = True, keep_work: bool = False, confirm: bool = True,
           sandbox: bool | None = None, students: list[str] | None = None,
           due: dict[str, str] | None = None, stream=None, gpus_per_job: int | None = None,
-          job_env: dict[str, dict] | None = None) -> dict:
+          job_env: dict[str, dict] | None = None, roster=None) -> dict:
     """Grade SUBMISSIONS into OUT. ``confirm``: confirmation runs (default on); ``sandbox``: None
     = where possible, True = required, False = off; ``students``: grade only these and merge
     into the results already in OUT; ``due``: {lab or "*": date}, over the course config;
     ``gpus_per_job``: each parallel job gets that many GPUs of its own (:func:`gpu_slots`);
-    ``job_env``: {student: variables} for that student's worker, kernels and confirmation."""
+    ``job_env``: {student: variables} for that student's worker, kernels and confirmation;
+    ``roster``: a roster CSV (:mod:`autograder.roster`), read before anything is graded and stored as
+    OUT/roster.csv for ``export``."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():
         raise SystemExit(f"no such directory: {submissions}")
     stream = stream if stream is not None else sys.stderr
+    people = read_roster(roster) if roster else None
     slots = gpu_slots(max(1, jobs), gpus_per_job, visible_gpu_ids()) if gpus_per_job else None
     entries, graded, ignored = discover(submissions, labs, students)
     previous = load_previous(out) if students else []
@@ -256,6 +260,11 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
         export_csv(db, out / "grades.csv")
     for j in done:
         write_feedback(out, j)
+    if people is not None:
+        write_roster(people, out / ROSTER_FILE)
+        missing = not_on_roster(people, {j.student for j in everyone})
+        if missing:
+            print(warning(str(roster), missing), file=stream)
     meta["seconds"] = round(time.time() - t0, 2)
     rows = write_results(out, everyone, meta)
     if not keep_work:

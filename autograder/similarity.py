@@ -2,8 +2,8 @@
 
 After ``grade`` wrote OUT, every answer cell of every graded notebook (an nbgrader solution cell, by
 its grade id, as ``OUT/autograded/<student>/<lab>/<notebook>.ipynb`` holds it) is compared with the
-library's answer (the minidist modules that the lab's checks refuse, ``minidist.checks.<lab>.REFUSED``:
-:mod:`minidist.checks.kit.refused_code` says why they are the library's answer) and with every
+library (everything the course ships that a student could copy: every module of the installed minidist
+package, ``minidist/checks/`` included, :mod:`autograder.similarity_library`) and with every
 classmate's answer to the same cell.
 
 The comparison is copydetect's: each text is tokenised, names become one letter (renaming a variable
@@ -11,29 +11,29 @@ changes nothing), comments and spacing are dropped, and the k-grams of what is l
 winnowed (Schleimer, Wilkerson and Aiken, "Winnowing: local algorithms for document fingerprinting",
 SIGMOD 2003, the method of MOSS; here with a window of 1, see ``WINDOW``): every run of ``K`` shared
 characters is seen. What the release already gives in the cell (the signature, the docstring; as OUT's
-gradebook recorded it) is boilerplate and never counts. A pair's score is the share of an answer's
-fingerprinted tokens found in the other text: against the library, the student's share (the library's
-modules hold far more); between classmates, the larger of the two shares (one copy may add code).
+gradebook recorded it) is boilerplate and never counts. A cell's score is the share of an answer's
+fingerprinted tokens found in the other text: against the library, the student's share (the library
+holds far more); between classmates, the larger of the two shares (one copy may add code).
 
-It flags for review and changes no score: it writes ``OUT/similarity.html`` (the flagged pairs side
-by side, the shared code marked, highest first) and fills ``results.csv``'s ``similarity`` column (the
-highest flagged score of the answers a test calls, and with whom). Nothing else in OUT changes.
+The results are grouped by pair (:class:`Pair`: two students, or a student and ``minidist``), each with
+every cell the two share and its score (:class:`Match`): a pair is flagged when one of its cells scores
+``THRESHOLD`` or more, and listed as a near miss, not flagged, from ``NEAR_MISS``. It flags for review
+and changes no score (:mod:`autograder.similarity_report` writes the report and ``results.csv``'s
+``similarity`` column).
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
-import importlib
 import io
 import itertools
-import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder.course import nbg
 from autograder.notebooks import normalized
+from autograder import similarity_library
 
 #: k-gram size, in characters of the filtered text (a name is one character, an operator one or two):
 #: 25 is about one line of code such as ``V.V(V[V],V=V,V=V)``. Shorter k-grams match the idioms every
@@ -43,21 +43,26 @@ K = 25
 #: and Python salts its string hash per process (copydetect hashes with ``hash``), so which k-grams are
 #: kept, and the scores, would change from one run to the next; an answer cell is short enough to keep all.
 WINDOW = 1
-#: the score from which a pair is flagged. Measured on the 162 pairs of the bank's correct alternatives
-#: written in full (``code=``) and the solutions, cell by cell: six pairs that keep most of one
-#: another's lines (two statements swapped, the ring turned the other way, the same steps into another
-#: buffer) share 0.85 to 1.0, as a copy with renamed variables and new comments does (0.94 to 0.96 in
-#: tests/test_similarity.py); all the others, which solve the problem another way, share at most 0.72
-#: (the same collectives on the same chunks). 0.8 sits between. Four labs' own solutions score 0.81 to
-#: 0.86 against the library (docs/INTEGRITY.md): the report shows that level next to a library pair.
+#: the score from which a cell, and its pair, is flagged. Measured on the 162 pairs of the bank's correct
+#: alternatives written in full (``code=``) and the solutions, cell by cell: six pairs that keep most of
+#: one another's lines (two statements swapped, the ring turned the other way, the same steps into
+#: another buffer) share 0.85 to 1.0, as a copy with renamed variables and new comments does (0.94 to
+#: 0.96 in tests/test_similarity.py); all the others, which solve the problem another way, share at most
+#: 0.72 (the same collectives on the same chunks). 0.8 sits between. Some labs' own solutions score 0.8
+#: or more against the library (docs/INTEGRITY.md): the report shows that level next to a library pair.
 THRESHOLD = 0.8
+#: the default score from which a pair that is not flagged is listed below the flagged ones, as a near
+#: miss (``similarity --near-miss``): the independent alternatives above reach 0.72
+NEAR_MISS = 0.6
 #: the tokeniser's language, by the name it is given
 LEXER_NAME = "answer.py"
+#: who the library is, in a pair
+LIBRARY = "minidist"
 
 
 @dataclass
 class Text:
-    """One answer (a student's cell), or the library's answer for a lab (:func:`library_answer`)."""
+    """One answer (a student's cell), or the library (:func:`library_text`)."""
     who: str                  # the student, or "minidist"
     lab: str
     notebook: str
@@ -68,12 +73,30 @@ class Text:
     prints: dict = field(default_factory=dict)      # boilerplate key -> CodeFingerprint
 
 
-@dataclass
-class Pair:
+@dataclass(eq=False)          # compared by identity: a deep comparison of slices is never wanted
+class Match:
+    """One cell compared: a student's answer and a classmate's answer to it, or the library."""
     score: float
     a: Text                   # always a student's answer
-    b: Text                   # a classmate's answer, or the library's
+    b: Text                   # a classmate's answer, or the library
     slices: tuple             # copydetect's (a's slices, b's slices) of shared code
+
+
+@dataclass(eq=False)
+class Pair:
+    """Two students, or a student and the library: every cell they share, highest score first."""
+    a: str
+    b: str                    # a classmate, or LIBRARY
+    matches: list
+    library: bool = False     # b is the library (a student's folder may be called anything)
+
+    @property
+    def score(self) -> float:
+        return max((m.score for m in self.matches), default=0.0)
+
+    @property
+    def flagged(self) -> bool:
+        return self.score >= THRESHOLD
 
 
 def _copydetect():
@@ -82,6 +105,8 @@ def _copydetect():
 
 
 def fingerprint(text: Text, boilerplate: tuple, key: str):
+    if text.library:          # one for every cell: the answer's side leaves the boilerplate out
+        return text.prints[""]
     if key not in text.prints:
         CodeFingerprint, _ = _copydetect()
         text.prints[key] = CodeFingerprint(LEXER_NAME, K, WINDOW, boilerplate=list(boilerplate), fp=io.StringIO(text.source))
@@ -97,16 +122,16 @@ def boilerplate_of(stub: str) -> tuple:
     return tuple(sorted(CodeFingerprint(LEXER_NAME, K, 1, fp=io.StringIO(stub)).hashes))
 
 
-def compare(a: Text, b: Text, stub: str = "", key: str = "") -> Pair:
-    """The pair's score (see the module's docstring) and the slices of shared code."""
+def compare(a: Text, b: Text, stub: str = "", key: str = "") -> Match:
+    """The cell's score (see the module's docstring) and the slices of shared code."""
     _, compare_files = _copydetect()
     bp = boilerplate_of(stub)
     fa, fb = fingerprint(a, bp, key), fingerprint(b, bp, key)
     if not fa.hashes or not fb.hashes:
-        return Pair(0.0, a, b, ((), ()))
+        return Match(0.0, a, b, ((), ()))
     _, (sa, sb), slices = compare_files(fa, fb)
     score = float(sa) if b.library else max(float(sa), float(sb))
-    return Pair(min(score, 1.0), a, b, slices)
+    return Match(min(score, 1.0), a, b, slices)
 
 
 # --------------------------------------------------------------------------- what is compared
@@ -155,53 +180,20 @@ def release_cells(out: Path, lab: str, notebook: str) -> dict:
     return {nbg(c)["grade_id"]: c.source for c in read_nb(path).cells if nbg(c).get("grade_id")}
 
 
-def library_answer(lab: str) -> Text | None:
-    """The library's answer for ``lab``, as one text: the minidist modules its checks refuse (the lab's
-    ``REFUSED``: one Refusal, or one per graded function), one after another, so that an answer that
-    copies a function and the helpers it calls is compared with all of them at once. Code under
-    ``minidist/checks/`` is left out, as the refusal leaves it out: a lab's reference is its solution.
-    ``units``: (start, end, "file: name") of each top-level function and class, to say what matched."""
-    from minidist.checks.kit.refused_code import Refusal, resolve
-    try:
-        checks = importlib.import_module(f"minidist.checks.{lab}")
-    except ImportError:
-        return None
-    refused = getattr(checks, "REFUSED", None)
-    refusals = [r for r in (refused.values() if isinstance(refused, dict) else [refused]) if isinstance(r, Refusal)]
-    package = str(Path(importlib.import_module("minidist").__file__).parent) + os.sep
-    files = sorted({f for r in refusals for f in resolve(r)[0]
-                    if f.startswith(package) and not f.startswith(package + "checks" + os.sep)})
-    if not files:
-        return None
-    parts, units, at = [], [], 0
-    for path in files:
-        rel = "minidist/" + os.path.relpath(path, package).replace(os.sep, "/")
-        text = Path(path).read_text(encoding="utf-8").rstrip("\n") + "\n\n"
-        head = f"# {rel}\n"
-        lines = text.splitlines(keepends=True)
-        starts = list(itertools.accumulate([0] + [len(line) for line in lines]))
-        for node in ast.parse(text).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                units.append((at + len(head) + starts[first - 1], at + len(head) + starts[node.end_lineno],
-                              f"{rel}: {node.name}"))
-        parts.append(head + text)
-        at += len(head) + len(text)
-    return Text("minidist", lab, "", "", "".join(parts), library=True, units=units)
+def library_text() -> Text:
+    """The library as one text (:func:`autograder.similarity_library.library`: every module of the
+    installed minidist package, its checks included), fingerprinted once per process."""
+    source, units, prints = similarity_library.library(K, LEXER_NAME)
+    return Text(LIBRARY, "", "", "", source, library=True, units=units, prints={"": prints})
 
 
-def matched_units(pair: "Pair") -> list[str]:
-    """The library's functions and classes that hold the shared code of ``pair``, most shared first."""
-    shared: dict[str, int] = {}
-    for start, end in zip(*pair.slices[1]) if len(pair.slices[1]) else ():
-        for lo, hi, label in pair.b.units:
-            n = min(int(end), hi) - max(int(start), lo)
-            if n > 0:
-                shared[label] = shared.get(label, 0) + n
-    return sorted(shared, key=lambda label: -shared[label])
+def matched_units(match: Match) -> list[str]:
+    """The library's functions and classes that hold the shared code of ``match``, most shared first."""
+    return similarity_library.matched_units(match.slices[1], match.b.units) if match.b.library else []
 
 
-def solution_score(lab: str, notebook: str, cell: str, library: Text, stub: str = "") -> float | None:
+@functools.lru_cache(maxsize=None)
+def solution_score(lab: str, notebook: str, cell: str, stub: str = "") -> float | None:
     """What the lab's own solution to ``cell`` (the source notebook in solutions/) scores against the
     library (``stub``: the cell as released): the level an honest answer written as the solution
     reaches, shown next to a student's."""
@@ -213,33 +205,43 @@ def solution_score(lab: str, notebook: str, cell: str, library: Text, stub: str 
     if source is None:
         return None
     solution = Text("the lab's solution", lab, notebook, cell, strip_solution_markers(source))
-    return compare(solution, library, stub, f"{lab}/{notebook}/{cell}").score
+    return compare(solution, library_text(), stub, f"{lab}/{notebook}/{cell}").score
 
 
-# --------------------------------------------------------------------------- the report
-def find_pairs(out: Path) -> tuple[list[Pair], list[Text], dict]:
-    """Every flagged pair of OUT's answers (score >= THRESHOLD), highest first, the answers, and the
-    cells as released ({(lab, notebook): {grade id: source}})."""
+# --------------------------------------------------------------------------- the pairs
+def find_pairs(out: Path, near_miss: float = NEAR_MISS) -> tuple[list[Pair], list[Text], dict]:
+    """The pairs of OUT (two students, or a student and the library) whose highest cell scores
+    ``near_miss`` or more, each with every cell the two share; highest first (so the flagged ones,
+    from THRESHOLD, come first). Also the answers, and the cells as released
+    ({(lab, notebook): {grade id: source}})."""
     out = Path(out)
     keys = {(p.parent.name, p.stem) for p in (out / "autograded").glob("*/*/*.ipynb")}
     releases = {key: release_cells(out, *key) for key in keys}
     texts = answers(out, releases)
-    library = {lab: library_answer(lab) for lab in {t.lab for t in texts}}
-    pairs = []
-    by_cell = {}
+    library = library_text() if texts else None
+    by_cell: dict[tuple, list[Text]] = {}
+    by_student: dict[str, dict[tuple, Text]] = {}
     for t in texts:
         by_cell.setdefault((t.lab, t.notebook, t.cell), []).append(t)
-    for (lab, nb, cell), group in sorted(by_cell.items()):
-        stub = releases.get((lab, nb), {}).get(cell, "")
-        key = f"{lab}/{nb}/{cell}"
-        for t in group:
-            if library[lab] is not None:
-                p = compare(t, library[lab], stub, key)
-                if p.score >= THRESHOLD:
-                    pairs.append(p)
-        for a, b in itertools.combinations(group, 2):
-            p = compare(a, b, stub, key)
-            if p.score >= THRESHOLD:
-                pairs.append(p)
-    pairs.sort(key=lambda p: (-p.score, p.a.lab, p.a.cell, p.a.who, p.b.who))
+        by_student.setdefault(t.who, {})[(t.lab, t.notebook, t.cell)] = t
+    found: dict[tuple[str, str], dict[tuple, Match]] = {}      # (a, b) -> {cell: match}
+    for cell, group in sorted(by_cell.items()):
+        stub, key = releases.get(cell[:2], {}).get(cell[2], ""), "/".join(cell)
+        for t in group:                 # one per answer: every library match is kept
+            found.setdefault((t.who, ""), {})[cell] = compare(t, library, stub, key)   # "": no folder's name
+        for a, b in itertools.combinations(sorted(group, key=lambda t: t.who), 2):
+            m = compare(a, b, stub, key)
+            if m.score >= near_miss:
+                found.setdefault((a.who, b.who), {})[cell] = m
+    pairs = []
+    for (a, b), cells in found.items():
+        if max(m.score for m in cells.values()) < near_miss:
+            continue
+        if b:                           # two students: the pair's other shared cells, whatever they score
+            for cell in (by_student[a].keys() & by_student[b].keys()) - cells.keys():
+                cells[cell] = compare(by_student[a][cell], by_student[b][cell],
+                                      releases.get(cell[:2], {}).get(cell[2], ""), "/".join(cell))
+        pairs.append(Pair(a, b or LIBRARY, sorted(cells.values(), key=lambda m: (-m.score, m.a.lab, m.a.notebook,
+                                                                                  m.a.cell)), library=not b))
+    pairs.sort(key=lambda p: (-p.score, p.a, p.b))
     return pairs, texts, releases

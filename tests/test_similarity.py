@@ -1,14 +1,19 @@
 """``python -m autograder similarity OUT`` on a graded batch's output laid out by hand (no grading):
-OUT/autograded/<student>/<lab>/<lab>.ipynb is the release with one answer cell filled in, results.csv
+OUT/autograded/<student>/<lab>/<lab>.ipynb is the release with one answer cell filled in (four for two
+students), results.csv
 and grades.csv as ``grade`` writes them.
 
 * a renamed copy of minidist's ring all-reduce (its helpers inlined, every variable and helper renamed,
-  no docstring, comments of its own) is flagged against the library;
+  no docstring, comments of its own) is flagged against the library, and so is a renamed copy of a helper
+  the checks ship (``minidist/checks/<lab>/``: the library is the whole installed package);
 * two students sharing one answer, one of them with renamed variables and comments, are flagged as a pair;
+  two sharing three answers and not a fourth are one entry with all four cells and their scores;
+* a pair whose highest cell is below the threshold, from the near-miss level, is listed after the
+  flagged ones and not flagged;
 * the bank's correct alternatives that solve a function another way (written in full, ``code=``) are not
   flagged against each other, nor against the solution, at the chosen threshold;
 * nothing but results.csv's ``similarity`` column changes: no score, no other file;
-* answer cells left as released (every student's but one here) are not compared: they would all match.
+* answer cells left as released are not compared: they would all match.
 """
 from __future__ import annotations
 
@@ -91,6 +96,20 @@ def library_ring_copy() -> str:
                                                            keep={"ring_all_reduce"})
 
 
+def checks_verdict_copy() -> str:
+    """A helper the checks ship (lab 5's verdict of its sequence-parallel functions, in
+    ``minidist/checks/``, which no lab refuses), pasted into the sp_gather cell and renamed (but for the
+    function's name, which the tests call)."""
+    from minidist.checks.lab5_tensor_parallel import verdicts
+    source = inspect.getsource(verdicts.sp).replace("def sp(", "def sp_gather(", 1)
+    return "# my sequence-parallel gather\n" + renamed(source, keep={"sp_gather"})
+
+
+#: two students who share three answers of lab 1 (one of them renamed) and wrote a fourth each their own way
+SHARED = ("sendrecv", "ring_reduce_scatter", "recursive_halving_all_reduce")
+OWN = {"dan": "naive_irecv_all_then_sum", "erin": "naive_inline_broadcast"}
+
+
 def holder(cell: str) -> str:
     """The student who hands in the solution's answer to ``cell`` (bob's is lab 1's ring all-reduce)."""
     return "bob" if cell == "ring_all_reduce" else f"sol_{cell}"
@@ -116,10 +135,18 @@ def batch(tmp_path_factory):
         if holder(cell) not in students:
             students[holder(cell)] = (lab, cell, solution[lab][cell])
         students.update({name: (lab, cell, bank_code(lab, name)) for name in names})
+    students["frank"] = (LAB5, "sp_gather", checks_verdict_copy())
+    answers = {s: {cell: code} for s, (lab, cell, code) in students.items()}
+    for s, alternative in OWN.items():
+        students[s] = (LAB1, "naive_all_reduce", bank_code(LAB1, alternative))
+        answers[s] = {"naive_all_reduce": bank_code(LAB1, alternative)}
+        answers[s].update({c: solution[LAB1][c] if s == "dan" else renamed(solution[LAB1][c], keep={c})
+                           for c in SHARED})
     rows = []
-    for student, (lab, cell, code) in students.items():
+    for student, (lab, _, _) in students.items():
         nb = copy.deepcopy(release[lab])        # the other answer cells as released: never compared
-        next(c for c in nb.cells if grade_id(c) == cell).source = code
+        for cell, code in answers[student].items():
+            next(c for c in nb.cells if grade_id(c) == cell).source = code
         write_nb(nb, out / "autograded" / student / lab / f"{lab}.ipynb")
         for k, c in enumerate(c for c in nb.cells if nbg(c).get("grade")):
             rows.append({"student": student, "lab": lab, "notebook": lab, "cell": grade_id(c),
@@ -135,27 +162,47 @@ def batch(tmp_path_factory):
     before = {p.relative_to(out): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
     from autograder.similarity_report import report
     r = report(out)
-    return {"out": out, "before": before, "pairs": r["pairs"], "students": students,
+    return {"out": out, "before": before, "pairs": r["pairs"], "students": students, "answers": answers,
             "rows": list(csv.DictReader(open(out / "results.csv"))), "old_rows": rows}
 
 
+def pairs_of(batch, a, b) -> list:
+    return [p for p in batch["pairs"] if {p.a, p.b} == {a, b}]
+
+
 def flagged(batch, a, b) -> list:
-    return [p for p in batch["pairs"] if {p.a.who, p.b.who} == {a, b}]
+    return [p for p in pairs_of(batch, a, b) if p.flagged]
 
 
 def test_renamed_copy_of_the_library_ring_is_flagged(batch):
     from autograder.similarity import THRESHOLD
     answer = batch["students"]["alice"][2]
     assert "my_" in answer and not re.search(r"\b(acc|me|exchange|chunks)\b", answer)      # it was renamed
-    hits = [p for p in batch["pairs"] if p.a.who == "alice" and p.b.library]
-    assert hits and hits[0].score >= THRESHOLD, [(p.a.who, p.b.who, p.score) for p in batch["pairs"]]
+    hits = flagged(batch, "alice", "minidist")
+    assert len(hits) == 1 and hits[0].library and hits[0].score >= THRESHOLD, [(p.a, p.b, p.score) for p in batch["pairs"]]
     from autograder.similarity_report import other_name
-    assert "ring_reduce_scatter_into" in other_name(hits[0])
+    assert "ring_reduce_scatter_into" in other_name(hits[0].matches[0])
     row = next(r for r in batch["rows"] if r["student"] == "alice" and r["cell"] == "test_ring_all_reduce_correct")
     assert row["similarity"].startswith(f"{hits[0].score:.2f} with minidist (")
     html = (batch["out"] / "similarity.html").read_text()
-    own = re.search(r"The lab's own solution to this cell scores ([0-9.]+) against the library", html)
-    assert own and float(own.group(1)) < THRESHOLD           # the solution itself is no library copy
+    section = html[html.index(">alice and minidist"):]
+    assert "the lab's own solution against minidist" in section
+    own = re.search(r"<td class='own'>([0-9.]+)</td>", section)
+    assert own and float(own.group(1)) < THRESHOLD           # the lab's own solution is no library copy
+
+
+def test_a_renamed_copy_of_a_function_the_checks_ship_is_flagged(batch):
+    """The library is all of the installed package: a helper of ``minidist/checks/<lab>/`` (which no lab
+    refuses) pasted into an answer and renamed is flagged against minidist, and named."""
+    from autograder.similarity_report import other_name
+    answer = batch["students"]["frank"][2]
+    assert "my_" in answer and "def sp(" not in answer
+    hits = flagged(batch, "frank", "minidist")
+    assert len(hits) == 1 and hits[0].score >= 0.9, [(p.a, p.b, p.score) for p in batch["pairs"]]
+    assert "minidist/checks/lab5_tensor_parallel/verdicts.py: sp" in other_name(hits[0].matches[0])
+    rows = [r for r in batch["rows"] if r["student"] == "frank" and r["similarity"]]
+    assert rows and all("with minidist (minidist/checks/lab5_tensor_parallel/verdicts.py: sp" in r["similarity"]
+                        for r in rows)
 
 
 def test_two_students_sharing_one_answer_are_flagged(batch):
@@ -167,7 +214,58 @@ def test_two_students_sharing_one_answer_are_flagged(batch):
     assert "with bob (ring_all_reduce)" in by[("carol", "test_ring_all_reduce_correct")]
     assert by[("bob", "test_broadcast_correct")] == ""            # a test of another function: no flag
     html = (batch["out"] / "similarity.html").read_text()
-    assert "<mark>" in html and html.index("bob") < html.index("</table>")
+    assert "<mark>" in html and html.index("bob and carol") < html.index("</table>")
+
+
+def test_one_entry_per_pair_with_every_cell_they_share(batch):
+    """dan and erin share three answers (erin's renamed) and wrote naive_all_reduce each their own way:
+    one entry, flagged, listing all four cells with their scores, highest first; only the cells from
+    the threshold fill results.csv's column."""
+    from autograder.similarity import THRESHOLD
+    entries = pairs_of(batch, "dan", "erin")
+    assert len(entries) == 1 and entries[0].flagged
+    cells = [m.a.cell for m in entries[0].matches]
+    assert sorted(cells) == sorted(SHARED + ("naive_all_reduce",))
+    scores = [m.score for m in entries[0].matches]
+    assert scores == sorted(scores, reverse=True) and entries[0].score == scores[0] >= 0.9
+    own = next(m for m in entries[0].matches if m.a.cell == "naive_all_reduce")
+    assert own.score < THRESHOLD                   # listed with its score, not flagged
+    by = {(r["student"], r["cell"]): r["similarity"] for r in batch["rows"]}
+    checked = set()
+    for m in entries[0].matches:      # the cells that a test of their own calls (sendrecv has none)
+        for t in (c for (s, c) in by if s == "erin" and c.startswith(f"test_{m.a.cell}_")):
+            assert ("with dan" in by[("erin", t)]) == (m.score >= THRESHOLD), (m.a.cell, m.score, t)
+            checked.add(m.a.cell)
+    assert checked == {"ring_reduce_scatter", "recursive_halving_all_reduce", "naive_all_reduce"}
+    html = (batch["out"] / "similarity.html").read_text()
+    assert html.count("dan and erin") == 2          # one row in the list, one section: one entry
+
+
+def test_near_misses_are_listed_below_the_flagged_pairs_not_flagged(batch, tmp_path):
+    """The lab's own reduce_from_tp scores 0.64 against minidist: from NEAR_MISS it is listed after every
+    flagged pair, marked as not flagged, and fills no column; a higher --near-miss leaves it out."""
+    import shutil
+    from autograder.similarity import NEAR_MISS, THRESHOLD
+    from autograder.similarity_report import report
+    near = [p for p in batch["pairs"] if not p.flagged]
+    assert near and all(NEAR_MISS <= p.score < THRESHOLD for p in near)
+    assert [p.flagged for p in batch["pairs"]] == sorted((p.flagged for p in batch["pairs"]), reverse=True)
+    miss = pairs_of(batch, "sol_reduce_from_tp", "minidist")
+    assert len(miss) == 1 and not miss[0].flagged
+    assert not [r for r in batch["rows"] if r["student"] == "sol_reduce_from_tp" and r["similarity"]]
+    html = (batch["out"] / "similarity.html").read_text()
+    heading = re.search(r"<h2 id='p\d+'[^>]*>\d+\. sol_reduce_from_tp and minidist: ([0-9.]+) \(near miss, not "
+                        r"flagged\)</h2>", html)
+    assert heading and float(heading.group(1)) == round(miss[0].score, 2)
+    assert all(html.index(f"{p.a} and {p.b}: ") < heading.start() for p in batch["pairs"] if p.flagged)
+    assert html.index("Near misses") < html.index(">sol_reduce_from_tp and minidist</td>")
+    other = tmp_path / "out"
+    shutil.copytree(batch["out"], other)
+    r = report(other, near_miss=round(miss[0].score, 2) + 0.01)
+    assert [p.b for p in r["pairs"] if p.a == "sol_reduce_from_tp"] == []
+    assert [(p.a, p.b) for p in r["pairs"] if p.flagged] == [(p.a, p.b) for p in batch["pairs"] if p.flagged]
+    with pytest.raises(SystemExit, match="near-miss"):
+        report(other, near_miss=0.9)
 
 
 def test_independent_correct_alternatives_are_not_flagged(batch):
@@ -175,9 +273,9 @@ def test_independent_correct_alternatives_are_not_flagged(batch):
         for a, b in itertools.combinations([holder(cell)] + names, 2):
             assert not flagged(batch, a, b), (cell, a, b, [p.score for p in flagged(batch, a, b)])
         for name in names:        # nor are they taken for the library's
-            assert not [p for p in batch["pairs"] if p.a.who == name and p.b.library], name
+            assert not flagged(batch, name, "minidist"), name
     flagged_rows = {r["student"] for r in batch["rows"] if r["similarity"]}
-    assert flagged_rows <= {"alice", "bob", "carol"} | {holder(cell) for _, cell in INDEPENDENT}
+    assert flagged_rows <= {"alice", "bob", "carol", "dan", "erin", "frank"} | {holder(cell) for _, cell in INDEPENDENT}
 
 
 def test_only_the_similarity_column_changes(batch):
@@ -197,16 +295,21 @@ def test_the_command_gives_the_same_column_again(batch, capsys):
     assert main(["similarity", str(batch["out"])]) == 0
     assert list(csv.DictReader(open(batch["out"] / "results.csv"))) == batch["rows"]
     printed = capsys.readouterr().out
-    assert "bob" in printed and "carol" in printed and "no score changed" in printed
+    assert "bob and carol" in printed and "dan and erin" in printed and "no score changed" in printed
+    assert re.search(r"sol_reduce_from_tp and minidist .*near miss, not flagged", printed)
+    assert "pairs flagged (a cell at or above 0.8): 4;" in printed and "near misses from 0.6, not flagged: 1" in printed
 
 
 def test_report_escapes_names_and_code(tmp_path):
-    from autograder.similarity import Pair, Text
+    from autograder.similarity import Match, Pair, Text
     from autograder.similarity_report import write_html
-    evil = Text("<script>x</script>", LAB1, LAB1, "ring_all_reduce", "def f():\n    return '<b>' </i>\n")
-    write_html(tmp_path / "s.html", [Pair(1.0, evil, evil, ((), ()))], [evil], tmp_path)
+    evil = Text("<script>x</script>", LAB1, LAB1, "<i>cell</i>", "def f():\n    return '<b>' </i>\n")
+    other = Text("<b>bob</b>", LAB1, LAB1, "<i>cell</i>", evil.source)
+    write_html(tmp_path / "s.html", [Pair(evil.who, other.who, [Match(1.0, evil, other, ((), ()))])], [evil, other],
+               tmp_path)
     text = (tmp_path / "s.html").read_text()
     assert "<script>" not in text and "&lt;script&gt;" in text and "'&lt;b&gt;' &lt;/i&gt;" in text.replace("&#x27;", "'")
+    assert "<b>bob</b>" not in text and "&lt;b&gt;bob&lt;/b&gt;" in text and "<i>cell</i>" not in text
 
 
 def test_the_release_is_read_from_the_batch_s_gradebook_read_only(tmp_path, monkeypatch):
