@@ -1,5 +1,7 @@
 """Distributed checkpoints (minidist.checkpoint): boxes, resharding round trips against an
-uninterrupted run, torch DCP as the reference, torn checkpoints refused, crashes survived."""
+uninterrupted run, torch DCP as the reference, torn checkpoints refused, crashes survived; the
+portable format (lab 10's) written, read under another layout, refused when damaged, exported to."""
+import hashlib
 import json
 import math
 import os
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from minidist import checkpoint as ckpt
+from minidist.checkpoint import portable
 from minidist.checkpoint.sampler import ResumableSampler
 from minidist.harness import checkpoint as harness
 from minidist.runtime import LaunchError, launch
@@ -270,3 +273,109 @@ def test_async_saves_give_the_same_checkpoints_as_blocking_ones(tmp_path, zero3_
         want = harness.full_state(os.path.join(zero3_run, step), ("zero", 3))
         got = harness.full_state(os.path.join(root, step), ("zero", 3))
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ----------------------------------------------------------------------------- the portable format (lab 10's)
+
+PORTABLE_STATE = {"emb.weight": (7, 5), "proj.weight": (5, 3), "proj.bias": (5,), "step": (1,)}
+
+
+def _portable_state(dtype=torch.float32) -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {k: torch.randn(shape, generator=g, dtype=torch.float64).to(dtype) for k, shape in PORTABLE_STATE.items()}
+
+
+def _split_piece(t: torch.Tensor, layout: dict, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s piece by torch.tensor_split, the definition the layouts follow."""
+    if layout["kind"] == "replicated" or t.dim() == 0:
+        return t
+    dim = 0 if layout["kind"] == "rows" else t.dim() - 1
+    return torch.tensor_split(t, layout["world"], dim=dim)[rank]
+
+
+@pytest.mark.parametrize("saved,loaded,dtype", [
+    ({"kind": "rows", "world": 4}, {"kind": "cols", "world": 3}, torch.float32),
+    ({"kind": "cols", "world": 3}, {"kind": "replicated", "world": 2}, torch.float64),
+    ({"kind": "replicated", "world": 2}, {"kind": "rows", "world": 3}, torch.bfloat16),
+    ({"kind": "rows", "world": 8}, {"kind": "rows", "world": 2}, torch.float32),       # ranks 5-7 hold no row of 5
+])
+def test_portable_save_writes_each_owners_box_and_loads_under_another_layout(saved, loaded, dtype, tmp_path):
+    from safetensors.torch import load_file
+    state = _portable_state(dtype) | {"scale": torch.tensor(0.5, dtype=dtype)}
+    path = str(tmp_path / "step_1")
+    assert portable.save_portable(state, saved, path) == path
+    assert sorted(os.listdir(tmp_path)) == ["step_1"]                   # the temporary directory renamed
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    for name, t in state.items():
+        entry = meta["tensors"][name]
+        assert entry["shape"] == list(t.shape) and entry["dtype"] == str(dtype).removeprefix("torch.")
+        owners = [0] if saved["kind"] == "replicated" or t.dim() == 0 else range(saved["world"])
+        want = [(r, _split_piece(t, saved, r)) for r in owners if _split_piece(t, saved, r).numel()]
+        assert [s["rank"] for s in entry["shards"]] == [r for r, _ in want], name
+        for s, (r, piece) in zip(entry["shards"], want):
+            assert s["file"] == f"rank{r}.safetensors" and s["lengths"] == list(piece.shape)
+            assert torch.equal(load_file(os.path.join(path, s["file"]))[name], piece), (name, r)
+    assert sorted(meta["files"]) == sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    for f, rec in meta["files"].items():
+        assert rec == {"bytes": os.path.getsize(os.path.join(path, f)),
+                       "sha256": hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()}
+    for r in range(loaded["world"]):
+        got = portable.load_portable(path, loaded, r)
+        assert got.keys() == state.keys()
+        assert all(torch.equal(got[k], _split_piece(state[k], loaded, r)) for k in state), r
+
+
+def test_portable_save_is_atomic_and_never_overwrites(tmp_path, monkeypatch):
+    path, written = str(tmp_path / "step_2"), []
+
+    def disk_fills_up(file, tensors, metadata):            # the second rank's file: the disk is full
+        if written:
+            raise OSError(28, "No space left on device")
+        written.append(file)
+        write_safetensors(file, tensors, metadata)
+    write_safetensors = portable.write_safetensors
+    monkeypatch.setattr(portable, "write_safetensors", disk_fills_up)
+    with pytest.raises(OSError, match="No space"):
+        portable.save_portable(_portable_state(), {"kind": "rows", "world": 2}, path)
+    assert written and os.listdir(tmp_path) == []            # no torn step_2, no temporary left
+    monkeypatch.undo()
+    portable.save_portable(_portable_state(), {"kind": "rows", "world": 2}, path)
+    with pytest.raises(FileExistsError, match="step_2 exists"):
+        portable.save_portable(_portable_state(), {"kind": "rows", "world": 2}, path)
+    with pytest.raises(ValueError, match="a layout is"):
+        portable.save_portable(_portable_state(), {"kind": "diagonal", "world": 2}, str(tmp_path / "x"))
+    with pytest.raises(ValueError, match="world must be an int >= 1"):
+        portable.layout_box((4, 4), {"kind": "rows", "world": 0}, 0)
+
+
+@pytest.mark.parametrize("how,says", [("torn", "metadata.json is missing"), ("garbled", "not valid JSON"),
+                                      ("truncated", "rank1.safetensors has"), ("corrupted", "rank0.safetensors: SHA-256")])
+def test_a_damaged_portable_checkpoint_is_refused(how, says, tmp_path):
+    path = str(tmp_path / "step_3")
+    portable.save_portable(_portable_state(), {"kind": "rows", "world": 2}, path)
+    portable.verify_portable(path)
+    if how == "torn":
+        os.remove(os.path.join(path, "metadata.json"))
+    elif how == "garbled":
+        open(os.path.join(path, "metadata.json"), "w").write('{"tensors": {')
+    elif how == "truncated":
+        f = os.path.join(path, "rank1.safetensors")
+        os.truncate(f, os.path.getsize(f) - 4)
+    else:
+        f = os.path.join(path, "rank0.safetensors")
+        data = bytearray(open(f, "rb").read())
+        data[-2] ^= 0xFF
+        open(f, "wb").write(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match=says):
+        portable.verify_portable(path)
+    with pytest.raises(ckpt.CheckpointError, match=says):
+        portable.load_portable(path, {"kind": "cols", "world": 2}, 1)
+
+
+def test_a_minidist_checkpoint_exports_to_the_portable_format(tmp_path, zero3_run):
+    native = os.path.join(zero3_run, "step_00000004")
+    path = portable.export_portable(native, str(tmp_path / "step_4"), {"kind": "rows", "world": 3})
+    want = harness.full_state(native, ("zero", 3))       # the native checkpoint, loaded into one process's model
+    full = portable.load_portable(path, {"kind": "replicated", "world": 1}, 0)
+    assert want.keys() <= full.keys() and all(torch.equal(full[k], want[k]) for k in want)
+    assert sorted(f for f in os.listdir(path)) == ["metadata.json"] + [f"rank{r}.safetensors" for r in range(3)]

@@ -4,8 +4,8 @@ full marks.
 
 Each bug edits one solution cell of solutions/lab10_checkpointing/lab10_checkpointing.ipynb and names
 the test cells that must lose points; each alternative rewrites one solution cell correctly (format:
-autograder/bugbank/README.md). The three checks are independent: each builds its checkpoints with
-the lab's reference, so a wrong save fails its own test only.
+autograder/bugbank/README.md). The three checks are independent: each starts from checkpoints the
+library writes (minidist.checkpoint.portable), so a wrong save fails its own test only.
 """
 
 SAVE = "test_save_sharded"

@@ -8,7 +8,8 @@
 
 Files, in reading order: ``pieces`` (a shard is a box; flat ZeRO shards are unions of boxes),
 ``layouts`` (which boxes each layout holds), ``save`` (sharded, atomic, async), ``load``
-(verify, intersect, copy), ``sampler`` (a data order that resumes). Surviving a failure:
+(verify, intersect, copy), ``sampler`` (a data order that resumes), ``portable`` (the simple
+format lab 10 teaches: :func:`export_portable` to it, :func:`load_portable` from it). Surviving a failure:
 ``minidist.launch(..., max_restarts=R)`` starts the ranks again and each resumes from
 :func:`latest` (:mod:`minidist.harness.checkpoint` does it). How often to save (Young 1974,
 Daly 2006) and what it costs: :mod:`minidist.cost.checkpoint`.
@@ -17,8 +18,10 @@ from minidist.checkpoint.layouts import (State, dtensors, ensure_optimizer_state
                                          trainer3d)
 from minidist.checkpoint.load import CheckpointError, latest, load, read_metadata, verify
 from minidist.checkpoint.pieces import Piece, flat_pieces, flat_range_boxes, intersect
+from minidist.checkpoint.portable import export_portable, load_portable, save_portable, verify_portable
 from minidist.checkpoint.save import FORMAT, Pending, checkpoint_dir, save
 
 __all__ = ["State", "dtensors", "ensure_optimizer_state", "flat_sharded", "replicated", "rng_state", "trainer3d",
            "CheckpointError", "latest", "load", "read_metadata", "verify", "Piece", "flat_pieces", "flat_range_boxes",
-           "intersect", "FORMAT", "Pending", "checkpoint_dir", "save"]
+           "intersect", "export_portable", "load_portable", "save_portable", "verify_portable", "FORMAT", "Pending",
+           "checkpoint_dir", "save"]

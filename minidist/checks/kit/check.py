@@ -57,9 +57,10 @@ class Check:
     failures and the ✓ line call it (default: ``name``, which must be unique in the lab); ``world``:
     ranks per launch (a number for ``"groups"``, a function of the case for ``"launch"``);
     ``launch``: more keywords for :func:`~minidist.checks.kit.launch.launch_named` (a dict, or a
-    function of the case for ``"launch"``): ``outputs_at_wait``, ``forbidden_hint``, ``timeout_factor``
-    (scales the call's timeout) and, for ``"launch"``, ``reference(case)`` (run on each rank before
-    the answer, outside the refusal; its result reaches the answer as ``reference=``);
+    function of the case for ``"launch"`` and ``"here"``): ``outputs_at_wait``, ``forbidden_hint``,
+    ``timeout_factor`` (scales the call's timeout) and, for ``"launch"`` and ``"here"`` (its only
+    one there), ``reference(case)`` (run before the answer, outside the refusal: on each rank, or in
+    this process; its result reaches the answer as ``reference=``);
     ``stop_at_first_failure``: a ``"groups"`` check stops at the first case that failed anywhere;
     ``prepare()``: run in the calling process before the ranks are launched (what forked ranks should
     inherit rather than each load, lab 5's ``torch._dynamo``); ``default_device``: torch's default

@@ -116,11 +116,15 @@ def _answer_all(check, fn, timeout: float, params: dict, cases: list, refusal, s
 
 
 def _here(record, refusal, check, fn, case):
-    """A ``"here"`` answer, under the device check's default device when there is one (restored after)."""
+    """A ``"here"`` answer, under the device check's default device when there is one (restored after);
+    with the ``reference`` option, ``answer(fn, case, reference=reference(case))``, the reference made
+    before, outside the refusal (what the case starts from, built with the library the refusal refuses)."""
+    options = check.launch(case) if callable(check.launch) else check.launch or {}
+    before = {"reference": options["reference"](case)} if "reference" in options else {}
     if record is None:
-        return graded_call(refusal, check.shown, check.answer, fn, case)
+        return graded_call(refusal, check.shown, check.answer, fn, case, **before)
     with default_device(record.device, record.here):
-        return graded_call(refusal, check.shown, check.answer, fn, case)
+        return graded_call(refusal, check.shown, check.answer, fn, case, **before)
 
 
 def _require(check, params: dict, index: int, case, answer) -> None:

@@ -1,6 +1,6 @@
 """Lab 10's checks (distributed checkpointing: sharded, reshardable, atomic, verified): each graded
-function against the lab's format and reference (:mod:`.reference`), in this process, in a
-temporary directory of its own. A lab test cell is a one-liner::
+function against the lab's format (the library's portable one, :mod:`minidist.checkpoint.portable`),
+in this process, in a temporary directory of its own. A lab test cell is a one-liner::
 
     checks.check_function("save_sharded", save_sharded)
     checks.check_function("save_sharded", save_sharded, hidden=True)
@@ -9,33 +9,41 @@ temporary directory of its own. A lab test cell is a one-liner::
 boxes, bit-exact: the bytes per rank are the formula's), the metadata (shapes, dtypes, offsets,
 sizes, checksums), and a disk that fills up in the middle of the save (no torn directory, the
 error reaches the caller, the previous checkpoint untouched). ``load_resharded`` loads a
-checkpoint the reference saved under one layout into another (fewer ranks, rows to columns,
+checkpoint the library saved under one layout into another (fewer ranks, rows to columns,
 replicated to sharded), bit-exact, and must refuse a checkpoint without its metadata.
 ``latest_checkpoint`` must choose the newest good checkpoint among good, torn, truncated,
 corrupted and garbled ones. ``minidist.checkpoint`` (the library's own) is refused while graded
-code runs. The cases are in ``cases.py``, the code that runs the student's functions in
-``answers.py``, the comparisons in ``verdicts.py`` (docs/AUTHORING.md).
+code runs, and so is :mod:`.checkpoints` (the checkpoints the checks start from, written by the
+library before the student's code runs). The cases are in ``cases.py``, the code that runs the
+student's functions in ``answers.py``, the comparisons in ``verdicts.py`` (docs/AUTHORING.md); the
+helpers the notebook hands out in ``helpers.py``.
 """
 from __future__ import annotations
 
 from minidist.checks.kit.check import Registry
 from minidist.checks.kit.refused_code import Refusal
-from minidist.checks.lab10_checkpointing import answers, cases, verdicts
-from minidist.checks.lab10_checkpointing.reference import box, damage, sha256_of, split_range
+from minidist.checks.lab10_checkpointing import answers, cases, checkpoints, verdicts
+from minidist.checks.lab10_checkpointing.checkpoints import damage
+from minidist.checks.lab10_checkpointing.helpers import box, sha256_of, split_range
 
-#: minidist's checkpointing (and torch's) is refused in graded code; the lab hands out no helper from it.
-REFUSED = Refusal("distributed checkpointing", ("minidist.checkpoint", "torch.distributed.checkpoint"),
-                  checks=__name__)
+#: minidist's checkpointing (and torch's) is refused in graded code, and so are the checkpoints the
+#: checks write with it (:mod:`.checkpoints`); the lab hands out no helper from them.
+REFUSED = Refusal("distributed checkpointing",
+                  ("minidist.checkpoint", "torch.distributed.checkpoint", checkpoints.__name__), checks=__name__)
 CHECKS = Registry(__name__)
 
-_TABLE = {"save_sharded": (cases.save_cases, answers.save_sharded, verdicts.save_sharded, cases.save_covered),
-          "load_resharded": (cases.load_cases, answers.load_resharded, verdicts.load_resharded, cases.load_covered),
+_TABLE = {"save_sharded": (cases.save_cases, answers.save_sharded, verdicts.save_sharded, cases.save_covered,
+                           checkpoints.before_save),
+          "load_resharded": (cases.load_cases, answers.load_resharded, verdicts.load_resharded, cases.load_covered,
+                             checkpoints.before_load),
           "latest_checkpoint": (cases.latest_cases, answers.latest_checkpoint, verdicts.latest_checkpoint,
-                                cases.latest_covered)}
-#: graded name -> its check, in the notebook's order
-FUNCTIONS = {name: CHECKS.check(name, c, a, v, refusal=REFUSED, covered=cov) for name, (c, a, v, cov) in _TABLE.items()}
+                                cases.latest_covered, checkpoints.before_latest)}
+#: graded name -> its check, in the notebook's order; each case's root is built (``reference``) before the
+#: student's code runs, outside the refusal
+FUNCTIONS = {name: CHECKS.check(name, c, a, v, refusal=REFUSED, covered=cov, launch={"reference": root})
+             for name, (c, a, v, cov, root) in _TABLE.items()}
 
-#: box, split_range, sha256_of: the lab's helpers (the reference's); damage: what the demo cells break
+#: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
 __all__ = ["CHECKS", "REFUSED", "box", "check_function", "damage", "sha256_of", "split_range"]
 
 

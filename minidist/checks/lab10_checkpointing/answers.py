@@ -1,21 +1,21 @@
 """Lab 10's answers, the only code of its checks that calls student code: what the student's function
-did on one case, as plain data. Each runs in this process, in a temporary directory of its own:
-``save_sharded`` on a state (one whose k-th tensor cannot be read, in a crash case: the disk filled
-up), then everything it left on disk read back; ``load_resharded`` on a checkpoint the lab's
-reference wrote, for every rank of the new layout; ``latest_checkpoint`` on a root of checkpoints,
-some of them damaged."""
+did on one case, as plain data. Each runs in this process, in the case's temporary root, which
+``reference`` is (built by :mod:`.checkpoints` before the student's code runs, outside the refusal;
+removed here): ``save_sharded`` on a state (one whose k-th tensor cannot be read, in a crash case:
+the disk filled up) next to the previous checkpoint, then everything it left on disk read back;
+``load_resharded`` on a checkpoint the library wrote, for every rank of the new layout;
+``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 
 import torch
 
 from minidist.checks.kit.compare import digest
 from minidist.checks.kit.returned import foreign_part
-from minidist.checks.lab10_checkpointing import reference as ref
+from minidist.checks.lab10_checkpointing.helpers import sha256_of
 from minidist.checks.lab10_checkpointing.cases import state_of
 
 CRASH = "No space left on device (injected: the disk filled up in the middle of the save)"
@@ -55,7 +55,7 @@ def _checkpoint_dir(path: str) -> dict:
     if foreign_part(meta) is not None or not isinstance(meta, dict):
         return out | {"metadata_error": {"type": "format", "message": "metadata.json does not hold a JSON object"}}
     out["metadata"] = meta
-    out["on_disk"] = {f: {"bytes": os.path.getsize(os.path.join(path, f)), "sha256": ref.sha256_of(os.path.join(path, f))}
+    out["on_disk"] = {f: {"bytes": os.path.getsize(os.path.join(path, f)), "sha256": sha256_of(os.path.join(path, f))}
                       for f in out["files"] if os.path.isfile(os.path.join(path, f))}
     read = {}
     from safetensors import safe_open
@@ -74,13 +74,12 @@ def _checkpoint_dir(path: str) -> dict:
     return out | {"read": read}
 
 
-def save_sharded(fn, case) -> dict:
+def save_sharded(fn, case, reference) -> dict:
     state = state_of(case)
     keep = {name: digest(t) for name, t in state.items()}
-    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
+    with reference as root:
         previous, path = os.path.join(root, "step_1"), os.path.join(root, "step_2")
-        ref.write(state_of(dict(case, seed=case["seed"] + 100)), case["layout"], previous)
-        before = {f: ref.sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
+        before = {f: sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
         given = _DiskFull(state, list(state)[case["crash_at"]]) if "crash_at" in case else dict(state)
         out = {"raised": None}
         try:
@@ -88,20 +87,17 @@ def save_sharded(fn, case) -> dict:
         except Exception as err:     # noqa: BLE001  (the crash case must raise; others must not)
             out["raised"] = _error(err)
         out["entries"] = sorted(os.listdir(root))
-        out["previous_intact"] = before == {f: ref.sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
+        out["previous_intact"] = before == {f: sha256_of(os.path.join(previous, f)) for f in os.listdir(previous)}
         if os.path.isdir(path):
             out["saved"] = _checkpoint_dir(path)
     out["given_unchanged"] = all(digest(t) == keep[n] for n, t in state.items())
     return out
 
 
-def load_resharded(fn, case) -> dict:
-    state = state_of(case)
-    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
+def load_resharded(fn, case, reference) -> dict:
+    with reference as root:
         path = os.path.join(root, "step_5")
-        ref.write(state, case["saved"], path)
         if case.get("torn"):
-            ref.damage(path, "torn")
             try:
                 fn(path, dict(case["load"]), 0)
             except Exception as err:      # noqa: BLE001
@@ -117,12 +113,8 @@ def load_resharded(fn, case) -> dict:
     return {"pieces": pieces}
 
 
-def latest_checkpoint(fn, case) -> dict:
-    with tempfile.TemporaryDirectory(prefix="lab10-") as root:
-        for i, (name, how) in enumerate(case["dirs"]):
-            path = os.path.join(root, name)
-            ref.write(state_of(dict(seed=40 + i, shapes={"w": (4, 3), "b": (4,)})), {"kind": "rows", "world": 2}, path)
-            ref.damage(path, how)
+def latest_checkpoint(fn, case, reference) -> dict:
+    with reference as root:
         got = fn(root)
         if got is None:
             return {"returned": None}

@@ -17,10 +17,19 @@ import math
 import torch
 
 from minidist.checks.kit.compare import tensor_error
-from minidist.checks.lab10_checkpointing import reference as ref
+from minidist.checks.lab10_checkpointing.helpers import box
 from minidist.checks.lab10_checkpointing.cases import describe, state_of
 
 EXACT = {torch.float32: 0.0, torch.float64: 0.0}
+
+
+def _owns(layout: dict, rank: int) -> bool:
+    """Whether ``rank`` writes its piece (a replicated tensor: rank 0 only)."""
+    return layout["kind"] != "replicated" or rank == 0
+
+
+def _piece(full: torch.Tensor, offsets, lengths) -> torch.Tensor:
+    return full[tuple(slice(o, o + n) for o, n in zip(offsets, lengths))]
 
 
 def _exact(what, got, want):
@@ -76,8 +85,8 @@ def _check_saved(label, case, saved) -> str | None:
         if list(t.get("shape", [])) != list(full.shape) or t.get("dtype") != str(full.dtype).removeprefix("torch."):
             return (f"{label}: {name} is recorded as {t.get('dtype')} {t.get('shape')}; it is "
                     f"{str(full.dtype).removeprefix('torch.')} {list(full.shape)}")
-        want = {r: ref.box(full.shape, layout, r) for r in range(layout["world"])
-                if ref.owns(layout, r) and all(ref.box(full.shape, layout, r)[1])}
+        want = {r: box(full.shape, layout, r) for r in range(layout["world"])
+                if _owns(layout, r) and all(box(full.shape, layout, r)[1])}
         shards = t.get("shards", [])
         got = {}
         for i, s in enumerate(shards):
@@ -100,7 +109,7 @@ def _check_saved(label, case, saved) -> str | None:
             read = saved["read"].get(f"{name}#{i}", {})
             if "error" in read:
                 return f"{label}: {name} of rank {r}: {read['error']}"
-            if problem := _exact(f"rank {r}'s shard of {name}", read["tensor"], ref.piece(full, *want[r])):
+            if problem := _exact(f"rank {r}'s shard of {name}", read["tensor"], _piece(full, *want[r])):
                 return f"{label}: {problem}"
     return None
 
@@ -122,7 +131,7 @@ def load_resharded(case, answer) -> str | None:
         if sorted(got) != sorted(state):
             return f"{label}: rank {r} got tensors {sorted(got)}; the checkpoint holds {sorted(state)}"
         for name, full in state.items():
-            want = ref.piece(full, *ref.box(full.shape, layout, r))
+            want = _piece(full, *box(full.shape, layout, r))
             if problem := _exact(f"rank {r}'s {name}", got[name], want):
                 return f"{label}: {problem}{_saved_piece(got[name], full, case['saved'], r)}"
     return None
@@ -130,7 +139,7 @@ def load_resharded(case, answer) -> str | None:
 
 def _saved_piece(got, full, saved: dict, r: int) -> str:
     """"; likely cause: ..." when rank r returned its piece of the layout the checkpoint was SAVED in."""
-    old = ref.piece(full, *ref.box(full.shape, saved, r)) if r < saved["world"] else None
+    old = _piece(full, *box(full.shape, saved, r)) if r < saved["world"] else None
     if isinstance(got, torch.Tensor) and old is not None and got.shape == old.shape and torch.equal(got, old):
         return (f"; likely cause: it is rank {r}'s piece of the layout the checkpoint was saved in ({saved['kind']} on "
                 f"{saved['world']} ranks): a load reads the boxes that overlap the NEW layout's piece and copies "

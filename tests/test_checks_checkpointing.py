@@ -1,0 +1,217 @@
+"""Lab 10's checks grade the student's own checkpointing (issue 58). The solution earns every test;
+an answer built on minidist's checkpointing, or on the checkpoints the checks write with it
+(``minidist.checks.lab10_checkpointing.checkpoints``, a thin adapter over the library), earns
+nothing, whether it calls them or pastes the adapter into a notebook cell (code compiled there is
+never refused by its text: the adapter's body calls the library, which is); and nothing in the
+checks defines an exercise or a writer of its own. (The bug bank and the correct alternatives are
+in autograder/bugbank/lab10_checkpointing.py, run by the selftest.)"""
+import ast
+import inspect
+import linecache
+import os
+import re
+
+import nbformat
+import pytest
+
+from autograder.course import grade_id, nbg, strip_solution_markers
+from autograder.notebooks import skip_demos
+from minidist.checks import lab10_checkpointing as lab10
+from minidist.checks.kit.refused_code import resolve
+from minidist.checks.lab10_checkpointing import cases, checkpoints
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.dirname(lab10.__file__)
+REFUSED = "called minidist's own implementation"
+
+#: the checks' writer, as a student would paste it into a cell (its import first)
+PASTED_WRITER = "from minidist.checkpoint import portable\n\n" + inspect.getsource(checkpoints.write)
+
+#: the cheat graded 8/8 when the checks' writer was lab 10's reference (reference.write)
+SAVE_THROUGH_THE_CHECKS = '''
+from minidist.checks.lab10_checkpointing import checkpoints as written
+
+def save_sharded(state, layout, path):
+    tmp = path + ".tmp"
+    written.write(dict(state), layout, tmp)
+    os.rename(tmp, path)
+'''
+SAVE_THROUGH_THE_LIBRARY = '''
+from minidist.checkpoint import portable
+
+def save_sharded(state, layout, path):
+    portable.save_portable(dict(state), layout, path)
+'''
+SAVE_WITH_THE_WRITER_PASTED = PASTED_WRITER + '''
+
+def save_sharded(state, layout, path):
+    tmp = path + ".tmp"
+    write(dict(state), layout, tmp)
+    os.rename(tmp, path)
+'''
+LOAD_THROUGH_THE_LIBRARY = '''
+from minidist.checkpoint import portable
+
+def load_resharded(path, layout, rank):
+    return portable.load_portable(path, layout, rank)
+'''
+#: reads the full tensors itself and has the writer cut them into the new layout's pieces
+RESHARD_BY_WRITING = '''
+def load_resharded(path, layout, rank):
+    meta_path = os.path.join(path, "metadata.json")
+    if not os.path.exists(meta_path):
+        raise ValueError(f"{meta_path} is missing")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    full = {}
+    for name, t in meta["tensors"].items():
+        full[name] = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        for s in t["shards"]:
+            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                full[name][tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        WRITE(full, layout, os.path.join(tmp, "cut"))
+        with safe_open(os.path.join(tmp, "cut", f"rank{rank}.safetensors"), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in full}
+'''
+LOAD_THROUGH_THE_CHECKS = "from minidist.checks.lab10_checkpointing import checkpoints\n" + RESHARD_BY_WRITING.replace(
+    "WRITE(", "checkpoints.write(")
+LOAD_WITH_THE_WRITER_PASTED = PASTED_WRITER + RESHARD_BY_WRITING.replace("WRITE(", "write(")
+LATEST_THROUGH_THE_LIBRARY = '''
+from minidist.checkpoint import CheckpointError, portable
+
+def latest_checkpoint(root):
+    steps = sorted((int(d[5:]), d) for d in os.listdir(root) if re.fullmatch(r"step_[0-9]+", d))
+    for _, d in reversed(steps):
+        try:
+            portable.verify_portable(os.path.join(root, d))
+            return os.path.join(root, d)
+        except CheckpointError:
+            continue
+    return None
+'''
+#: a thin adapter over the library's verifier, pasted as the checks' writer would be
+LATEST_WITH_AN_ADAPTER_PASTED = '''
+from minidist.checkpoint import portable
+
+
+def verify(path):
+    """The portable checkpoint's metadata once its files verify: the library's."""
+    return portable.verify_portable(path)
+
+
+def latest_checkpoint(root):
+    steps = sorted((int(d[5:]), d) for d in os.listdir(root) if re.fullmatch(r"step_[0-9]+", d))
+    for _, d in reversed(steps):
+        try:
+            verify(os.path.join(root, d))
+            return os.path.join(root, d)
+        except ValueError:
+            continue
+    return None
+'''
+CHEATS = [("save_sharded", "through_the_checks", SAVE_THROUGH_THE_CHECKS, "checkpoints.write"),
+          ("save_sharded", "through_the_library", SAVE_THROUGH_THE_LIBRARY, "portable.save_portable"),
+          ("save_sharded", "writer_pasted", SAVE_WITH_THE_WRITER_PASTED, "portable.save_portable"),
+          ("load_resharded", "through_the_library", LOAD_THROUGH_THE_LIBRARY, "portable.load_portable"),
+          ("load_resharded", "through_the_checks", LOAD_THROUGH_THE_CHECKS, "checkpoints.write"),
+          ("load_resharded", "writer_pasted", LOAD_WITH_THE_WRITER_PASTED, "portable.save_portable"),
+          ("latest_checkpoint", "through_the_library", LATEST_THROUGH_THE_LIBRARY, "portable.verify_portable"),
+          ("latest_checkpoint", "adapter_pasted", LATEST_WITH_AN_ADAPTER_PASTED, "portable.verify_portable")]
+
+
+def compile_cell(source: str, filename: str):
+    """``source`` compiled as a notebook kernel does: its lines kept in ``linecache`` under ``filename``."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    return compile(source, filename, "exec")
+
+
+@pytest.fixture(scope="module")
+def notebook():
+    """(the namespace after the setup and solution cells, {test cell id: its source with the hidden tests})."""
+    nb = skip_demos(nbformat.read(os.path.join(ROOT, "solutions", "lab10_checkpointing",
+                                               "lab10_checkpointing.ipynb"), as_version=4))
+    namespace, tests = {"__name__": "__main__"}, {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if nbg(cell).get("grade") and not nbg(cell).get("solution"):
+            tests[grade_id(cell)] = cell.source
+            continue
+        exec(compile_cell(strip_solution_markers(cell.source), f"<solution {grade_id(cell)}>"), namespace)
+    return namespace, tests
+
+
+def test_the_solution_earns_every_test(notebook, capsys):
+    namespace, tests = notebook
+    assert sorted(tests) == sorted(f"test_{name}" for name in cases.GRADED)
+    for test_id, source in tests.items():
+        exec(compile(source, f"<grader {test_id}>", "exec"), dict(namespace))      # visible and hidden cases
+    assert capsys.readouterr().out.count("✓") == 2 * len(cases.GRADED)
+
+
+@pytest.mark.parametrize("name, how, source, target", CHEATS, ids=[f"{c[0]}-{c[1]}" for c in CHEATS])
+def test_an_answer_on_the_library_or_the_checks_writer_earns_nothing(name, how, source, target, notebook):
+    namespace = dict(notebook[0])
+    exec(compile_cell(source, f"<cell {name}-{how}>"), namespace)
+    for hidden in (False, True):
+        with pytest.raises(AssertionError, match=REFUSED) as info:
+            lab10.check_function(name, namespace[name], hidden=hidden)
+        assert target in str(info.value) and "notebook cell" in str(info.value), str(info.value)
+
+
+# ----------------------------------------------------------------------------- what the checks hold
+NAMED_LIKE_A_WRITER = re.compile(r"^_*(save|load|latest|write|read|export|verify)(_|$)")
+
+
+def _library_names(tree: ast.Module) -> set[str]:
+    """The names a module binds to minidist.checkpoint or something inside it."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minidist.checkpoint"):
+            out |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module == "minidist":
+            out |= {a.asname or a.name for a in node.names if a.name == "checkpoint"}
+        elif isinstance(node, ast.Import):
+            out |= {a.asname for a in node.names if a.name.startswith("minidist.checkpoint") and a.asname}
+    return out
+
+
+def _thin_adapter(fn: ast.FunctionDef, library: set[str]) -> bool:
+    """Whether ``fn``'s body (after its docstring) is one call into the library, nothing else."""
+    body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+    if len(body) != 1 or not isinstance(body[0], (ast.Expr, ast.Return)) or not isinstance(body[0].value, ast.Call):
+        return False
+    callee = body[0].value.func
+    while isinstance(callee, ast.Attribute):
+        callee = callee.value
+    return isinstance(callee, ast.Name) and callee.id in library
+
+
+def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_library():
+    files = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".py"))
+    assert "reference.py" not in files and "checkpoints.py" in files
+    roles = {"answers.py": ["fn", "case"], "verdicts.py": ["case", "answer"]}   # they call or judge the student's
+    adapters = []
+    for f in files:
+        source = open(os.path.join(PACKAGE, f)).read()
+        tree = ast.parse(source, f)
+        assert "safetensors.torch" not in source and "write_safetensors" not in source, f"{f} writes files itself"
+        library = _library_names(tree)
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            if fn.name in cases.GRADED and f in roles:
+                assert [a.arg for a in fn.args.args][:2] == roles[f], f"{f}: {fn.name}"
+            elif f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):
+                assert [a.arg for a in fn.args.args] == ["hidden"], f"{f}: {fn.name}"      # a case table
+            elif fn.name in cases.GRADED or NAMED_LIKE_A_WRITER.match(fn.name):
+                assert _thin_adapter(fn, library), f"{f}: {fn.name} is named like an exercise or a writer"
+                adapters.append(f"{f[:-3]}.{fn.name}")
+    assert adapters == ["checkpoints.write"]
+
+
+def test_the_refusal_covers_the_checks_writer():
+    refused_files, _, _, _ = resolve(lab10.REFUSED)
+    assert checkpoints.__file__ in refused_files
+    assert not set(lab10.REFUSED.allow)           # the lab hands out nothing of the library or of its writer
+    assert {lab10.box.__module__, lab10.sha256_of.__module__, lab10.split_range.__module__} == \
+        {"minidist.checks.lab10_checkpointing.helpers"}
