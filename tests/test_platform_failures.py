@@ -112,7 +112,7 @@ def test_the_students_problems_are_still_graded_zero(tmp_path, monkeypatch):
     nb = nbformat.writes(nbformat.read(str(SOLUTIONS / LAB / f"{LAB}.ipynb"), as_version=4)).encode()
     root = lay_out(tmp_path, "gradescope", {"answer.py": b"def add(a, b):\n    return a + b\n"})
     data = gradescope.run(root, LAB)
-    assert data["score"] == 0 and len(data["tests"]) == 2
+    assert data["score"] == 0 and len(data["tests"]) == 4     # each test cell's visible and hidden parts
     assert "no notebook was handed in (found: answer.py)" in data["output"]
     assert json.loads((root / "results" / "results.json").read_text()) == data
     root = lay_out(tmp_path, "prairielearn", {"a.ipynb": nb, "b.ipynb": nb})
