@@ -3,7 +3,7 @@ its losses, dispatch/combine, the MoE layer, the DP × EP mesh and its harness.
 
 Every body runs inside a rank of one 4-rank launch, inputs made on ``minidist.device()``
 while torch's default device is ``meta``. Each runs forward and, where there is one, backward
-(the custom backwards of ``Dispatch`` and ``Combine`` included) and compares with a reference
+(the custom backward of ``AllToAllRows`` included) and compares with a reference
 from plain torch ops computed in the same rank: a per-token loop over every rank's tokens
 (drawn from seeds every rank knows), so each rank knows what its experts must receive.
 """
@@ -98,17 +98,17 @@ def case_tokens_per_expert():
 
 
 # ----------------------------------------------------------------------------- dispatch and combine
-def _dispatch_roundtrip(use_functions: bool):
+def _dispatch_roundtrip(use_exchange: bool):
     """Every rank's token t goes to experts (t + rank) % E and (t + rank + 1) % E; experts double
     the rows; combine with weights w must give 2·(w0 + w1)·x, gradients 2·(w0 + w1)."""
     rank, n = rank_n()
     x = randn(T, H, seed=10 + rank).requires_grad_()
     idx = torch.stack([(torch.arange(T, device=dev()) + rank + j) % E for j in range(2)], 1)
     w = randn(T, 2, seed=20 + rank).abs().requires_grad_()
-    if use_functions:                     # the autograd.Functions themselves, around a dispatch's plan
+    if use_exchange:                      # the exchange itself, out and back, around a dispatch's plan
         _, plan = ep.ep_dispatch(x.detach(), idx, E)
-        rows = ep.Dispatch.apply(x[plan.token_index], plan, None)
-        back = ep.Combine.apply(rows * 2, plan, None)
+        rows = ep.all_to_all_rows(x[plan.token_index], plan.send_splits, plan.recv_splits)
+        back = ep.AllToAllRows.apply(rows * 2, plan.recv_splits, plan.send_splits, None)
         y = torch.zeros(T, H, dtype=x.dtype, device=dev()).index_add(0, plan.token_index, back)
         want_factor = torch.full((T, 1), 4.0, dtype=x.dtype, device=dev())
     else:
@@ -121,7 +121,7 @@ def _dispatch_roundtrip(use_functions: bool):
                                                for j in range(2))
     y.sum().backward()
     close(x.grad, want_factor.expand(T, H))
-    if not use_functions:
+    if not use_exchange:
         close(w.grad, 2 * x.detach().sum(1, keepdim=True).expand(T, 2), what="weights' gradient")
 
 
@@ -133,12 +133,31 @@ def case_ep_combine():
     _dispatch_roundtrip(False)
 
 
-def case_Dispatch():
+def case_all_to_all_rows():
     _dispatch_roundtrip(True)
 
 
-def case_Combine():
+def case_AllToAllRows():
     _dispatch_roundtrip(True)
+
+
+def case_within_capacity():
+    got = ep.within_capacity(torch.tensor([0, 1, 0, 0, 2, 1], device=dev()), 3, 2)
+    assert got.device == dev() and got.tolist() == [True, True, True, False, True, True]
+
+
+def case_simulate_dispatch():
+    """Every rank's dispatch simulated in one process equals what this rank's ep_dispatch gets."""
+    rank, n = rank_n()
+    xs = [randn(T + s, H, seed=40 + s) for s in range(n)]
+    idxs = [torch.stack([(torch.arange(T + s, device=dev()) * (s + 1) + j) % E for j in range(2)], 1)
+            for s in range(n)]
+    masks = [torch.arange(2 * (T + s), device=dev()).reshape(T + s, 2) % 3 != 0 for s in range(n)]
+    sim = ep.simulate_dispatch(idxs, E, masks)[rank]
+    rows, plan = ep.ep_dispatch(xs[rank], idxs[rank], E, masks[rank])
+    assert sim.source.device == sim.pair.device == sim.plan.order.device == dev()
+    assert torch.equal(sim.plan.pairs, plan.pairs) and torch.equal(sim.plan.recv_counts, plan.recv_counts)
+    close(torch.stack([xs[s][p // 2] for s, p in zip(sim.source.tolist(), sim.pair.tolist())]), rows)
 
 
 # ----------------------------------------------------------------------------- layer
@@ -299,7 +318,9 @@ CASES = {f"minidist.{name}": Case(WORLD, body) for name, body in {
     "expert_parallel.top_k_router": case_top_k_router, "expert_parallel.load_balancing_loss": case_load_balancing_loss,
     "expert_parallel.router_z_loss": case_router_z_loss, "expert_parallel.tokens_per_expert": case_tokens_per_expert,
     "expert_parallel.ep_dispatch": case_ep_dispatch, "expert_parallel.ep_combine": case_ep_combine,
-    "expert_parallel.Dispatch": case_Dispatch, "expert_parallel.Combine": case_Combine,
+    "expert_parallel.all_to_all_rows": case_all_to_all_rows, "expert_parallel.AllToAllRows": case_AllToAllRows,
+    "expert_parallel.within_capacity": case_within_capacity,
+    "expert_parallel.simulate_dispatch": case_simulate_dispatch,
     "expert_parallel.moe_layer": case_moe_layer, "expert_parallel.run_experts": case_run_experts,
     "expert_parallel.make_experts": case_make_experts, "expert_parallel.make_router_weight": case_make_router_weight,
     "expert_parallel.MoELayer": case_MoELayer, "expert_parallel.ExpertMLP": case_ExpertMLP,
@@ -318,6 +339,7 @@ _PURE = "pure arithmetic on ints (no tensor, no process group)"
 EXEMPT = {
     "minidist.expert_parallel.Routing": "a named tuple of the router's tensors (made by top_k_router, covered)",
     "minidist.expert_parallel.DispatchPlan": "a dataclass of ep_dispatch's index tensors (made there, covered)",
+    "minidist.expert_parallel.SimulatedDispatch": "a named tuple of simulate_dispatch's tensors (made there, covered)",
     "minidist.expert_parallel.expert_capacity": _PURE,
     "minidist.expert_parallel.check_moe_sizes": "validation of sizes: ints only",
     "minidist.expert_parallel.expert_owner": _PURE,

@@ -1,17 +1,25 @@
-"""Lab 9's checks refuse minidist's own expert parallelism, stand the lab's reference in for the
-notebook's other functions, and reject a bug on the property that shows it. (The bug bank and the
-correct alternatives are in autograder/bugbank/lab9_expert_parallel.py, run by the selftest.) The
+"""Lab 9's checks refuse minidist's own expert parallelism, stand thin adapters over the library in
+for the notebook's other functions, and reject a bug on the property that shows it. (The bug bank and
+the correct alternatives are in autograder/bugbank/lab9_expert_parallel.py, run by the selftest.) The
 placeholders below stand for the notebook's other functions, which the checks replace inside the
-ranks."""
+ranks. An adapter given, or pasted into a notebook cell, as the answer for the function it stands in
+for earns nothing; the checks' package holds no other function named like one of the lab's."""
+import ast
+import inspect
+from pathlib import Path
+
 import pytest
 import torch
 
 from minidist.checks import lab9_expert_parallel as lab9
+from minidist.checks.lab9_expert_parallel import stand_ins
+
+ROOT = Path(__file__).resolve().parents[1]
 
 REFUSED = "called minidist's own implementation"
 
 
-def top_k_router(logits, k, capacity_factor=None):          # stood in by the lab's reference
+def top_k_router(logits, k, capacity_factor=None):          # stood in by an adapter over the library
     raise NotImplementedError
 
 
@@ -55,7 +63,7 @@ def router_without_renormalising(logits, k, capacity_factor=None):
     return idx, top, torch.ones_like(idx, dtype=torch.bool)
 
 
-def test_lab9_refuses_the_library_and_stands_in_the_reference():
+def test_lab9_refuses_the_library_and_stands_it_in_for_the_other_functions():
     with pytest.raises(AssertionError, match=REFUSED) as info:
         lab9.check_function("top_k_router", router_from_library)
     assert "minidist.expert_parallel" in str(info.value)
@@ -63,7 +71,7 @@ def test_lab9_refuses_the_library_and_stands_in_the_reference():
         lab9.check_function("moe_layer", moe_from_library)
     with pytest.raises(AssertionError, match="weights differs from the reference"):
         lab9.check_function("top_k_router", router_without_renormalising)
-    # a layer written on the notebook's unfinished functions passes: the reference stands in inside the ranks
+    # a layer written on the notebook's unfinished functions passes: the adapters stand in inside the ranks
     lab9.check_function("moe_layer", moe_on_the_notebooks_functions)
 
 
@@ -83,3 +91,88 @@ def test_lab9_compares_with_the_kits_one_comparison():
         lab9.check_function("top_k_router", router_with_an_integer_keep)
     with pytest.raises(AssertionError, match="the caller's logits changed during the call"):
         lab9.check_function("top_k_router", router_scribbling_on_the_callers_logits)
+
+
+# ------------------------------------------------------------------ the stand-ins are no answers
+ADAPTED = ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine")
+
+
+def _pasted() -> dict:
+    """stand_ins.py compiled as a notebook cell, imports and all: what a student who pasted it has."""
+    source = Path(stand_ins.__file__).read_text()
+    cell: dict = {}
+    exec(compile(source, "<cell 7>", "exec"), cell)
+    return cell
+
+
+@pytest.mark.parametrize("name", ADAPTED)
+def test_a_stand_in_given_or_pasted_as_its_own_answer_earns_nothing(name):
+    called, pasted = stand_ins.STAND_INS[name][0], _pasted()[name]
+    assert called.__name__ == pasted.__name__ == name and called is not pasted
+    for answer in (called, pasted):
+        with pytest.raises(AssertionError, match=REFUSED) as info:
+            lab9.check_function(name, answer)
+        assert "minidist.expert_parallel" in str(info.value)
+
+
+def dispatch_on_the_librarys_exchange(tokens, expert_indices, num_experts, group=None):
+    """The solution's dispatch with minidist's exchange of rows: dispatch's own cell, refused in its test."""
+    import torch.distributed as dist
+    from minidist.expert_parallel import all_to_all_rows
+    e = dist.get_world_size(group)
+    k, flat = expert_indices.size(1), expert_indices.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    order = order[flat[order] >= 0]
+    send_counts = torch.bincount(flat[order], minlength=num_experts)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)
+    recv_counts = recv_counts.view(e, num_experts // e)
+    rows = all_to_all_rows(tokens[order // k], send_counts.view(e, -1).sum(1).tolist(), recv_counts.sum(1).tolist(),
+                           group)
+    return rows, lab9.Route(order, send_counts, recv_counts)
+
+
+def test_each_test_allows_only_the_library_code_of_the_stand_ins_its_function_calls():
+    assert lab9.refusal("ep_dispatch").allow == lab9.refusal("top_k_router").allow == ()
+    assert set(lab9.refusal("ep_combine").allow) == {"minidist.expert_parallel.exchange.all_to_all_rows",
+                                                     "minidist.expert_parallel.exchange.AllToAllRows"}
+    for name in stand_ins.CALLS:           # never the graded function's own library code
+        assert not [a for a in lab9.refusal(name).allow if a.endswith("." + name)], name
+    assert not [a for a in lab9.refusal("moe_layer").allow if ".layer." in a]
+    with pytest.raises(AssertionError, match=REFUSED + ": minidist.expert_parallel.exchange"):
+        lab9.check_function("ep_dispatch", dispatch_on_the_librarys_exchange)
+
+
+def _exercise_names() -> set:
+    """Every function and class the solution notebook's answer cells define (the lab's exercises)."""
+    from autograder.course import nbg, read_nb, strip_solution_markers
+    nb = read_nb(ROOT / "solutions/lab9_expert_parallel/lab9_expert_parallel.ipynb")
+    names = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code" and nbg(cell).get("solution"):
+            tree = ast.parse(strip_solution_markers(cell.source))
+            names |= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return names
+
+
+def test_the_checks_define_no_exercise_but_thin_adapters_over_the_library():
+    exercises = _exercise_names()
+    assert {"top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine", "moe_layer",
+            "AllToAllRows", "all_to_all_rows"} <= exercises
+    package = Path(lab9.__file__).parent
+    assert not (package / "reference.py").exists()
+    found = {}
+    for path in sorted(package.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        library = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and (node.module or "").startswith("minidist.expert_parallel") for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in exercises:
+                calls = [c for c in ast.walk(node) if isinstance(c, ast.Call)]
+                into_library = [c for c in calls if isinstance(c.func, ast.Attribute)
+                                and isinstance(c.func.value, ast.Name) and c.func.value.id in library]
+                thin = isinstance(node, ast.FunctionDef) and len(node.body) <= 2 and into_library
+                assert thin, f"{path.name} defines {node.name}, named like the lab's exercise, and it is no thin adapter"
+                found[node.name] = path.name
+    assert found == {name: "stand_ins.py" for name in ADAPTED}, found
+    assert inspect.getmodule(stand_ins.STAND_INS["AllToAllRows"][0]).__name__ == "minidist.expert_parallel.exchange"

@@ -14,8 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "minidist" / "checks"
 LABS = sorted(p.name for p in CHECKS.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name != "kit")
 FILES = {"__init__.py", "cases.py", "answers.py", "verdicts.py"}
-OPTIONAL = {"demo.py", "reference.py", "hidden.py",     # hidden.py: the grader's hidden cases (kit/withheld.py)
-            "helpers.py", "checkpoints.py"}             # lab 10's: what it hands out, what its cases start from
+# hidden.py: the grader's hidden cases (kit/withheld.py); stand_ins.py: thin adapters over the library that stand
+# in for the functions a test does not grade; route.py: lab 9's Route, the type its notebook's dispatch returns;
+# helpers.py, checkpoints.py: lab 10's, what it hands out and what its cases start from
+OPTIONAL = {"demo.py", "reference.py", "hidden.py", "stand_ins.py", "route.py", "helpers.py", "checkpoints.py"}
 
 
 def _tree(path: Path) -> ast.Module:

@@ -10,6 +10,8 @@ runs the EP version on its block, and returns numbers; the tests assert on them:
   gradients equal one process, fp64 within 1e-12 and fp32 within 1e-5, for e = 1, 2, 4,
   k = 1, 2, dropless and with capacity factor 0.5 (tokens dropped);
 * experts that receive no token on any rank (a router that sends everything to expert 0);
+* the whole group's dispatch simulated in one process (``simulate_dispatch``) equals every rank's
+  ``ep_dispatch``: plan and rows, uneven token counts and dropped choices;
 * traced all-to-all payloads equal ``cost.ep_collectives`` exactly (rows counted from the
   reference's routing of every rank's block), and for balanced routing ``cost.ep_layer_collectives``;
 * a DP × EP training step (dp × ep = 4 × 1, 2 × 2, 1 × 4) equals one process's parameters
@@ -30,9 +32,10 @@ import minidist
 from conftest import attempt
 from minidist import cost
 from minidist.checks.kit.groups import consecutive_groups
-from minidist.expert_parallel import (ep_combine, ep_dispatch, ep_dp_groups, expert_capacity, load_balancing_loss,
-                                      local_expert_range, make_experts, make_router_weight, moe_layer, moe_reference,
-                                      router_z_loss, tokens_per_expert, top_k_router)
+from minidist.expert_parallel import (all_to_all_rows, ep_combine, ep_dispatch, ep_dp_groups, expert_capacity,
+                                      load_balancing_loss, local_expert_range, make_experts, make_router_weight,
+                                      moe_layer, moe_reference, router_z_loss, simulate_dispatch, tokens_per_expert,
+                                      top_k_router)
 from minidist.harness.expert_parallel import MoECase, expected_traffic, max_param_error, reference_train, train_dp_ep
 from minidist.runtime.device import visible_gpus
 from minidist.trace import trace
@@ -104,6 +107,26 @@ def _balanced_case(group, k, cf):
             "tokens_per_expert": plan.tokens_per_expert}
 
 
+def _simulated_case(group, k=2):
+    """This rank's ep_dispatch next to the whole group's dispatch simulated in one process: group rank
+    s holds T + s tokens, random choices, a third of them dropped (all of group rank 1's)."""
+    r, n = dist.get_rank(group), dist.get_world_size(group)
+    xs, idxs, masks = [], [], []
+    for s in range(n):
+        g = torch.Generator().manual_seed(50 + s)
+        xs.append(torch.randn(T + s, H, generator=g, dtype=torch.float64))
+        idxs.append(torch.rand(T + s, E, generator=g).argsort(-1)[:, :k])
+        masks.append((torch.rand(T + s, k, generator=g) > 0.35) & (s != 1))
+    sim = simulate_dispatch(idxs, E, masks)[r]
+    rows, plan = ep_dispatch(xs[r], idxs[r], E, masks[r], group=group)
+    want = torch.stack([xs[s][p // k] for s, p in zip(sim.source.tolist(), sim.pair.tolist())]) if len(sim.pair) \
+        else xs[r][:0]
+    same = {f: torch.equal(getattr(plan, f), getattr(sim.plan, f)) for f in ("pairs", "send_counts", "recv_counts",
+                                                                             "order", "by_source", "token_index")}
+    return {"same": same, "rows": torch.equal(rows, want), "splits": plan.recv_splits == sim.plan.recv_splits,
+            "received": len(sim.pair), "sent_by_rank_1": len(sim.plan.pairs) if r == 1 else None}
+
+
 def _errors(group):
     n = dist.get_world_size(group)
     x = torch.zeros(T, H)
@@ -121,6 +144,9 @@ def _errors(group):
         "wrong local expert count": lambda: moe_layer(x, w, make_experts(H, F, range(E // n + 1), device="cpu"), 1,
                                                       group=group),
         "expert id out of range": lambda: ep_dispatch(x, idx + E, E, group=group),
+        "splits that do not add up to the rows": lambda: all_to_all_rows(x, [T + 1] + [0] * (n - 1), [T] * n,
+                                                                           group=group),
+        "splits for another group size": lambda: all_to_all_rows(x, [T, 0] * n, [T, 0] * n, group=group),
     }
     if n > 1:
         cases["E not divisible by e"] = lambda: moe_layer(x, torch.zeros(n + 1, H), experts, 1, group=group)
@@ -142,6 +168,7 @@ def _rank():
         for k, cf in ((1, None), (2, None), (2, 0.5)):
             out[("balanced", e, k, cf)] = _balanced_case(group, k, cf)
         out[("errors", e)] = _errors(group)
+        out[("simulated", e)] = _simulated_case(group)
     for ep, cf in STEP_CASES:
         case = MoECase(capacity_factor=cf)
         ours = train_dp_ep(case, ep)
@@ -199,6 +226,14 @@ def test_experts_with_no_token(e):
         assert max(got[w] for w in ("out", "dx", "drouter", "experts")) <= 1e-12
         assert got["zero_grads"], f"rank {rank}: an expert with no token has a non-zero gradient"
         assert got["received"] == (e * T if rank % e == 0 else 0)
+
+
+@pytest.mark.parametrize("e", [1, 2, 4])
+def test_the_group_simulated_in_one_process_equals_every_ranks_dispatch(e):
+    for rank, res in enumerate(results()):
+        got = res[("simulated", e)]
+        assert all(got["same"].values()) and got["rows"] and got["splits"], (rank, e, got)
+        assert got["received"] > 0 and got["sent_by_rank_1"] in (0, None), (rank, e, got)
 
 
 @pytest.mark.parametrize("e", [1, 2, 4])

@@ -5,9 +5,9 @@ Each bug edits one solution cell of solutions/lab9_expert_parallel/lab9_expert_p
 and names the test cells that must lose points; each alternative rewrites one solution cell
 correctly (format: autograder/bugbank/README.md).
 
-While one function is graded, the checks stand the lab's reference in for the notebook's other
-functions (minidist.checks.lab9_expert_parallel), so a wrong dispatch fails its own test only, not
-the combine's or the layer's. Some bugs give the right numbers on balanced loads and fail only on
+While one function is graded, the checks stand thin adapters over minidist.expert_parallel in for
+the notebook's functions it calls (minidist.checks.lab9_expert_parallel.stand_ins), so a wrong
+dispatch fails its own test only, not the combine's or the layer's. Some bugs give the right numbers on balanced loads and fail only on
 the uneven ones (experts owned round-robin, received rows left in source order); some only with
 capacity (a token's second choice served before another's first).
 """

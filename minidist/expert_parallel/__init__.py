@@ -11,11 +11,15 @@ E/e experts per rank; every token travels to the ranks of its k experts and back
 Read in this order, each file top to bottom:
 
 * ``router``: :func:`top_k_router` → :class:`Routing` (indices, weights, mask, probs,
-  capacity); capacity C = ceil(cf·T·k/E), GShard's priority order; ``capacity_factor=None`` is dropless;
+  capacity); capacity C = ceil(cf·T·k/E), GShard's priority order (:func:`within_capacity`);
+  ``capacity_factor=None`` is dropless;
 * ``losses``: :func:`load_balancing_loss` (E·Σ f_i P_i), :func:`router_z_loss`;
+* ``exchange``: :func:`all_to_all_rows` (``AllToAllRows``), rows to the group's ranks in uneven
+  splits, differentiable: backward is the same exchange with the splits swapped;
 * ``dispatch``: :func:`ep_dispatch` / :func:`ep_combine`: counts exchanged first, then one
-  uneven ``all_to_all_single`` each way; ``Dispatch`` / ``Combine`` autograd.Functions, the
-  backward of each the other's exchange;
+  uneven exchange of rows each way, regrouped by local expert (:class:`DispatchPlan`);
+* ``simulate``: :func:`simulate_dispatch`, a whole group's dispatch in one process (every
+  rank's plan, and the source and pair of every row received);
 * ``reference``: :func:`moe_reference`, the plain single-process layer (the ground truth);
 * ``layer``: :func:`moe_layer` (functional) and :class:`MoELayer` (a rank's share; returns y, aux loss);
 * ``parallel``: the (dp, ep) mesh: :func:`ep_dp_groups`, :func:`new_ep_dp_groups`,
@@ -33,18 +37,20 @@ sends nothing; tensors follow the inputs' device. Bad sizes are a ValueError bef
 collective. Costs: :mod:`minidist.cost.expert_parallel`; the DP × EP training step:
 :mod:`minidist.harness.expert_parallel`.
 """
-from minidist.expert_parallel.dispatch import Combine, Dispatch, DispatchPlan, ep_combine, ep_dispatch, expert_owner
+from minidist.expert_parallel.dispatch import DispatchPlan, ep_combine, ep_dispatch, expert_owner
+from minidist.expert_parallel.exchange import AllToAllRows, all_to_all_rows
 from minidist.expert_parallel.layer import (ExpertMLP, MoELayer, local_expert_range, make_experts, make_router_weight,
                                             moe_layer, run_experts)
 from minidist.expert_parallel.losses import load_balancing_loss, router_z_loss, tokens_per_expert
 from minidist.expert_parallel.parallel import (dense_parameters, ep_dp_groups, expert_parameters, new_ep_dp_groups,
                                                sync_moe_gradients)
 from minidist.expert_parallel.reference import moe_reference
-from minidist.expert_parallel.router import Routing, check_moe_sizes, expert_capacity, top_k_router
+from minidist.expert_parallel.router import Routing, check_moe_sizes, expert_capacity, top_k_router, within_capacity
+from minidist.expert_parallel.simulate import SimulatedDispatch, simulate_dispatch
 
-__all__ = ["Routing", "top_k_router", "expert_capacity", "check_moe_sizes",
-           "load_balancing_loss", "router_z_loss", "tokens_per_expert",
-           "DispatchPlan", "Dispatch", "Combine", "ep_dispatch", "ep_combine", "expert_owner",
+__all__ = ["Routing", "top_k_router", "expert_capacity", "check_moe_sizes", "within_capacity",
+           "load_balancing_loss", "router_z_loss", "tokens_per_expert", "AllToAllRows", "all_to_all_rows",
+           "DispatchPlan", "ep_dispatch", "ep_combine", "expert_owner", "SimulatedDispatch", "simulate_dispatch",
            "moe_reference", "ExpertMLP", "make_experts", "make_router_weight", "run_experts", "moe_layer", "MoELayer",
            "local_expert_range", "ep_dp_groups", "new_ep_dp_groups", "expert_parameters", "dense_parameters",
            "sync_moe_gradients"]

@@ -19,10 +19,11 @@ experts r·L .. r·L + L − 1 (contiguous blocks). On every rank, for its T loc
 
 Combine is the exact inverse (undo the regrouping, the all-to-all with the splits swapped)
 followed by the weighted sum y_t = Σ_{kept j} w_{t,j} · expert_{i_{t,j}}(x_t), in the
-tokens' original order. The gradient of a permutation of rows across ranks is the inverse
-permutation, so ``Dispatch.backward`` is combine's exchange and ``Combine.backward`` is
-dispatch's: both are ``autograd.Function`` s. The routing weights get their gradient
-through the weighted sum (a plain differentiable op).
+tokens' original order. Both are built on :func:`~minidist.expert_parallel.exchange.all_to_all_rows`,
+whose backward is the same exchange with the splits swapped; the regrouping is plain
+indexing (the gradient of a permutation is the inverse permutation), so dispatch's backward
+is combine's exchange and combine's is dispatch's. The routing weights get their gradient
+through the weighted sum.
 
 Traffic per rank (as ``minidist.trace`` records payloads, an all-to-all its whole input):
 dispatch forward 8·E bytes of counts + A_r·h·b, combine forward R_r·h·b, and the same
@@ -32,30 +33,54 @@ Every tensor made here is on the tokens' device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from minidist.collectives.p2p import group_info
+from minidist.expert_parallel.exchange import all_to_all_rows
 from minidist.expert_parallel.router import check_moe_sizes
 
-__all__ = ["DispatchPlan", "Dispatch", "Combine", "ep_dispatch", "ep_combine", "expert_owner"]
+__all__ = ["DispatchPlan", "ep_dispatch", "ep_combine", "expert_owner"]
 
 COUNT_DTYPE = torch.int64
 
 
 @dataclass
 class DispatchPlan:
-    """What combine (and both backwards) need to undo a dispatch."""
-    token_index: torch.Tensor       # (A,) the local token of each row sent, in send order
-    choice: torch.Tensor            # (A,) which of its k choices (column of the routing tensors)
-    send_splits: list[int]          # rows sent to each group rank (sums to A)
-    recv_splits: list[int]          # rows received from each group rank (sums to R)
-    order: torch.Tensor             # (R,) received row (source order) behind each expert-grouped row
-    tokens_per_expert: list[int]    # rows each local expert got (sums to R)
+    """What combine (and both backwards) need to undo a dispatch: the pairs this rank sent and the
+    counts both ways; the rest follows from them."""
+    pairs: torch.Tensor             # (A,) the kept (token, choice) pairs sent, numbered token·k + choice, in send order
+    k: int                          # choices per token
+    send_counts: torch.Tensor       # (E,) int64: rows sent to each expert of the group
+    recv_counts: torch.Tensor       # (e, E/e) int64: rows received from each group rank for each local expert
     num_tokens: int                 # T, the local tokens
-    num_experts: int                # E, over the whole group
+    token_index: torch.Tensor = field(init=False)    # (A,) the local token of each row sent, in send order
+    choice: torch.Tensor = field(init=False)         # (A,) which of its k choices (column of the routing tensors)
+    send_splits: list[int] = field(init=False)       # rows sent to each group rank (sums to A)
+    recv_splits: list[int] = field(init=False)       # rows received from each group rank (sums to R)
+    order: torch.Tensor = field(init=False)          # (R,) received row (source order) behind each expert-grouped row
+    by_source: torch.Tensor = field(init=False)      # (R,) the inverse: expert-grouped row of each received row
+    tokens_per_expert: list[int] = field(init=False)  # rows each local expert got (sums to R)
+    num_experts: int = field(init=False)             # E, over the whole group
+
+    def __post_init__(self):
+        if self.recv_counts.dim() != 2 or self.send_counts.numel() != self.recv_counts.numel():
+            raise ValueError(f"recv_counts must be (group ranks, local experts) with as many counts as send_counts "
+                             f"{tuple(self.send_counts.shape)}, got {tuple(self.recv_counts.shape)}")
+        e, local = self.recv_counts.shape
+        self.num_experts = self.send_counts.numel()
+        self.token_index, self.choice = self.pairs // self.k, self.pairs % self.k
+        self.send_splits = self.send_counts.reshape(e, local).sum(dim=1).tolist()
+        self.recv_splits = self.recv_counts.sum(dim=1).tolist()
+        self.tokens_per_expert = self.recv_counts.sum(dim=0).tolist()
+        # rows arrive source by source, each source's in expert order: a stable sort by local expert regroups them
+        device = self.recv_counts.device
+        expert_of_row = torch.arange(local, device=device).repeat(e).repeat_interleave(self.recv_counts.reshape(-1))
+        self.order = torch.sort(expert_of_row, stable=True).indices
+        self.by_source = torch.empty_like(self.order)
+        self.by_source[self.order] = torch.arange(len(self.order), device=device)
 
 
 def expert_owner(expert: int, num_experts: int, ep_size: int) -> int:
@@ -64,68 +89,26 @@ def expert_owner(expert: int, num_experts: int, ep_size: int) -> int:
     return expert // (num_experts // ep_size)
 
 
-def _exchange(rows: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
-    """One uneven all-to-all of rows: send[i] rows to group rank i, recv[i] rows from it."""
-    out = torch.empty((sum(recv),) + tuple(rows.shape[1:]), dtype=rows.dtype, device=rows.device)
-    dist.all_to_all_single(out, rows.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
-    return out
-
-
-def _to_experts(rows: torch.Tensor, plan: DispatchPlan, group) -> torch.Tensor:
-    """Send-ordered rows here → expert-grouped rows on the experts' ranks."""
-    if len(plan.send_splits) > 1:
-        rows = _exchange(rows, plan.send_splits, plan.recv_splits, group)
-    return rows[plan.order]
-
-
-def _to_sources(rows: torch.Tensor, plan: DispatchPlan, group) -> torch.Tensor:
-    """Expert-grouped rows → back to the ranks they came from, in their send order."""
-    back = torch.empty_like(rows)
-    back[plan.order] = rows
-    if len(plan.send_splits) > 1:
-        back = _exchange(back, plan.recv_splits, plan.send_splits, group)
-    return back
-
-
-class Dispatch(torch.autograd.Function):
-    """Forward: rows to their experts' ranks. Backward: the gradients home (combine's exchange)."""
-
-    @staticmethod
-    def forward(ctx, rows, plan, group):
-        ctx.plan, ctx.group = plan, group
-        return _to_experts(rows, plan, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _to_sources(grad, ctx.plan, ctx.group), None, None
-
-
-class Combine(torch.autograd.Function):
-    """Forward: experts' outputs home. Backward: their gradients to the experts (dispatch's exchange)."""
-
-    @staticmethod
-    def forward(ctx, rows, plan, group):
-        ctx.plan, ctx.group = plan, group
-        return _to_sources(rows, plan, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _to_experts(grad, ctx.plan, ctx.group), None, None
-
-
-def _check_inputs(tokens, expert_indices, num_experts, mask, ep_size) -> None:
+def check_indices(expert_indices, num_experts: int, mask=None, ep_size: int = 1, tokens: int | None = None) -> None:
+    """ValueError unless ``expert_indices`` is (tokens, k) of experts in 0..E−1 (and ``mask`` matches it)."""
     check_moe_sizes(num_experts, 1, None, ep_size)
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
-        raise ValueError(f"tokens must be a (tokens, hidden) tensor, got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
     if (not isinstance(expert_indices, torch.Tensor) or expert_indices.dim() != 2
-            or expert_indices.shape[0] != tokens.shape[0]):
-        raise ValueError(f"expert_indices must be (tokens={tokens.shape[0]}, k), got "
+            or (tokens is not None and expert_indices.shape[0] != tokens)):
+        raise ValueError(f"expert_indices must be (tokens{'' if tokens is None else f'={tokens}'}, k), got "
                          f"{tuple(getattr(expert_indices, 'shape', ()))}")
     if mask is not None and tuple(mask.shape) != tuple(expert_indices.shape):
         raise ValueError(f"mask must match expert_indices {tuple(expert_indices.shape)}, got {tuple(mask.shape)}")
     if expert_indices.numel() and not 0 <= int(expert_indices.min()) <= int(expert_indices.max()) < num_experts:
         raise ValueError(f"expert_indices must lie in 0..{num_experts - 1}")
+
+
+def sorted_pairs(expert_indices: torch.Tensor, num_experts: int, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the kept (token, choice) pairs in send order, (E,) rows per expert): pairs numbered
+    token·k + choice, sorted by expert (stable: token order inside an expert). Step 1 of a dispatch."""
+    kept = torch.ones_like(expert_indices, dtype=torch.bool) if mask is None else mask.to(torch.bool)
+    pairs = kept.reshape(-1).nonzero().squeeze(1)                  # flat (token, choice) index t·k + j
+    experts, by_expert = torch.sort(expert_indices.reshape(-1)[pairs], stable=True)
+    return pairs[by_expert], torch.bincount(experts, minlength=num_experts).to(COUNT_DTYPE)
 
 
 def ep_dispatch(tokens: torch.Tensor, expert_indices: torch.Tensor, num_experts: int,
@@ -136,28 +119,21 @@ def ep_dispatch(tokens: torch.Tensor, expert_indices: torch.Tensor, num_experts:
     this rank's experts must process, grouped by local expert (``plan.tokens_per_expert``
     rows each, in expert order), and the plan :func:`ep_combine` needs. Differentiable."""
     _, e = group_info(group)
-    _check_inputs(tokens, expert_indices, num_experts, mask, e)
-    local, k = num_experts // e, expert_indices.shape[1]
-    kept = torch.ones_like(expert_indices, dtype=torch.bool) if mask is None else mask.to(torch.bool)
-    pairs = kept.reshape(-1).nonzero().squeeze(1)                  # flat (token, choice) index t·k + j
-    experts = expert_indices.reshape(-1)[pairs]
-    experts, by_expert = torch.sort(experts, stable=True)
-    pairs = pairs[by_expert]
-    counts = torch.bincount(experts, minlength=num_experts).to(COUNT_DTYPE)   # (E,), rows per expert
+    check_moe_sizes(num_experts, 1, None, e)
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        raise ValueError(f"tokens must be a (tokens, hidden) tensor, got "
+                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__}")
+    check_indices(expert_indices, num_experts, mask, e, tokens.shape[0])
+    pairs, counts = sorted_pairs(expert_indices, num_experts, mask)
     if e > 1:                                                      # counts first: equal splits of L each
         received = torch.empty_like(counts)
         dist.all_to_all_single(received, counts, group=group)
     else:
         received = counts
-    received = received.reshape(e, local)                          # [source, local expert]
-    send_splits = counts.reshape(e, local).sum(dim=1).tolist()
-    recv_splits = received.sum(dim=1).tolist()
-    expert_of_row = torch.arange(local, device=tokens.device).repeat(e).repeat_interleave(received.reshape(-1))
-    order = torch.sort(expert_of_row, stable=True).indices
-    plan = DispatchPlan(token_index=pairs // k, choice=pairs % k, send_splits=send_splits, recv_splits=recv_splits,
-                        order=order, tokens_per_expert=received.sum(dim=0).tolist(), num_tokens=tokens.shape[0],
-                        num_experts=num_experts)
-    return Dispatch.apply(tokens[plan.token_index], plan, group), plan
+    plan = DispatchPlan(pairs, expert_indices.shape[1], counts, received.reshape(e, num_experts // e),
+                        tokens.shape[0])
+    rows = all_to_all_rows(tokens[plan.token_index], plan.send_splits, plan.recv_splits, group)
+    return rows[plan.order], plan
 
 
 def ep_combine(expert_outputs: torch.Tensor, weights: torch.Tensor, plan: DispatchPlan, group=None) -> torch.Tensor:
@@ -172,9 +148,9 @@ def ep_combine(expert_outputs: torch.Tensor, weights: torch.Tensor, plan: Dispat
     if expert_outputs.dim() != 2 or expert_outputs.shape[0] != sum(plan.tokens_per_expert):
         raise ValueError(f"expert_outputs must be ({sum(plan.tokens_per_expert)}, hidden) as dispatched, "
                          f"got {tuple(expert_outputs.shape)}")
-    if weights.dim() != 2 or weights.shape[0] != plan.num_tokens:
-        raise ValueError(f"weights must be (tokens={plan.num_tokens}, k), got {tuple(weights.shape)}")
-    rows = Combine.apply(expert_outputs, plan, group)
+    if tuple(weights.shape) != (plan.num_tokens, plan.k):
+        raise ValueError(f"weights must be (tokens={plan.num_tokens}, k={plan.k}), got {tuple(weights.shape)}")
+    rows = all_to_all_rows(expert_outputs[plan.by_source], plan.recv_splits, plan.send_splits, group)
     w = weights[plan.token_index, plan.choice].to(rows.dtype).unsqueeze(1)
     out = torch.zeros(plan.num_tokens, rows.shape[1], dtype=rows.dtype, device=rows.device)
     return out.index_add(0, plan.token_index, rows * w)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "top_k_router", "expert_capacity", "check_moe_sizes"]
+__all__ = ["Routing", "top_k_router", "expert_capacity", "check_moe_sizes", "within_capacity"]
 
 
 class Routing(NamedTuple):
@@ -74,9 +74,14 @@ def top_k_router(logits: torch.Tensor, k: int, capacity_factor: float | None = N
     if capacity is None:
         mask = torch.ones(tokens, k, dtype=torch.bool, device=logits.device)
     else:
-        # priority order: choice 0 of every token, then choice 1, ...; position = earlier pairs at the same expert
-        order = indices.t().reshape(-1)                                         # (k·T,), choice-major
-        one_hot = torch.nn.functional.one_hot(order, num_experts)
-        position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1
-        mask = (position < capacity).reshape(k, tokens).t()
+        # priority order: choice 0 of every token, then choice 1, ...
+        mask = within_capacity(indices.t().reshape(-1), num_experts, capacity).reshape(k, tokens).t()
     return Routing(indices, weights, mask, probs, capacity)
+
+
+def within_capacity(queue: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+    """For expert choices served in ``queue``'s order (1-D), whether each is among the first
+    ``capacity`` choices of its expert (its position: the earlier choices of the same expert)."""
+    one_hot = torch.nn.functional.one_hot(queue, num_experts)
+    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1
+    return position < capacity

@@ -18,9 +18,13 @@ parameters) with one process within ``cases.TOL``, checks that the caller's tens
 and for t > 1 that the traced all-to-alls (kind, bytes) equal :mod:`minidist.cost.expert_parallel`:
 the counts first, then the rows. Loads are uneven on purpose: group rank s holds ``5 + s`` tokens,
 and hidden cases send every token to one rank, starve an expert, or drop every choice of a rank.
-The lab's other functions are stood in for by the lab's reference inside the ranks
-(``reference.py``); ``minidist.expert_parallel`` is refused while graded code runs. The cases are
-in ``cases.py``, the code that runs the student's functions in ``answers.py``, the comparisons in
+The expected values come from :mod:`minidist.expert_parallel` (its router and loss, its
+one-process dispatch of a whole group, ``simulate_dispatch``, and ``moe_reference``), computed
+before the ranks are launched (``cases.prepare``). Inside the ranks the notebook's functions a graded one calls are stood in for by thin
+adapters over the library (``stand_ins.py``); ``minidist.expert_parallel`` is refused while graded
+code runs, except, in each test, the library code of the stand-ins that test needs (never its own
+function's). ``Route`` (``route.py``) is the type ``ep_dispatch`` returns. The cases are in
+``cases.py``, the code that runs the student's functions in ``answers.py``, the comparisons in
 ``verdicts.py``, the demo cells' measurement in ``demo.py`` (docs/AUTHORING.md).
 """
 from __future__ import annotations
@@ -31,26 +35,34 @@ from minidist.checks.kit.check import Registry
 from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
-from minidist.checks.lab9_expert_parallel import answers, cases, verdicts
+from minidist.checks.lab9_expert_parallel import answers, cases, stand_ins, verdicts
 from minidist.checks.lab9_expert_parallel.cases import make_experts
 from minidist.checks.lab9_expert_parallel.demo import measure
-from minidist.checks.lab9_expert_parallel.reference import Route
+from minidist.checks.lab9_expert_parallel.route import Route
 
 #: minidist's expert parallelism is refused in graded code; the lab hands out no helper from it.
 REFUSED = Refusal("expert parallelism", ("minidist.expert_parallel",), checks=__name__)
 CHECKS = Registry(__name__)
 
+
+def refusal(name: str) -> Refusal:
+    """What ``name``'s test refuses: minidist.expert_parallel, but the library code of the stand-ins it calls."""
+    return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + stand_ins.allowed(name), REFUSED.checks)
+
+
 _HERE = {"top_k_router": (cases.router_cases, answers.router, verdicts.router, cases.router_covered),
-         "load_balancing_loss": (cases.loss_cases, answers.load_balancing_loss, verdicts.load_balancing_loss,
-                                 cases.loss_covered)}
-_ON_RANKS = {"ep_dispatch": (partial(cases.exchange_cases, "ep_dispatch"), answers.ep_dispatch, verdicts.ep_dispatch),
-             "ep_combine": (partial(cases.exchange_cases, "ep_combine"), answers.ep_combine, verdicts.ep_combine),
-             "moe_layer": (cases.moe_cases, answers.moe_layer, verdicts.moe_layer)}
+         "load_balancing_loss": (cases.loss_cases, answers.loss, verdicts.loss, cases.loss_covered)}
+# the cases' expected values are computed here, before the launch: the library is refused in the ranks
+_ON_RANKS = {"ep_dispatch": (cases.prepare(partial(cases.exchange_cases, "ep_dispatch"), cases.group_dispatch),
+                             answers.dispatch, verdicts.dispatch),
+             "ep_combine": (cases.prepare(partial(cases.exchange_cases, "ep_combine"), cases.group_dispatch),
+                            answers.combine, verdicts.combine),
+             "moe_layer": (cases.prepare(cases.moe_cases, verdicts.moe_expected), answers.layer, verdicts.layer)}
 _CHECKS = {
-    **{name: CHECKS.check(name, case_list, answer, verdict, refusal=REFUSED, covered=covered)
+    **{name: CHECKS.check(name, case_list, answer, verdict, refusal=refusal(name), covered=covered)
        for name, (case_list, answer, verdict, covered) in _HERE.items()},
-    **{name: CHECKS.check(name, case_list, answer, verdict, where="groups", world=cases.WORLD, refusal=REFUSED,
-                          stand_ins=partial(cases.stand_ins, name), covered=partial(cases.on_ranks_covered, name))
+    **{name: CHECKS.check(name, case_list, answer, verdict, where="groups", world=cases.WORLD, refusal=refusal(name),
+                          stand_ins=partial(stand_ins.stand_ins, name), covered=partial(cases.on_ranks_covered, name))
        for name, (case_list, answer, verdict) in _ON_RANKS.items()}}
 #: graded name -> its check, in the notebook's order
 FUNCTIONS = {name: _CHECKS[name] for name in cases.GRADED}

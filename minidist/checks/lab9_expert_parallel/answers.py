@@ -17,11 +17,11 @@ from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.raises import attempt
 from minidist.checks.kit.returned import foreign_part
 from minidist.checks.kit.run import RankCase, every_rank_passed, first
-from minidist.checks.lab9_expert_parallel import reference as ref
 from minidist.checks.lab9_expert_parallel import verdicts
 from minidist.checks.lab9_expert_parallel.cases import (AUX, combine_inputs, dispatch_inputs, dispatch_raise,
                                                         dispatch_upstream, loss_inputs, make_experts, moe_inputs,
                                                         moe_upstream, router_logits, router_upstream)
+from minidist.checks.lab9_expert_parallel.route import Route, route_of
 from minidist.trace import trace
 
 
@@ -57,7 +57,7 @@ def router(fn, case) -> dict:
     return {"result": _detached(result), "given": digest(given), "grad": grad}
 
 
-def load_balancing_loss(fn, case) -> dict:
+def loss(fn, case) -> dict:
     probs, idx = loss_inputs(case)
     if case.get("raises"):
         return outcome(lambda: fn(probs, idx, case["E"] + 1))
@@ -79,9 +79,9 @@ def _forward_passed(verdict, case, on, answer) -> bool:
     return every_rank_passed(mine, on.group)
 
 
-def ep_dispatch(fn, case, on) -> dict:
+def dispatch(fn, case, on) -> dict:
     r, t, group = on
-    toks, picks, p = dispatch_inputs(case, t)
+    toks, picks, sim = dispatch_inputs(case, t)
     if case.get("raises"):
         return attempt(fn, (on_rank(toks[r]), on_rank(dispatch_raise(case, r, t)[0]), case["E"], group))
     x = on_rank(toks[r], grad=True)
@@ -90,31 +90,31 @@ def ep_dispatch(fn, case, on) -> dict:
         result = fn(given, idx, case["E"], group)
     ok = isinstance(result, (tuple, list)) and len(result) == 2
     answer = {"rows": result[0] if ok else None, "shape": ok, "idx": digest(idx), "given": digest(given),
-              "forward": traffic(tf), "route": {f: getattr(result[1], f, None) for f in ref.Route._fields} if ok else None}
-    if not _forward_passed(verdicts.ep_dispatch, case, on, answer):
+              "forward": traffic(tf), "route": {f: getattr(result[1], f, None) for f in Route._fields} if ok else None}
+    if not _forward_passed(verdicts.dispatch, case, on, answer):
         return answer
     with trace() as tb:
-        (result[0] * on_rank(dispatch_upstream(case, p, t)[r])).sum().backward()
+        (result[0] * on_rank(dispatch_upstream(case, sim, t)[r])).sum().backward()
     return {**answer, "grad": x.grad, "backward": traffic(tb)}
 
 
-def ep_combine(fn, case, on) -> dict:
+def combine(fn, case, on) -> dict:
     r, t, group = on
-    p, outs, ws, ups = combine_inputs(case, t)
+    sim, outs, ws, ups = combine_inputs(case, t)
     eo, w = on_rank(outs[r], grad=True), on_rank(ws[r], grad=True)
-    route = ref.Route(*(on_rank(x) for x in p.routes[r]))
+    route = Route(*(on_rank(x) for x in route_of(sim[r].plan)))
     given = (eo * 1, w * 1)
     with trace() as tf:
         y = fn(*given, route, group)
     answer = {"y": y, "given": [digest(g) for g in given], "forward": traffic(tf)}
-    if not _forward_passed(verdicts.ep_combine, case, on, answer):
+    if not _forward_passed(verdicts.combine, case, on, answer):
         return answer
     with trace() as tb:
         (y * on_rank(ups[r])).sum().backward()
     return {**answer, "grads": (eo.grad, w.grad), "backward": traffic(tb)}
 
 
-def moe_layer(fn, case, on) -> dict:
+def layer(fn, case, on) -> dict:
     r, t, group = on
     num_experts, k, dtype, cf = case["E"], case["k"], case["dtype"], case.get("capacity")
     w, xs = moe_inputs(case, t)
@@ -132,7 +132,7 @@ def moe_layer(fn, case, on) -> dict:
     ok = isinstance(result, (tuple, list)) and len(result) == 2
     answer = {"shape": ok, "y": result[0] if ok else None, "aux": result[1] if ok else None,
               "given": [digest(g) for g in given], "forward": traffic(tf)}
-    if not _forward_passed(verdicts.moe_layer, case, on, answer):
+    if not _forward_passed(verdicts.layer, case, on, answer):
         return answer
     with trace() as tb:
         ((result[0] * on_rank(moe_upstream(case, t)[r])).sum() + AUX * result[1]).backward()

@@ -1,20 +1,29 @@
 """Lab 9's cases: the visible case tables (the hidden ones are the grader's, in ``hidden.py``), the
 tokens, expert choices, experts and gradients every case draws from its seeds (so one process
-rebuilds any rank's case), the stand-ins for the notebook's other functions, and what a passing
-test's ✓ line says it covered.
+rebuilds any rank's case), and what a passing test's ✓ line says it covered.
 
 Group rank s holds ``N + s`` tokens (uneven on purpose); hidden cases send every token to one
 rank, starve an expert, or drop every choice of a rank. Routes and rows of a whole group come from
-:func:`minidist.checks.lab9_expert_parallel.reference.plan`.
+the library's one-process dispatch, :func:`minidist.expert_parallel.simulate_dispatch`.
+
+Expected values are computed once per (case, t), before the ranks are launched (:func:`once`,
+:func:`prepare`): the verdicts compare with :mod:`minidist.expert_parallel`, and a rank judges its
+answers as it goes (``kit/run.py``), under the refusal of that same library. So each value is computed
+where the library is allowed: in the process that launches the ranks (the forked ranks inherit it),
+or in the grader's judge, which runs no student code. Each caller gets its own copy, so no caller can
+change what the next one compares with.
 """
 from __future__ import annotations
+
+import copy
+import functools
 
 import torch
 
 import minidist
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.withheld import hidden_cases
-from minidist.checks.lab9_expert_parallel import reference as ref
+from minidist.expert_parallel import simulate_dispatch
 
 WORLD, HID, FFN, N = 4, 6, 8, 5          # ranks, token size, expert hidden size, tokens on group rank 0
 AUX = 0.5                                # weight of the load-balancing loss in the moe_layer checks' loss
@@ -23,17 +32,31 @@ CPU = torch.device("cpu")
 TOL = 1e-5                               # relative, in fp32 and fp64 alike: every value against one process
 GRADED = ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine", "moe_layer")
 
-#: the notebook's functions stood in for by the reference inside the ranks, except the graded one's own cell
-STAND_INS = {"top_k_router": ref.top_k_router, "load_balancing_loss": ref.load_balancing_loss,
-             "ep_dispatch": ref.ep_dispatch, "all_to_all_rows": ref.all_to_all_rows,
-             "AllToAllRows": ref.AllToAllRows, "ep_combine": ref.ep_combine}
-OWN_CELL = {"ep_dispatch": ("ep_dispatch", "all_to_all_rows", "AllToAllRows")}
+_EXPECTED: dict = {}
 
 
-def stand_ins(name: str, params: dict) -> dict:
-    """The stand-ins of a check of ``name``: every other function of the notebook."""
-    own = OWN_CELL.get(name, (name,))
-    return {other: stand_in for other, stand_in in STAND_INS.items() if other not in own}
+def once(fn):
+    """``fn(case, t)``, an expected value: computed the first time it is asked for, then copied."""
+    @functools.wraps(fn)
+    def cached(case: dict, t: int):
+        key = (fn.__module__, fn.__qualname__, tuple(sorted(case.items())), t)
+        if key not in _EXPECTED:
+            _EXPECTED[key] = fn(case, t)
+        return copy.deepcopy(_EXPECTED[key])
+    return cached
+
+
+def prepare(case_list, *values):
+    """``case_list(hidden)``, with each of the expected ``values`` (functions made by :func:`once`)
+    computed in this process for every case that runs (bad input computes nothing)."""
+    def prepared(hidden: bool) -> list[dict]:
+        cases = case_list(hidden)
+        for case in cases:
+            if not case.get("raises"):
+                for value in values:
+                    value(case, case["t"])
+        return cases
+    return prepared
 
 
 # ----------------------------------------------------------------------------- the case tables
@@ -167,18 +190,25 @@ def loss_inputs(case: dict):
     return probs, probs.topk(case["k"], dim=-1).indices
 
 
+@once
+def group_dispatch(case: dict, t: int) -> list:
+    """The whole group's dispatch of the case's choices (−1: dropped), in one process: per group rank,
+    its plan and the source rank and pair of every row its experts receive (``SimulatedDispatch``)."""
+    picks = [choices(case, s, t) for s in range(t)]
+    return simulate_dispatch([p.clamp(min=0) for p in picks], case["E"], [p >= 0 for p in picks])
+
+
 def dispatch_inputs(case: dict, t: int):
-    """(every group rank's tokens, their expert indices, the group's plan); no plan for bad input."""
+    """(every group rank's tokens, their expert indices, the group's dispatch); none for bad input."""
     toks = [seeded((tokens_of(s), HID), 10 + s, case["dtype"]) for s in range(t)]
     if case.get("raises"):
         return toks, None, None
-    picks = [choices(case, s, t) for s in range(t)]
-    return toks, picks, ref.plan(picks, case["E"])
+    return toks, [choices(case, s, t) for s in range(t)], group_dispatch(case, t)
 
 
-def dispatch_upstream(case: dict, p, t: int) -> list:
+def dispatch_upstream(case: dict, group: list, t: int) -> list:
     """Per group rank, the gradient the check sends back through the rows its experts received."""
-    return [seeded((len(p.src[d]), HID), 20 + d, case["dtype"]) for d in range(t)]
+    return [seeded((len(group[d].source), HID), 20 + d, case["dtype"]) for d in range(t)]
 
 
 def dispatch_raise(case: dict, r: int, t: int):
@@ -190,14 +220,13 @@ def dispatch_raise(case: dict, r: int, t: int):
 
 
 def combine_inputs(case: dict, t: int):
-    """(the group's plan, expert outputs, weights and upstream gradients per group rank)."""
-    num_experts, k, dtype = case["E"], case["k"], case["dtype"]
-    picks = [choices(case, s, t) for s in range(t)]
-    p = ref.plan(picks, num_experts)
-    outs = [seeded((len(p.src[d]), HID), 30 + d, dtype).requires_grad_() for d in range(t)]
+    """(the group's dispatch, expert outputs, weights and upstream gradients per group rank)."""
+    k, dtype = case["k"], case["dtype"]
+    group = group_dispatch(case, t)
+    outs = [seeded((len(group[d].source), HID), 30 + d, dtype).requires_grad_() for d in range(t)]
     ws = [seeded((tokens_of(s), k), 40 + s, dtype).abs().requires_grad_() for s in range(t)]
     ups = [seeded((tokens_of(s), HID), 50 + s, dtype) for s in range(t)]
-    return p, outs, ws, ups
+    return group, outs, ws, ups
 
 
 def moe_inputs(case: dict, t: int):
