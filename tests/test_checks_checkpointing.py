@@ -191,7 +191,6 @@ def _thin_adapter(fn: ast.FunctionDef, library: set[str]) -> bool:
 def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_library():
     files = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".py"))
     assert "reference.py" not in files and "checkpoints.py" in files
-    roles = {"answers.py": ["fn", "case"], "verdicts.py": ["case", "answer"]}   # they call or judge the student's
     adapters = []
     for f in files:
         source = open(os.path.join(PACKAGE, f)).read()
@@ -199,9 +198,7 @@ def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_
         assert "safetensors.torch" not in source and "write_safetensors" not in source, f"{f} writes files itself"
         library = _library_names(tree)
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-            if fn.name in cases.GRADED and f in roles:
-                assert [a.arg for a in fn.args.args][:2] == roles[f], f"{f}: {fn.name}"
-            elif f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):
+            if f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):
                 assert [a.arg for a in fn.args.args] == ["hidden"], f"{f}: {fn.name}"      # a case table
             elif fn.name in cases.GRADED or NAMED_LIKE_A_WRITER.match(fn.name):
                 assert _thin_adapter(fn, library), f"{f}: {fn.name} is named like an exercise or a writer"

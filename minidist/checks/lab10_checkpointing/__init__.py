@@ -32,11 +32,11 @@ REFUSED = Refusal("distributed checkpointing",
                   ("minidist.checkpoint", "torch.distributed.checkpoint", checkpoints.__name__), checks=__name__)
 CHECKS = Registry(__name__)
 
-_TABLE = {"save_sharded": (cases.save_cases, answers.save_sharded, verdicts.save_sharded, cases.save_covered,
+_TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, cases.save_covered,
                            checkpoints.before_save),
-          "load_resharded": (cases.load_cases, answers.load_resharded, verdicts.load_resharded, cases.load_covered,
+          "load_resharded": (cases.load_cases, answers.loaded, verdicts.loaded, cases.load_covered,
                              checkpoints.before_load),
-          "latest_checkpoint": (cases.latest_cases, answers.latest_checkpoint, verdicts.latest_checkpoint,
+          "latest_checkpoint": (cases.latest_cases, answers.chosen, verdicts.chosen,
                                 cases.latest_covered, checkpoints.before_latest)}
 #: graded name -> its check, in the notebook's order; each case's root is built (``reference``) before the
 #: student's code runs, outside the refusal

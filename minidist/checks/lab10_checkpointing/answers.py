@@ -74,7 +74,7 @@ def _checkpoint_dir(path: str) -> dict:
     return out | {"read": read}
 
 
-def save_sharded(fn, case, reference) -> dict:
+def saved(fn, case, reference) -> dict:
     state = state_of(case)
     keep = {name: digest(t) for name, t in state.items()}
     with reference as root:
@@ -94,7 +94,7 @@ def save_sharded(fn, case, reference) -> dict:
     return out
 
 
-def load_resharded(fn, case, reference) -> dict:
+def loaded(fn, case, reference) -> dict:
     with reference as root:
         path = os.path.join(root, "step_5")
         if case.get("torn"):
@@ -113,7 +113,7 @@ def load_resharded(fn, case, reference) -> dict:
     return {"pieces": pieces}
 
 
-def latest_checkpoint(fn, case, reference) -> dict:
+def chosen(fn, case, reference) -> dict:
     with reference as root:
         got = fn(root)
         if got is None:

@@ -36,7 +36,7 @@ def _exact(what, got, want):
     return tensor_error(what, got, want, tol=EXACT, against="the saved tensor")
 
 
-def save_sharded(case, answer) -> str | None:
+def saved(case, answer) -> str | None:
     label = f"save_sharded ({describe(case)})"
     if not answer.get("given_unchanged", True):
         return f"{label}: changed the state it was given (a save must leave the training state as it is)"
@@ -114,7 +114,7 @@ def _check_saved(label, case, saved) -> str | None:
     return None
 
 
-def load_resharded(case, answer) -> str | None:
+def loaded(case, answer) -> str | None:
     label = f"load_resharded ({describe(case)})"
     if case.get("torn"):
         raised = answer["raised"]
@@ -147,7 +147,7 @@ def _saved_piece(got, full, saved: dict, r: int) -> str:
     return ""
 
 
-def latest_checkpoint(case, answer) -> str | None:
+def chosen(case, answer) -> str | None:
     label = f"latest_checkpoint ({describe(case)})"
     if "returned_type" in answer:
         return f"{label}: returned a {answer['returned_type']}; return the checkpoint's path (a str) or None"

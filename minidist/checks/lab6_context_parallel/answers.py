@@ -39,7 +39,7 @@ class FirstCompute(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def all_to_all(fn, case, on) -> dict:
+def exchange(fn, case, on) -> dict:
     """This rank's chunk along the gather dim (a non-leaf) through the all-to-all, forward and backward."""
     sd, gd, r, t = case["scatter"], case["gather"], on.r, on.t
     _, full, up = a2a_inputs(case, t)
@@ -137,5 +137,5 @@ def merge(fn, case) -> dict:
 
 
 #: per distributed graded function: answer(fn, case, on)
-ANSWER = {"all_to_all": all_to_all, "ulysses_attention": ulysses, "ring_attention_forward": ring,
+ANSWER = {"all_to_all": exchange, "ulysses_attention": ulysses, "ring_attention_forward": ring,
           "zigzag_shard": zigzag}

@@ -139,7 +139,7 @@ def overlap(r, times) -> str | None:
 
 
 # ----------------------------------------------------------------------------- one verdict per function
-def all_to_all(item, answer) -> list:
+def exchange(item, answer) -> list:
     case, _, r, t = item
     sd, gd = case["scatter"], case["gather"]
     shape, full, up = a2a_inputs(case, t)
@@ -235,5 +235,5 @@ def merge(case, answer) -> str | None:
 
 
 #: per distributed graded function: verdict(RankCase, answer)
-VERDICT = {"all_to_all": all_to_all, "ulysses_attention": ulysses, "ring_attention_forward": ring,
+VERDICT = {"all_to_all": exchange, "ulysses_attention": ulysses, "ring_attention_forward": ring,
            "zigzag_shard": zigzag}
