@@ -93,8 +93,10 @@ def open_batch(labs: list[str], work: Path, out: Path, *, jobs: int = 1, confirm
     threading.Thread(target=warm_forkserver, daemon=True).start()
     info = prepare_batch(work, confirm, sandbox, out, kernel)
     if info["sandbox"] is None:
-        print(f"autograder: {info['sandbox_text']}: kernels run with the grading user's access "
-              f"(see autograder/README.md, security)", file=stream)
+        who = ("as each job's own unprivileged uid, in the machine's namespaces" if info["drop"] and os.geteuid() == 0
+               else "with the grading user's access")
+        print(f"autograder: {info['sandbox_text']}: kernels run {who} (see docs/INTEGRITY.md, Not guarded)",
+              file=stream)
     dates = merged_due_dates(labs, due)
     template = build_course(labs, work / "template") if labs else None
     dues = set_due_dates(template, {l: d for l, d in dates.items() if l in labs and d}) if template else {}

@@ -2,7 +2,7 @@
 (--jobs 2) with honest submissions of the fixture lab (tests/fixtures/course). Every cheat
 gains nothing, the batch always finishes, and every honest submission gets its exact score.
 
-One cheat per class of autograder/README.md's security section: checks replaced in the
+One cheat per class of the security model (docs/INTEGRITY.md): checks replaced in the
 kernel, torch's comparisons replaced, a module swapped in sys.modules, a check's ``__code__``
 rewritten (with gc), the patches moved into a solution cell (they run in the confirmation too),
 a library answer, code outside the solution cells, a fake minidist handed in next to the
@@ -214,7 +214,7 @@ def test_instructor_flags(batch):
 
 def test_the_answer_key_and_the_grader_are_out_of_reach(batch):
     if batch["meta"]["sandbox"].startswith("none"):
-        pytest.skip("no sandbox on this machine: the answer key is readable (README, security)")
+        pytest.skip("no sandbox on this machine: the answer key is readable (docs/INTEGRITY.md, Not guarded)")
     from autograder import REPO
     from autograder.course import hidden_test_lines, read_nb
     # the answer keys within reach of a kernel without a sandbox: this course's and the repository's

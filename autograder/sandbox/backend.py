@@ -17,7 +17,6 @@ from pathlib import Path
 INIT = Path(__file__).resolve().with_name("init.py")
 ROOT_MOUNTPOINT = "/tmp/minidist-sandbox-root"      # each sandbox mounts its own tmpfs here, privately
 SYSTEM_RO = ["/usr", "/bin", "/lib", "/lib32", "/lib64", "/libx32", "/sbin", "/etc", "/sys"]
-NOT_SANDBOXED = "no sandbox: kernels ran with the grading user's full access (see autograder/README.md)"
 DROP = Path(__file__).resolve().with_name("drop.py")
 INNER_ID = 1000                                     # the submission's uid/gid inside (init.INNER_ID)
 UID_BASE, UID_SPAN = 1_900_000_000, 100_000_000     # a root grader's jobs run as uids from this range
