@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "minidist" / "checks"
 LABS = sorted(p.name for p in CHECKS.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name != "kit")
 FILES = {"__init__.py", "cases.py", "answers.py", "verdicts.py"}
-OPTIONAL = {"demo.py", "reference.py", "hidden.py"}     # hidden.py: the grader's hidden cases (kit/withheld.py)
+OPTIONAL = {"demo.py", "reference.py", "hidden.py",      # hidden.py: the grader's hidden cases (kit/withheld.py)
+            "given.py", "library_stand_ins.py"}            # lab 3: the notebook's given classes, the library's stand-ins
 
 
 def _tree(path: Path) -> ast.Module:

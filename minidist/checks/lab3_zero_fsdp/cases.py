@@ -13,8 +13,9 @@ import torch
 from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 
-#: Each stage's checks grade the student's functions that stage adds; the lab's reference stands in
-#: for the others (reference.py), so a wrong function costs the points of the tests that grade it.
+#: Each stage's checks grade the student's functions that stage adds; the lab's reference, minidist's own
+#: ZeRO through thin adapters (library_stand_ins.py), stands in for the others, so a wrong function costs
+#: the points of the tests that grade it.
 GRADED = {1: ("sharded_step",), 2: ("reduce_scatter_gradients",), 3: ("gather_parameters", "free_parameters")}
 STAND_INS = {stage: tuple(name for name in ("reduce_scatter_gradients", "sharded_step", "gather_parameters",
                                             "free_parameters") if name not in graded)
