@@ -13,6 +13,7 @@ from conftest import ROOT
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks.kit.refusal import StudentAssertion
+from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
 from minidist.checks.lab3_zero_fsdp import given as lab3_given
 from minidist.checks.lab3_zero_fsdp import library_stand_ins as lab3_stand_ins
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
@@ -223,6 +224,49 @@ def test_the_reference_zero_is_the_notebooks_given_classes():
     given = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]).strip() for c in cells}
     assert inspect.getsource(lab3_given.ShardedUnit).strip() == given["given_ShardedUnit"]
     assert inspect.getsource(lab3_given.Zero).strip() == given["given_Zero"]
+
+
+def _functions_the_given_zero_calls(stages) -> dict:
+    """Inside a rank: for each stage, the names of the lab's four functions the given Zero calls in one
+    training step (a TinyMLP with a layer its forward never uses, full_parameters() included)."""
+    from minidist.models import TinyMLP, local_slice, mlp_batch
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for stage in stages:
+        called = set()
+        originals = dict(lab3_stand_ins.BY_NAME)
+
+        def recorded(name, fn):
+            def call(*args):
+                called.add(name)
+                return fn(*args)
+            return call
+        for name, fn in originals.items():
+            setattr(lab3_given, name, recorded(name, fn))
+        try:
+            zero = lab3_given.Zero(TinyMLP(unused=True), stage)
+            x, y = mlp_batch(0, 8)
+            torch.nn.functional.mse_loss(zero(local_slice(x, rank, world)), local_slice(y, rank, world)).backward()
+            zero.finish_backward()
+            zero.step()
+            zero.zero_grad()
+            zero.full_parameters()
+        finally:
+            for name, fn in originals.items():
+                setattr(lab3_given, name, fn)
+        out[stage] = sorted(called)
+    return out
+
+
+def test_each_stage_stands_in_only_for_the_functions_the_given_zero_calls_there():
+    """A stand-in is allowed in graded code where it stands in: the stages' CALLED lists are what the given
+    Zero really calls, so no stage allows one it never needs (ZeRO-3's sharded_step would all-gather for
+    gather_parameters)."""
+    import minidist
+    assert all(set(lab3_cases.GRADED[s]) <= set(lab3_cases.CALLED[s]) for s in lab3_cases.GRADED)
+    per_rank = minidist.launch(_functions_the_given_zero_calls, 2, list(lab3_cases.GRADED), timeout=60)
+    for got in per_rank:
+        assert got == {stage: sorted(lab3_cases.CALLED[stage]) for stage in lab3_cases.GRADED}, got
 
 
 UNAVERAGED_REDUCE_SCATTER = """

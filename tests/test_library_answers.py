@@ -145,6 +145,26 @@ def test_lab3_a_stand_in_handed_in_as_the_answer_earns_nothing(name, how):
         _refused(test, what=where)
 
 
+GATHER_THROUGH_THE_STEPS_STAND_IN = """
+from minidist.checks.lab3_zero_fsdp.library_stand_ins import sharded_step as library_step
+
+class NoStep:
+    def step(self):
+        pass
+
+def gather_parameters(unit):
+    unit.flat.untyped_storage().resize_(unit.nbytes)
+    library_step([unit], NoStep())          # the library's all-gather, through another function's stand-in
+"""
+
+
+def test_lab3_a_stand_in_the_stage_does_not_use_is_refused_too():
+    """ZeRO-3 never calls sharded_step: its stand-in is refused there, so a gather_parameters cannot borrow
+    its all-gather."""
+    notebook = _lab3_notebook(GATHER_THROUGH_THE_STEPS_STAND_IN)
+    _refused(lab3.check_zero, notebook["Zero"], stage=3, what="library_stand_ins.sharded_step")
+
+
 def test_lab3_the_solution_passes_with_the_stand_ins_allowed():
     """With library answers refused, each stage grades the solution's functions while the library's
     stand-ins (allowed there, and only there) replace the others."""

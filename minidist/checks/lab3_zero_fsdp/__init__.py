@@ -12,10 +12,10 @@ the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cel
 
 Each stage's checks grade the functions that stage adds (ZeRO-1 ``sharded_step``, ZeRO-2
 ``reduce_scatter_gradients``, ZeRO-3 ``gather_parameters`` and ``free_parameters``): one Check per
-stage, chosen by ``stage``; minidist's own ZeRO stands in for the others inside the ranks, through
-thin adapters (``library_stand_ins.py``; the notebook's given classes, on them, are ``given.py``). The
-cases are in ``cases.py``, the code that runs the student's in ``answers.py``, the comparisons in
-``verdicts.py``.
+stage, chosen by ``stage``; minidist's own ZeRO stands in for the others that stage calls
+(``cases.CALLED``) inside the ranks, through thin adapters (``library_stand_ins.py``; the notebook's
+given classes, on them, are ``given.py``). The cases are in ``cases.py``, the code that runs the
+student's in ``answers.py``, the comparisons in ``verdicts.py``.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ CHECKS = Registry(__name__)
 
 
 def stand_ins(stage: int) -> dict:
-    """The library's stand-in for every function that stage ``stage``'s checks do not grade."""
+    """The library's stand-in for every function the given Zero calls at stage ``stage`` that its checks do not grade."""
     return {name: BY_NAME[name] for name in cases.STAND_INS[stage]}
 
 
