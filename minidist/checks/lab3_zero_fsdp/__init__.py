@@ -4,8 +4,9 @@ and the lab's ``Zero`` wrapper per stage.
 Equality with single-process training, traced traffic (reduce-scatter + all-gather of Ψ: the
 2(N−1)/N·Ψ of DDP for stages 1-2, 3(N−1)/N·Ψ for stage 3) and measured model-state memory
 against the ZeRO formula (optimizer states 8Ψ/N, gradients 4Ψ/N from stage 2, parameters 4Ψ/N
-at stage 3), with the bytes held through a step next to the given ``Zero`` on the library's functions. Training goes through
-the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cell is a one-liner::
+at stage 3), with the bytes held through a step next to the given ``Zero`` on the library's functions.
+Training goes through the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cell
+is a one-liner::
 
     checks.check_zero(Zero, stage=1)
     checks.check_device(Zero, stage=3)          # no tensor made off the parameters' device
@@ -37,7 +38,8 @@ CHECKS = Registry(__name__)
 
 
 def stand_ins(stage: int) -> dict:
-    """The library's stand-in for every function the given Zero calls at stage ``stage`` that its checks do not grade."""
+    """The library's stand-in for every function the given Zero calls at stage ``stage`` that its checks
+    do not grade."""
     return {name: BY_NAME[name] for name in cases.STAND_INS[stage]}
 
 
@@ -55,7 +57,8 @@ def _stage(stage: int) -> dict:
 
 def _memory_launch(case) -> dict:
     """The memory check's launch: tensors allocated as the code runs (no private copies until wait());
-    at N = 2 the given Zero on the library's stand-ins is measured first on the same rank, and the launch trains twice."""
+    at N = 2 the given Zero on the library's stand-ins is measured first on the same rank, and the launch
+    trains twice."""
     if case[1] != cases.LIVE_WORLD:
         return dict(outputs_at_wait=False)
     return dict(outputs_at_wait=False, reference=answers.reference_live, timeout_factor=2)
