@@ -13,7 +13,9 @@ from conftest import ROOT
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks.kit.refusal import StudentAssertion
-from minidist.checks.lab3_zero_fsdp import reference as lab3_reference
+from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
+from minidist.checks.lab3_zero_fsdp import given as lab3_given
+from minidist.checks.lab3_zero_fsdp import library_stand_ins as lab3_stand_ins
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
 from minidist.harness.data_parallel import step_time_vs_bucket_size
 
@@ -216,12 +218,55 @@ def test_zero_memory_check_rejects_an_unsharded_stage():
 
 def test_the_reference_zero_is_the_notebooks_given_classes():
     """The memory check measures the lab's reference Zero before the student's, on the same rank: it is
-    the notebook's given ShardedUnit and Zero, word for word (on the reference's four functions)."""
+    the notebook's given ShardedUnit and Zero, word for word (on the library's stand-ins for the four functions)."""
     with open(os.path.join(ROOT, "solutions", "lab3_zero_fsdp", "lab3_zero_fsdp.ipynb")) as f:
         cells = json.load(f)["cells"]
     given = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]).strip() for c in cells}
-    assert inspect.getsource(lab3_reference.ShardedUnit).strip() == given["given_ShardedUnit"]
-    assert inspect.getsource(lab3_reference.Zero).strip() == given["given_Zero"]
+    assert inspect.getsource(lab3_given.ShardedUnit).strip() == given["given_ShardedUnit"]
+    assert inspect.getsource(lab3_given.Zero).strip() == given["given_Zero"]
+
+
+def _functions_the_given_zero_calls(stages) -> dict:
+    """Inside a rank: for each stage, the names of the lab's four functions the given Zero calls in one
+    training step (a TinyMLP with a layer its forward never uses, full_parameters() included)."""
+    from minidist.models import TinyMLP, local_slice, mlp_batch
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for stage in stages:
+        called = set()
+        originals = dict(lab3_stand_ins.BY_NAME)
+
+        def recorded(name, fn):
+            def call(*args):
+                called.add(name)
+                return fn(*args)
+            return call
+        for name, fn in originals.items():
+            setattr(lab3_given, name, recorded(name, fn))
+        try:
+            zero = lab3_given.Zero(TinyMLP(unused=True), stage)
+            x, y = mlp_batch(0, 8)
+            torch.nn.functional.mse_loss(zero(local_slice(x, rank, world)), local_slice(y, rank, world)).backward()
+            zero.finish_backward()
+            zero.step()
+            zero.zero_grad()
+            zero.full_parameters()
+        finally:
+            for name, fn in originals.items():
+                setattr(lab3_given, name, fn)
+        out[stage] = sorted(called)
+    return out
+
+
+def test_each_stage_stands_in_only_for_the_functions_the_given_zero_calls_there():
+    """A stand-in is allowed in graded code where it stands in: the stages' CALLED lists are what the given
+    Zero really calls, so no stage allows one it never needs (ZeRO-3's sharded_step would all-gather for
+    gather_parameters)."""
+    import minidist
+    assert all(set(lab3_cases.GRADED[s]) <= set(lab3_cases.CALLED[s]) for s in lab3_cases.GRADED)
+    per_rank = minidist.launch(_functions_the_given_zero_calls, 2, list(lab3_cases.GRADED), timeout=60)
+    for got in per_rank:
+        assert got == {stage: sorted(lab3_cases.CALLED[stage]) for stage in lab3_cases.GRADED}, got
 
 
 UNAVERAGED_REDUCE_SCATTER = """
@@ -237,9 +282,11 @@ def reduce_scatter_gradients(unit):
 
 def test_each_stage_grades_its_functions_and_the_reference_stands_in_for_the_others():
     """A notebook whose reduce_scatter_gradients forgets to average: ZeRO-2 grades it and fails; ZeRO-1 grades
-    sharded_step alone, the lab's reference standing in for the rest in the rank's copy of the notebook's globals."""
+    sharded_step alone, the library's stand-ins for the rest in the rank's copy of the notebook's globals.
+    (The notebook's other functions here are the stand-ins' source: nothing is refused in this file.)"""
     notebook = {"__name__": "__main__"}
-    exec(compile(inspect.getsource(lab3_reference), "<notebook cell>", "exec"), notebook)
+    exec(compile(inspect.getsource(lab3_given), "<notebook cell>", "exec"), notebook)
+    exec(compile(inspect.getsource(lab3_stand_ins), "<notebook cell>", "exec"), notebook)
     exec(compile(UNAVERAGED_REDUCE_SCATTER, "<notebook cell>", "exec"), notebook)
     lab3.check_zero(notebook["Zero"], stage=1)
     with pytest.raises(AssertionError, match=r"Zero\(stage=2\), grading your reduce_scatter_gradients .* rank 0's "

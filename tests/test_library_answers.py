@@ -2,6 +2,12 @@
 implementation of the technique being graded (the public function, ``__wrapped__``, an inner helper,
 a subclass, the library object handed in as the answer) fails the check with a message that says so,
 while the helpers a lab hands out stay usable. Lab 1's cases are in tests/test_checks_collectives.py."""
+import ast
+import inspect
+import os
+from pathlib import Path
+
+import nbformat
 import pytest
 import torch
 import torch.distributed as dist
@@ -13,8 +19,12 @@ from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks import lab4_pipeline as lab4
 from minidist.checks.kit.refusal import LibraryAnswer, graded_call, refusing
 from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
+from minidist.checks.lab3_zero_fsdp import library_stand_ins as lab3_stand_ins
 
 from attack_bank import PRESTARTED_POOL
+from autograder.course import grade_id, strip_solution_markers
+from conftest import ROOT
 
 REFUSED_TEXT = "called minidist's own implementation"
 
@@ -64,7 +74,7 @@ def reduce_scatter_with_flatshard(unit):
 
 def reduce_scatter_via_library_zero(unit):
     from minidist.data_parallel import zero
-    zero.ZeroDataParallel._accumulate_shard_grad(None, None, None)
+    zero.accumulate_shard_grad(unit.shard, torch.zeros_like(unit.shard))      # the library's ZeRO helper
 
 
 class Unit:
@@ -80,7 +90,124 @@ class Unit:
 def test_lab3_allows_flatshard_and_refuses_the_rest():
     lab3.check_reduce_scatter_gradients(reduce_scatter_with_flatshard, Unit)
     _refused(lab3.check_reduce_scatter_gradients, reduce_scatter_via_library_zero, Unit,
-             what="minidist.data_parallel.zero.ZeroDataParallel._accumulate_shard_grad")
+             what="minidist.data_parallel.shard_ops.accumulate_shard_grad")
+
+
+# ------------------------------------------------------------------ lab 3: the stand-ins are no answer
+LAB3_FUNCTIONS = ("reduce_scatter_gradients", "sharded_step", "gather_parameters", "free_parameters")
+#: the notebook's cells a lab-3 answer runs on: setup, the given classes, the solution's functions
+LAB3_CELLS = ("setup", "given_ShardedUnit", "given_Zero", "reduce_scatter_gradients", "sharded_step", "gather_free")
+
+
+def _lab3_notebook(*answer_cells: str) -> dict:
+    """The solution notebook's globals after its setup, given and solution cells, then ``answer_cells``,
+    each run as a notebook cell of its own."""
+    nb = nbformat.read(os.path.join(ROOT, "solutions", "lab3_zero_fsdp", "lab3_zero_fsdp.ipynb"), as_version=4)
+    notebook = {"__name__": "__main__"}
+    for cell in nb.cells:
+        if grade_id(cell) in LAB3_CELLS:
+            exec(compile(strip_solution_markers(cell.source), f"<solution {grade_id(cell)}>", "exec"), notebook)
+    for k, source in enumerate(answer_cells):
+        exec(compile(source, f"<cell answer {k}>", "exec"), notebook)
+    return notebook
+
+
+def _pasted_stand_in(name: str) -> str:
+    """The stand-in for ``name`` as a student would paste it into a cell: its module's imports, then it."""
+    source = inspect.getsource(lab3_stand_ins)
+    keep = [node for node in ast.parse(source).body
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+            or isinstance(node, ast.FunctionDef) and node.name == name]
+    return "\n\n".join(ast.get_source_segment(source, node) for node in keep)
+
+
+def _lab3_tests_of(name: str, notebook: dict) -> list:
+    """The notebook's test cells that grade ``name`` (cases.GRADED), as calls on ``notebook``."""
+    zero = lambda stage: lambda: lab3.check_zero(notebook["Zero"], stage=stage)      # noqa: E731
+    unit = lambda: lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"],  # noqa: E731
+                                                       notebook["ShardedUnit"])
+    stages = [stage for stage, graded in lab3_cases.GRADED.items() if name in graded]
+    return ([unit] if name == "reduce_scatter_gradients" else []) + [zero(stage) for stage in stages]
+
+
+@pytest.mark.parametrize("how", ["called", "pasted"])
+@pytest.mark.parametrize("name", LAB3_FUNCTIONS)
+def test_lab3_a_stand_in_handed_in_as_the_answer_earns_nothing(name, how):
+    """Issue 58: the student wheel holds lab 3's stand-ins (thin adapters over minidist.data_parallel). One
+    imported as the answer for the function it stands in for is refused; so is its source pasted into a
+    notebook cell (never refused by its code), because it calls the library: each test that grades it fails."""
+    answer = (f"from minidist.checks.lab3_zero_fsdp.library_stand_ins import {name}" if how == "called"
+              else _pasted_stand_in(name))
+    notebook = _lab3_notebook(answer)
+    assert notebook[name].__code__.co_filename.startswith("<cell" if how == "pasted" else os.sep)
+    where = f"library_stand_ins.{name}" if how == "called" else "minidist.data_parallel.shard_ops."
+    for test in _lab3_tests_of(name, notebook):
+        _refused(test, what=where)
+
+
+GATHER_THROUGH_THE_STEPS_STAND_IN = """
+from minidist.checks.lab3_zero_fsdp.library_stand_ins import sharded_step as library_step
+
+class NoStep:
+    def step(self):
+        pass
+
+def gather_parameters(unit):
+    unit.flat.untyped_storage().resize_(unit.nbytes)
+    library_step([unit], NoStep())          # the library's all-gather, through another function's stand-in
+"""
+
+
+def test_lab3_a_stand_in_the_stage_does_not_use_is_refused_too():
+    """ZeRO-3 never calls sharded_step: its stand-in is refused there, so a gather_parameters cannot borrow
+    its all-gather."""
+    notebook = _lab3_notebook(GATHER_THROUGH_THE_STEPS_STAND_IN)
+    _refused(lab3.check_zero, notebook["Zero"], stage=3, what="library_stand_ins.sharded_step")
+
+
+def test_lab3_the_solution_passes_with_the_stand_ins_allowed():
+    """With library answers refused, each stage grades the solution's functions while the library's
+    stand-ins (allowed there, and only there) replace the others."""
+    notebook = _lab3_notebook()
+    lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"], notebook["ShardedUnit"])
+    for stage in lab3_cases.GRADED:
+        lab3.check_zero(notebook["Zero"], stage=stage)
+
+
+def _data_parallel_names(tree: ast.Module) -> set:
+    """The names a module imports from minidist.data_parallel (and the module names themselves)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minidist.data_parallel"):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names if a.name.startswith("minidist.data_parallel")}
+    return names
+
+
+def test_lab3s_checks_hold_no_answer_only_adapters_over_the_library():
+    """Nothing in minidist/checks/lab3_zero_fsdp/ (what the student wheel ships) defines one of the lab's
+    four functions except a thin adapter: one statement, a call of something from minidist.data_parallel."""
+    found = []
+    for path in sorted((Path(ROOT) / "minidist" / "checks" / "lab3_zero_fsdp").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        library = _data_parallel_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in LAB3_FUNCTIONS:
+                found.append(f"{path.name}:{node.name}")
+                body = node.body
+                call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+                callee = getattr(call, "func", None)
+                root = callee
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                assert isinstance(call, ast.Call) and isinstance(root, ast.Name) and root.id in library, (
+                    f"{path.name} defines {node.name} (line {node.lineno}) as more than one call into "
+                    f"minidist.data_parallel: an answer the student wheel would ship")
+            elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in LAB3_FUNCTIONS
+                                                      for t in node.targets):
+                raise AssertionError(f"{path.name} binds one of the lab's functions (line {node.lineno})")
+    assert sorted(found) == sorted(f"library_stand_ins.py:{name}" for name in LAB3_FUNCTIONS), found
 
 
 # ------------------------------------------------------------------ lab 4

@@ -28,12 +28,12 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from minidist.collectives.p2p import group_info
 from minidist.data_parallel.common import (FlatShard, GradSyncWrapper, at_end_of_backward, broadcast_module,
                                            trainable_parameters)
+from minidist.data_parallel.shard_ops import free_flat, gather_flat, reduce_scatter_grads
 
 
 class _Unit:
@@ -60,9 +60,7 @@ class _Unit:
     def gather(self, async_op: bool = False) -> None:
         if self.gathered:
             return
-        self.full.untyped_storage().resize_(self._bytes)
-        self.work = dist.all_gather_into_tensor(self.full, self.shard.detach(), group=self.group,
-                                                async_op=async_op)
+        self.work = gather_flat(self.full, self.shard, self._bytes, self.group, async_op)
         self.gathered = True
 
     def wait(self) -> None:
@@ -73,7 +71,7 @@ class _Unit:
     def free(self) -> None:
         if self.gathered:
             self.wait()
-            self.full.untyped_storage().resize_(0)
+            free_flat(self.full)
             self.gathered = False
 
 
@@ -186,16 +184,7 @@ class FullyShardedDataParallel(GradSyncWrapper):
 
     def _reduce(self, u: _Unit) -> None:
         if self._sync and not u.reduced:
-            grad_flat = u.layout.flatten([p.grad for p in u.params], like=u.shard)
-            summed = torch.empty_like(u.shard)
-            dist.reduce_scatter_tensor(summed, grad_flat, group=self.group)
-            summed.div_(self.world_size)
-            if u.shard.grad is None:
-                u.shard.grad = summed
-            else:
-                u.shard.grad += summed
-            for p in u.params:
-                p.grad = None
+            reduce_scatter_grads(u.params, u.layout, u.shard, self.group)
             u.reduced = True
         u.free()
 

@@ -34,6 +34,7 @@ warnings.filterwarnings("ignore", message=r".*(reduce_scatter_tensor|all_gather_
 from minidist.collectives.p2p import group_info
 from minidist.data_parallel.common import (FlatShard, GradSyncWrapper, at_end_of_backward, broadcast_module,
                                            make_buckets, trainable_parameters)
+from minidist.data_parallel.shard_ops import accumulate_shard_grad, step_and_gather
 
 
 class _ShardedBucket:
@@ -128,7 +129,7 @@ class ZeroDataParallel(GradSyncWrapper):
     def _retire(self, b: _ShardedBucket) -> None:
         if b.work is not None:
             b.work.wait()
-            self._accumulate_shard_grad(b, b.reduced)
+            accumulate_shard_grad(b.shard, b.reduced, self.group)
             b.work = b.grad_flat = b.reduced = None
 
     def _finish_backward(self) -> None:
@@ -139,13 +140,6 @@ class ZeroDataParallel(GradSyncWrapper):
             self._retire(b)
             b.reset()
         self._next, self._in_backward = 0, False
-
-    def _accumulate_shard_grad(self, b: _ShardedBucket, summed: torch.Tensor) -> None:
-        summed.div_(self.world_size)
-        if b.shard.grad is None:
-            b.shard.grad = summed
-        else:
-            b.shard.grad += summed
 
     # -- the step --------------------------------------------------------------------
     @torch.no_grad()
@@ -161,12 +155,10 @@ class ZeroDataParallel(GradSyncWrapper):
                     p.grad = view
                 summed = torch.empty_like(b.shard)
                 dist.reduce_scatter_tensor(summed, b.full_grad, group=self.group)
-                self._accumulate_shard_grad(b, summed)
-        self.optimizer.step()
-        for b in self.buckets:
-            # all_gather_into_tensor's input must not alias its output: send a copy.
-            dist.all_gather_into_tensor(b.flat, b.shard.clone(), group=self.group)
-            if self.stage == 1:
+                accumulate_shard_grad(b.shard, summed, self.group)
+        step_and_gather(self.optimizer, [(b.flat, b.shard) for b in self.buckets], self.group)
+        if self.stage == 1:
+            for b in self.buckets:
                 b.shard.grad = None   # stage 1 keeps full gradients; the shard was scratch
 
     def zero_grad(self) -> None:

@@ -4,17 +4,19 @@ and the lab's ``Zero`` wrapper per stage.
 Equality with single-process training, traced traffic (reduce-scatter + all-gather of Ψ: the
 2(N−1)/N·Ψ of DDP for stages 1-2, 3(N−1)/N·Ψ for stage 3) and measured model-state memory
 against the ZeRO formula (optimizer states 8Ψ/N, gradients 4Ψ/N from stage 2, parameters 4Ψ/N
-at stage 3), with the bytes held through a step next to the lab's reference. Training goes through
-the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cell is a one-liner::
+at stage 3), with the bytes held through a step next to the given ``Zero`` on the library's functions.
+Training goes through the one data-parallel loop (:mod:`minidist.checks.kit.training`). A lab test cell
+is a one-liner::
 
     checks.check_zero(Zero, stage=1)
     checks.check_device(Zero, stage=3)          # no tensor made off the parameters' device
 
 Each stage's checks grade the functions that stage adds (ZeRO-1 ``sharded_step``, ZeRO-2
 ``reduce_scatter_gradients``, ZeRO-3 ``gather_parameters`` and ``free_parameters``): one Check per
-stage, chosen by ``stage``; the lab's reference (``reference.py``) stands in for the others inside the
-ranks. The cases are in ``cases.py``, the code that runs the student's in ``answers.py``, the
-comparisons in ``verdicts.py``.
+stage, chosen by ``stage``; minidist's own ZeRO stands in for the others that stage calls
+(``cases.CALLED``) inside the ranks, through thin adapters (``library_stand_ins.py``; the notebook's
+given classes, on them, are ``given.py``). The cases are in ``cases.py``, the code that runs the
+student's in ``answers.py``, the comparisons in ``verdicts.py``.
 """
 from __future__ import annotations
 
@@ -25,22 +27,24 @@ from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab3_zero_fsdp import answers, cases, verdicts
-from minidist.checks.lab3_zero_fsdp.reference import REFERENCES
+from minidist.checks.lab3_zero_fsdp.library_stand_ins import BY_NAME
 
-#: minidist's ZeRO/FSDP (and the rest of minidist.data_parallel) and the lab's reference are refused in
-#: graded code; the lab hands out FlatShard.
-REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel", "minidist.checks.lab3_zero_fsdp.reference"),
+#: minidist's ZeRO/FSDP (and the rest of minidist.data_parallel), the stand-ins over it and the given
+#: classes on them are refused in graded code; the lab hands out FlatShard.
+REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel", "minidist.checks.lab3_zero_fsdp.library_stand_ins",
+                                    "minidist.checks.lab3_zero_fsdp.given"),
                   allow=("minidist.data_parallel.common.FlatShard",), checks=__name__)
 CHECKS = Registry(__name__)
 
 
 def stand_ins(stage: int) -> dict:
-    """The lab's reference for every function that stage ``stage``'s checks do not grade."""
-    return {name: REFERENCES[name] for name in cases.STAND_INS[stage]}
+    """The library's stand-in for every function the given Zero calls at stage ``stage`` that its checks
+    do not grade."""
+    return {name: BY_NAME[name] for name in cases.STAND_INS[stage]}
 
 
 def refusal(stage: int) -> Refusal:
-    """REFUSED, with the stand-ins of this stage allowed (the graded functions' own references stay refused)."""
+    """REFUSED, with the stand-ins of this stage allowed (the graded functions' own stay refused)."""
     allow = tuple(f"{fn.__module__}.{name}" for name, fn in stand_ins(stage).items())
     return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + allow, REFUSED.checks)
 
@@ -53,7 +57,8 @@ def _stage(stage: int) -> dict:
 
 def _memory_launch(case) -> dict:
     """The memory check's launch: tensors allocated as the code runs (no private copies until wait());
-    at N = 2 the lab's reference is measured first on the same rank, and the launch trains twice."""
+    at N = 2 the given Zero on the library's stand-ins is measured first on the same rank, and the launch
+    trains twice."""
     if case[1] != cases.LIVE_WORLD:
         return dict(outputs_at_wait=False)
     return dict(outputs_at_wait=False, reference=answers.reference_live, timeout_factor=2)

@@ -1,8 +1,9 @@
 """Lab 3's answers: what the student's code did on every rank, as plain data (the only code of this
 lab's checks that calls student code): ``reduce_scatter_gradients`` on one unit, and training with the
-notebook's ``Zero`` (the lab's reference standing in for the functions a stage does not grade: the
-kit rebinds them in the rank's copy of the notebook's globals before the answer runs), traced and
-measured. :func:`reference_live` measures the lab's reference on the same rank first."""
+notebook's ``Zero`` (the library's stand-ins for the functions a stage does not grade: the kit
+rebinds them in the rank's copy of the notebook's globals before the answer runs), traced and
+measured. :func:`reference_live` measures the lab's reference (the given ``Zero`` on the library's
+stand-ins) on the same rank first."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,7 @@ from minidist.checks.kit.compare import digest, on_rank, seeded
 from minidist.checks.kit.run import mark
 from minidist.checks.kit.training import student_trainer, trained
 from minidist.checks.lab3_zero_fsdp.cases import GRADED, MEMORY_RUN, describe_memory, grad_seed, param_seed
-from minidist.checks.lab3_zero_fsdp.reference import Zero as ReferenceZero
+from minidist.checks.lab3_zero_fsdp.given import Zero as ReferenceZero
 from minidist.harness.data_parallel import train
 from minidist.memory import CreatedBytes
 from minidist.trace import trace
@@ -96,9 +97,9 @@ def _measuring_temporaries(sharded_step, peaks: list):
 
 
 def reference_live(case) -> int:
-    """Inside a rank, before the student's code: the bytes the lab's reference Zero holds throughout a
-    step. (What it allocates once and keeps, the student's run then finds allocated: it can only count
-    against the reference.)"""
+    """Inside a rank, before the student's code: the bytes the lab's reference (the given Zero on the
+    library's stand-ins) holds throughout a step. (What it allocates once and keeps, the student's run
+    then finds allocated: it can only count against the reference.)"""
     return train(student_trainer("zero", ReferenceZero, stage=case[0], optimizer="adam"), live=True,
                  **MEMORY_RUN)["live_bytes"]
 

@@ -13,12 +13,15 @@ import torch
 from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 
-#: Each stage's checks grade the student's functions that stage adds; the lab's reference stands in
-#: for the others (reference.py), so a wrong function costs the points of the tests that grade it.
+#: Each stage's checks grade the student's functions that stage adds; the lab's reference, minidist's own
+#: ZeRO through thin adapters (library_stand_ins.py), stands in for the others the given Zero calls at that
+#: stage (CALLED), so a wrong function costs the points of the tests that grade it. Only those: a stand-in is
+#: allowed where it stands in, and one the stage never calls (ZeRO-3's sharded_step, whose all-gather is
+#: gather_parameters' work) would only be there to be called by a graded function.
 GRADED = {1: ("sharded_step",), 2: ("reduce_scatter_gradients",), 3: ("gather_parameters", "free_parameters")}
-STAND_INS = {stage: tuple(name for name in ("reduce_scatter_gradients", "sharded_step", "gather_parameters",
-                                            "free_parameters") if name not in graded)
-             for stage, graded in GRADED.items()}
+CALLED = {1: ("reduce_scatter_gradients", "sharded_step"), 2: ("reduce_scatter_gradients", "sharded_step"),
+          3: ("reduce_scatter_gradients", "gather_parameters", "free_parameters")}
+STAND_INS = {stage: tuple(name for name in CALLED[stage] if name not in graded) for stage, graded in GRADED.items()}
 
 
 def graded(stage: int) -> str:

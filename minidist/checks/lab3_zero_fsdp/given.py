@@ -1,54 +1,18 @@
-"""Lab 3's reference: the lab's four functions, and its given ``ShardedUnit`` and ``Zero`` built on them.
-
-Each end-to-end test of lab 3 grades the student's functions one stage adds; the lab's other
-functions are stood in for by these (inside the ranks, in the notebook's copy of its globals
-there), so one wrong function costs the points of what it breaks and no more: a wrong
-``reduce_scatter_gradients`` fails its own test and ZeRO-2's, not ZeRO-1's step or ZeRO-3's
-gather/free. Like minidist's ZeRO, this module is refused while graded code runs; only the
-stand-ins of a test's *other* functions are allowed in that test. :class:`Zero` (on
-:class:`ShardedUnit`, both as the notebook gives them) is what the memory check measures before
-the student's code, on the same rank. The algorithms are those of :mod:`minidist.data_parallel.zero`
-and ``fsdp`` (Rajbhandari et al. 2019).
+"""Lab 3's given classes, word for word as the notebook gives them: ``ShardedUnit`` (one module's
+parameters as a flat, padded vector and this rank's shard) and ``Zero`` (the wrapper that calls the
+lab's four functions at the right moments), here on the library's stand-ins for those functions
+(:mod:`~minidist.checks.lab3_zero_fsdp.library_stand_ins`). The memory check measures this ``Zero``
+before the student's, on the same rank (``answers.reference_live``). Refused while graded code runs.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from minidist.checks.lab3_zero_fsdp.library_stand_ins import (free_parameters, gather_parameters,
+                                                               reduce_scatter_gradients, sharded_step)
 from minidist.data_parallel import FlatShard
 from minidist.models import flat_parameters, make_optimizer
-
-
-def reduce_scatter_gradients(unit):
-    """unit.shard.grad += average over ranks of this rank's shard of the unit's flat gradient."""
-    flat_grad = unit.layout.flatten([p.grad for p in unit.params], like=unit.shard)
-    mine = flat_grad.new_empty(unit.shard.shape)
-    dist.reduce_scatter_tensor(mine, flat_grad)
-    mine.div_(dist.get_world_size())
-    unit.shard.grad = mine if unit.shard.grad is None else unit.shard.grad + mine
-    for p in unit.params:
-        p.grad = None
-
-
-def sharded_step(units, optimizer):
-    """Update this rank's shards, then all-gather the full parameters on every rank."""
-    optimizer.step()
-    for unit in units:
-        dist.all_gather_into_tensor(unit.flat, unit.shard.detach().clone())
-
-
-def gather_parameters(unit):
-    """Give the flat parameters their storage back and all-gather every rank's shard into it."""
-    unit.flat.untyped_storage().resize_(unit.nbytes)
-    dist.all_gather_into_tensor(unit.flat, unit.shard.detach())
-
-
-def free_parameters(unit):
-    """Release the flat parameters' storage (the parameters are views of it; the shard stays)."""
-    unit.flat.untyped_storage().resize_(0)
-
-
-REFERENCES = {f.__name__: f for f in (reduce_scatter_gradients, sharded_step, gather_parameters, free_parameters)}
 
 
 class ShardedUnit:
