@@ -15,7 +15,7 @@ from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks.kit.refusal import StudentAssertion
 from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
 from minidist.checks.lab3_zero_fsdp import given as lab3_given
-from minidist.checks.lab3_zero_fsdp import library_stand_ins as lab3_stand_ins
+from minidist.checks.lab3_zero_fsdp import stand_ins as lab3_stand_ins
 from minidist.data_parallel import BucketedDDP, NaiveDDP, make_buckets
 from minidist.harness.data_parallel import step_time_vs_bucket_size
 

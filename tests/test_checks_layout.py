@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "minidist" / "checks"
 LABS = sorted(p.name for p in CHECKS.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name != "kit")
 FILES = {"__init__.py", "cases.py", "answers.py", "verdicts.py"}
-# hidden.py: the grader's hidden cases (kit/withheld.py); stand_ins.py, library_stand_ins.py: thin adapters over
-# the library that stand in for the functions a test does not grade (labs 9, 3); given.py: lab 3's given classes;
+# hidden.py: the grader's hidden cases (kit/withheld.py); stand_ins.py: thin adapters over the library that stand
+# in for the functions a test does not grade (labs 3, 9); given.py: lab 3's given classes;
 # route.py: lab 9's Route, the type its notebook's dispatch returns; helpers.py, checkpoints.py: lab 10's, what it
 # hands out and what its cases start from
-OPTIONAL = {"demo.py", "hidden.py", "stand_ins.py", "library_stand_ins.py", "given.py", "route.py", "helpers.py",
+OPTIONAL = {"demo.py", "hidden.py", "stand_ins.py", "given.py", "route.py", "helpers.py",
             "checkpoints.py"}
 
 

@@ -20,7 +20,7 @@ from minidist.checks import lab4_pipeline as lab4
 from minidist.checks.kit.refusal import LibraryAnswer, graded_call, refusing
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
-from minidist.checks.lab3_zero_fsdp import library_stand_ins as lab3_stand_ins
+from minidist.checks.lab3_zero_fsdp import stand_ins as lab3_stand_ins
 
 from attack_bank import PRESTARTED_POOL
 from autograder.course import grade_id, strip_solution_markers
@@ -136,17 +136,17 @@ def test_lab3_a_stand_in_handed_in_as_the_answer_earns_nothing(name, how):
     """Issue 58: the student wheel holds lab 3's stand-ins (thin adapters over minidist.data_parallel). One
     imported as the answer for the function it stands in for is refused; so is its source pasted into a
     notebook cell (never refused by its code), because it calls the library: each test that grades it fails."""
-    answer = (f"from minidist.checks.lab3_zero_fsdp.library_stand_ins import {name}" if how == "called"
+    answer = (f"from minidist.checks.lab3_zero_fsdp.stand_ins import {name}" if how == "called"
               else _pasted_stand_in(name))
     notebook = _lab3_notebook(answer)
     assert notebook[name].__code__.co_filename.startswith("<cell" if how == "pasted" else os.sep)
-    where = f"library_stand_ins.{name}" if how == "called" else "minidist.data_parallel.shard_ops."
+    where = f"stand_ins.{name}" if how == "called" else "minidist.data_parallel.shard_ops."
     for test in _lab3_tests_of(name, notebook):
         _refused(test, what=where)
 
 
 GATHER_THROUGH_THE_STEPS_STAND_IN = """
-from minidist.checks.lab3_zero_fsdp.library_stand_ins import sharded_step as library_step
+from minidist.checks.lab3_zero_fsdp.stand_ins import sharded_step as library_step
 
 class NoStep:
     def step(self):
@@ -162,7 +162,7 @@ def test_lab3_a_stand_in_the_stage_does_not_use_is_refused_too():
     """ZeRO-3 never calls sharded_step: its stand-in is refused there, so a gather_parameters cannot borrow
     its all-gather."""
     notebook = _lab3_notebook(GATHER_THROUGH_THE_STEPS_STAND_IN)
-    _refused(lab3.check_zero, notebook["Zero"], stage=3, what="library_stand_ins.sharded_step")
+    _refused(lab3.check_zero, notebook["Zero"], stage=3, what="stand_ins.sharded_step")
 
 
 def test_lab3_the_solution_passes_with_the_stand_ins_allowed():
@@ -207,7 +207,7 @@ def test_lab3s_checks_hold_no_answer_only_adapters_over_the_library():
             elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in LAB3_FUNCTIONS
                                                       for t in node.targets):
                 raise AssertionError(f"{path.name} binds one of the lab's functions (line {node.lineno})")
-    assert sorted(found) == sorted(f"library_stand_ins.py:{name}" for name in LAB3_FUNCTIONS), found
+    assert sorted(found) == sorted(f"stand_ins.py:{name}" for name in LAB3_FUNCTIONS), found
 
 
 # ------------------------------------------------------------------ lab 4

@@ -122,6 +122,18 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
         assert said in readme
 
 
+def test_the_distribution_holds_no_solution_body_and_no_exercise_but_the_librarys(dist):
+    """Issue 58: no solution region of any lab stands whole in a file students get, and no function named
+    like an exercise is defined there but in the library's own implementation (refused while graded code
+    runs; a pasted copy is what the similarity report flags) or as a thin adapter over it."""
+    from handed_out import exercises_defined_in, solutions_in
+    out = dist["readme"].parent
+    assert solutions_in(out) == []
+    assert exercises_defined_in(out) == []
+    assert not [m for m in zipfile.ZipFile(dist["wheel"]).namelist() if m.startswith("minidist/checks/")
+                and m.endswith("/reference.py")]
+
+
 CHECK = textwrap.dedent("""
     import json, sys, time
     import minidist

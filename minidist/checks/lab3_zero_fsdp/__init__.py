@@ -14,7 +14,7 @@ is a one-liner::
 Each stage's checks grade the functions that stage adds (ZeRO-1 ``sharded_step``, ZeRO-2
 ``reduce_scatter_gradients``, ZeRO-3 ``gather_parameters`` and ``free_parameters``): one Check per
 stage, chosen by ``stage``; minidist's own ZeRO stands in for the others that stage calls
-(``cases.CALLED``) inside the ranks, through thin adapters (``library_stand_ins.py``; the notebook's
+(``cases.CALLED``) inside the ranks, through thin adapters (``stand_ins.py``; the notebook's
 given classes, on them, are ``given.py``). The cases are in ``cases.py``, the code that runs the
 student's in ``answers.py``, the comparisons in ``verdicts.py``.
 """
@@ -27,17 +27,17 @@ from minidist.checks.kit.device_check import on_meta
 from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
 from minidist.checks.kit.refused_code import Refusal
 from minidist.checks.lab3_zero_fsdp import answers, cases, verdicts
-from minidist.checks.lab3_zero_fsdp.library_stand_ins import BY_NAME
+from minidist.checks.lab3_zero_fsdp.stand_ins import BY_NAME
 
 #: minidist's ZeRO/FSDP (and the rest of minidist.data_parallel), the stand-ins over it and the given
 #: classes on them are refused in graded code; the lab hands out FlatShard.
-REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel", "minidist.checks.lab3_zero_fsdp.library_stand_ins",
+REFUSED = Refusal("ZeRO and FSDP", ("minidist.data_parallel", "minidist.checks.lab3_zero_fsdp.stand_ins",
                                     "minidist.checks.lab3_zero_fsdp.given"),
                   allow=("minidist.data_parallel.common.FlatShard",), checks=__name__)
 CHECKS = Registry(__name__)
 
 
-def stand_ins(stage: int) -> dict:
+def stood_in(stage: int) -> dict:
     """The library's stand-in for every function the given Zero calls at stage ``stage`` that its checks
     do not grade."""
     return {name: BY_NAME[name] for name in cases.STAND_INS[stage]}
@@ -45,14 +45,14 @@ def stand_ins(stage: int) -> dict:
 
 def refusal(stage: int) -> Refusal:
     """REFUSED, with the stand-ins of this stage allowed (the graded functions' own stay refused)."""
-    allow = tuple(f"{fn.__module__}.{name}" for name, fn in stand_ins(stage).items())
+    allow = tuple(f"{fn.__module__}.{name}" for name, fn in stood_in(stage).items())
     return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + allow, REFUSED.checks)
 
 
 def _stage(stage: int) -> dict:
     """What every check of one stage shares: its ranks, its refusal, its stand-ins."""
     return dict(where="launch", world=lambda case: case[1], refusal=refusal(stage),
-                stand_ins=lambda params: stand_ins(stage))
+                stand_ins=lambda params: stood_in(stage))
 
 
 def _memory_launch(case) -> dict:

@@ -14,7 +14,7 @@ from minidist.checks.kit.withheld import hidden_cases
 from minidist.models import TINY_MLP_VARIANTS, describe_mlp
 
 #: Each stage's checks grade the student's functions that stage adds; the lab's reference, minidist's own
-#: ZeRO through thin adapters (library_stand_ins.py), stands in for the others the given Zero calls at that
+#: ZeRO through thin adapters (stand_ins.py), stands in for the others the given Zero calls at that
 #: stage (CALLED), so a wrong function costs the points of the tests that grade it. Only those: a stand-in is
 #: allowed where it stands in, and one the stage never calls (ZeRO-3's sharded_step, whose all-gather is
 #: gather_parameters' work) would only be there to be called by a graded function.

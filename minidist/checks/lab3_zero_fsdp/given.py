@@ -1,7 +1,7 @@
 """Lab 3's given classes, word for word as the notebook gives them: ``ShardedUnit`` (one module's
 parameters as a flat, padded vector and this rank's shard) and ``Zero`` (the wrapper that calls the
 lab's four functions at the right moments), here on the library's stand-ins for those functions
-(:mod:`~minidist.checks.lab3_zero_fsdp.library_stand_ins`). The memory check measures this ``Zero``
+(:mod:`~minidist.checks.lab3_zero_fsdp.stand_ins`). The memory check measures this ``Zero``
 before the student's, on the same rank (``answers.reference_live``). Refused while graded code runs.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from minidist.checks.lab3_zero_fsdp.library_stand_ins import (free_parameters, gather_parameters,
+from minidist.checks.lab3_zero_fsdp.stand_ins import (free_parameters, gather_parameters,
                                                                reduce_scatter_gradients, sharded_step)
 from minidist.data_parallel import FlatShard
 from minidist.models import flat_parameters, make_optimizer
