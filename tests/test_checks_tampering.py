@@ -124,6 +124,25 @@ def test_the_snapshot_of_code_ignores_data_and_submodules():
         device.backend_for = real
 
 
+def test_copying_a_library_object_is_no_change_but_forging_its_slot_names_is():
+    """The first copy of a minidist object caches ``__slotnames__`` on its class (copyreg): lab 9's cases copy
+    the library's plans for each caller, inside a test (the confirmation took lab 9's solution for a tamperer).
+    That cache is no one's doing; a different value is."""
+    import copy
+
+    from minidist.expert_parallel.simulate import SimulatedDispatch
+    if "__slotnames__" in SimulatedDispatch.__dict__:
+        del SimulatedDispatch.__slotnames__
+    snap = Snapshot()                  # the confirmation's, between tests: data is watched too
+    copy.deepcopy(SimulatedDispatch(*[None] * len(SimulatedDispatch._fields)))
+    assert "__slotnames__" in SimulatedDispatch.__dict__ and snap.diff_and_restore() == []
+    SimulatedDispatch.__slotnames__ = ["forged"]
+    try:
+        assert snap.diff_and_restore() == ["class minidist.expert_parallel.simulate.SimulatedDispatch.__slotnames__"]
+    finally:
+        SimulatedDispatch.__slotnames__ = []
+
+
 class Liar(torch.Tensor):
     """A tensor whose own code runs in every operation the check applies to it."""
 

@@ -220,12 +220,31 @@ class Snapshot:
                 continue          # a submodule imported since: not a change
             if key.startswith("module ") and name in ("__warningregistry__", "__loader__"):
                 continue
+            if key.startswith("class ") and name == "__slotnames__" and value == _slotnames(owner):
+                items[name] = value      # copyreg's cache, made by the first copy of an instance: watched from now
+                continue
             changed.append(f"{key}.{name} added")
             if restore:
                 _del(owner, name)
             else:
                 items[name] = value
                 self._inner(value)
+
+
+def _slotnames(cls) -> list:
+    """What ``copyreg`` caches as ``cls.__slotnames__`` when an instance is first copied or pickled (its
+    ``_slotnames``, computed without caching): a class gaining exactly that is no one's doing."""
+    names = []
+    for c in cls.__mro__:
+        slots = c.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                stripped = c.__name__.lstrip("_")
+                name = f"_{stripped}{name}" if stripped else name
+            names.append(name)
+    return names
 
 
 EMPTY = object()
