@@ -153,3 +153,19 @@ def test_torch_fused_reference_is_refused_on_cpu_with_its_reason():
     assert "CUDA-only" in why
     with pytest.raises(RuntimeError, match="CUDA-only"):
         fused_all_gather_matmul(x, torch.ones(3, 4))
+
+
+def _sequence_first():
+    """(s, b, h) activations, gathered along dim 0 (Megatron's layout): each chunk's output is a
+    contiguous slice, written in place; the same results as the plain version."""
+    me, t = dist.get_rank(), dist.get_world_size()
+    d = _data(t)
+    x = d["x"].transpose(0, 1).contiguous()                 # (ROWS·t, B, D_IN)
+    dy = d["dy"].transpose(0, 1).contiguous()
+    ring, _ = _run(lambda x, w, b: all_gather_matmul(x, w, b, dim=0), [x.chunk(t, 0)[me], d["w"], d["b"]], dy)
+    plain, _ = _run(lambda x, w, b: sequence_parallel_linear(x, w, b, dim=0), [x.chunk(t, 0)[me], d["w"], d["b"]], dy)
+    return max((a - b).abs().max().item() for a, b in zip(ring, plain))
+
+
+def test_sequence_first_layout_equals_the_plain_version():
+    assert max(minidist.launch(_sequence_first, 4, timeout=60)) <= TOL

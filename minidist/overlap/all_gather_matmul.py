@@ -39,14 +39,22 @@ class AllGatherMatmul(torch.autograd.Function):
     def forward(ctx, x_shard, weight, bias, dim, group):
         ctx.dim, ctx.group, ctx.has_bias = dim, group, bias is not None
         ctx.save_for_backward(x_shard, weight)
-        t = group_info(group)[1]
-        outs: list = [None] * t
+        t, n = group_info(group)[1], x_shard.shape[dim]
+        y = x_shard.new_empty((*x_shard.shape[:dim], t * n, *x_shard.shape[dim + 1:-1], weight.shape[0]))
 
         def matmul(c, x_c):
-            outs[c] = F.linear(x_c, weight, bias)
+            into = y.narrow(dim, c * n, n)
+            if into.is_contiguous():            # (chunks along the first dim that is not 1): no copy
+                rows = x_c.reshape(-1, x_c.shape[-1])
+                if bias is None:
+                    torch.mm(rows, weight.t(), out=into.view(-1, into.shape[-1]))
+                else:
+                    torch.addmm(bias, rows, weight.t(), out=into.view(-1, into.shape[-1]))
+            else:
+                into.copy_(F.linear(x_c, weight, bias))
 
         ring_all_gather_consume(x_shard, matmul, group)
-        return torch.cat(outs, dim)
+        return y
 
     @staticmethod
     def backward(ctx, grad):
