@@ -221,3 +221,49 @@ def plot_overlap_timeline(trace, ax=None, title: str = "compute and communicatio
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title)
     return ax
+
+
+# --------------------------------------------------------------------------------- overlap
+def plot_timeline(trace, ax=None, title: str = "compute, communication and waits per rank"):
+    """A run as :mod:`minidist.trace.timeline` sees it, one band per rank (rank 0 on top): compute
+    (``compute()`` green, ``span()`` phases pale behind them), each communication from issue to
+    completion (grey, stacked when several are in flight), and the waits (red), the exposed
+    communication, whose total each rank's label gives. The same data as the Perfetto export."""
+    import matplotlib.patches as mpatches
+
+    from minidist.trace.timeline import exposed, waits
+
+    ranks = trace.ranks()
+    ax = _axes(ax, (9, 0.8 + 1.1 * max(1, len(ranks))))
+    events = [e for e in trace.events if not e.op.startswith("api:")]
+    if not events:
+        ax.set_title(f"{title} (no events)")
+        return ax
+    t0 = min(e.start for e in events)
+    ms = lambda t: (t - t0) * 1e3        # noqa: E731
+    for row, r in enumerate(ranks):
+        mine = [e for e in events if e.rank == r]
+        for e in mine:
+            if e.op.startswith(("span:", "compute:")):
+                phase = e.op.startswith("span:")
+                ax.barh(row - 0.25, ms(e.end) - ms(e.start), left=ms(e.start), height=0.4 if phase else 0.3,
+                        color="#c7e9c0" if phase else "#55a868", edgecolor="black", linewidth=0.3,
+                        zorder=1 if phase else 2)
+        comm = sorted((e for e in mine if e.is_comm), key=lambda e: e.start)
+        lane = 0.35 / max(1, min(len(comm), 4))
+        for k, e in enumerate(comm):
+            y = row + 0.05 + (k % 4 + 0.5) * lane
+            ax.barh(y, max(ms(e.end) - ms(e.start), 1e-3), left=ms(e.start), height=lane * 0.8, color="#8c8c8c",
+                    edgecolor="black", linewidth=0.2)
+            for a, b in waits(e):
+                ax.barh(y, max(ms(b) - ms(a), 1e-3), left=ms(a), height=lane * 0.8, color="#c44e52", zorder=3)
+    labels = [f"rank {r}\nwaited {exposed(trace, r) * 1e3:.1f} ms" for r in ranks]
+    ax.set_yticks(range(len(ranks)), labels, fontsize=8)
+    ax.set_ylim(len(ranks) - 0.4, -0.6)
+    ax.set_xlabel("time (ms)")
+    handles = [mpatches.Patch(color=c, label=n) for c, n in (("#55a868", "compute"), ("#c7e9c0", "phase (span)"),
+                                                             ("#8c8c8c", "communication in flight"),
+                                                             ("#c44e52", "waiting (exposed)"))]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title)
+    return ax

@@ -175,3 +175,29 @@ def test_why_distribute_arithmetic_of_the_overview_lecture():
     assert 10 < cost.gpu_years(flops, cost.PEAK_TFLOPS["H100"]) < 100
     with pytest.raises(ValueError):
         cost.gpu_years(flops, 100, utilisation=0)
+
+
+def test_overlap_formulas_by_hand():
+    """exposed = max(0, comm - overlappable compute), per technique (minidist.cost.overlap)."""
+    assert cost.exposed_time(3.0, 1.0) == 2.0 and cost.exposed_time(1.0, 3.0) == 0.0
+    # DDP: 4 buckets of 1 s, backward 4 s: ready at 1, 2, 3, 4; the queue ends at 5 -> 1 s exposed;
+    # 2 s buckets queue up: 1+2, then 3..5, 5..7, 7..9 -> 5 s past the end of backward
+    assert cost.ddp_exposed([1.0] * 4, 4.0) == pytest.approx(1.0)
+    assert cost.ddp_exposed([2.0] * 4, 4.0) == pytest.approx(5.0)
+    assert cost.ddp_exposed([1.0] * 4, 4.0, overlap=False) == 4.0
+    # FSDP: the first gather exposed, each next one beyond the previous unit's compute
+    assert cost.prefetch_exposed([2.0, 2.0, 2.0], [1.0, 3.0, 1.0]) == pytest.approx(2.0 + 1.0 + 0.0)
+    assert cost.prefetch_exposed([2.0, 2.0, 2.0], [1.0, 3.0, 1.0], prefetch=False) == 6.0
+    assert cost.prefetch_extra_bytes([10, 10, 10]) == 10 and cost.prefetch_extra_bytes([4, 1, 8, 2]) == 2
+    assert cost.prefetch_extra_bytes([5]) == 0
+    # a ring on t = 4: 3 message steps, each behind one chunk's matmul
+    assert cost.ring_exposed(2.0, 0.5, 4) == pytest.approx(4.5) and cost.ring_exposed(2.0, 0.5, 4, False) == 6.0
+    assert cost.ring_bytes(100, 4) == 300
+    cm = cost.collective_matmul(rows=8, d_in=4, d_out=2, t=4, alpha=1.0, beta=0.5, flops=8.0)
+    # each step moves 2 rows × 4 features × 4 bytes = 32 bytes: 1 + 16 s; each chunk's matmul 2·2·4·2/8 = 4 s
+    assert (cm["step_comm_s"], cm["step_compute_s"]) == (17.0, 4.0)
+    assert (cm["exposed_plain_s"], cm["exposed_ring_s"], cm["compute_s"]) == (51.0, 39.0, 16.0)
+    with pytest.raises(ValueError, match="do not split"):
+        cost.collective_matmul(rows=7, d_in=4, d_out=2, t=4, alpha=1.0, beta=0.5, flops=8.0)
+    with pytest.raises(ValueError):
+        cost.exposed_time(-1.0, 0.0)

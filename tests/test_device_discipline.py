@@ -12,13 +12,14 @@ import pytest
 import minidist
 from device_discipline import meta_default_in_ranks, run_bodies
 
-CASE_FILES = ["device_cases_a", "device_cases_b", "device_cases_memory", "device_cases_expert"]
+CASE_FILES = ["device_cases_a", "device_cases_b", "device_cases_memory", "device_cases_expert",
+              "device_cases_overlap"]
 
 # Packages whose public names are the library's entry points: each package's __all__, and the
 # public functions and classes defined in the modules that have none.
 PACKAGES = ["minidist.collectives", "minidist.data_parallel", "minidist.pipeline", "minidist.tensor_parallel",
             "minidist.context_parallel", "minidist.mesh", "minidist.memory", "minidist.runtime",
-            "minidist.memory_techniques", "minidist.expert_parallel"]
+            "minidist.memory_techniques", "minidist.expert_parallel", "minidist.overlap"]
 MODULES = ["minidist.models", "minidist.harness.data_parallel", "minidist.harness.pipeline",
            "minidist.harness.parallel3d", "minidist.harness.expert_parallel"]
 

@@ -18,6 +18,7 @@ PACKAGE = os.path.join(ROOT, "minidist")
 LAYERS = {   # top-level part of minidist -> layer
     "": 0, "runtime": 0, "trace": 0, "models": 0, "memory": 0, "cost": 0, "units": 0, "presets": 0,
     "collectives": 1, "data_parallel": 1, "pipeline": 1, "tensor_parallel": 1, "context_parallel": 1, "mesh": 1,
+    "overlap": 1,
     "memory_techniques": 1, "expert_parallel": 1, "checkpoint": 1,
     "harness": 2,
     "protocol": 0,

@@ -55,11 +55,19 @@ def test_top_layout_of_a_small_case_is_the_hand_computed_one():
     dp2 = compute + 2 * 5e-6 + 2 * 1e8 / 50e9        # ring all-reduce of 2 bytes/param, n = 2: 2α + Sβ
     pp2 = compute + compute / 64 + 2 * 64 * (5e-6 + 2 * s * h / 50e9)   # bubble (p-1)/m, m = 64; act + grad
     assert dp2 < pp2
-    top = plan_layouts(model, cluster, global_batch=B)[0]
+    top = plan_layouts(model, cluster, global_batch=B, overlap=())[0]      # nothing hidden
     assert (top.dp, top.pp, top.tp, top.cp, top.micro_batch) == (2, 1, 1, 1, 1)
     assert top.time["total"] == pytest.approx(dp2, rel=1e-12)
-    pp = next(p for p in plan_layouts(model, cluster, global_batch=B) if (p.pp, p.micro_batch) == (2, 1))
+    pp = next(p for p in plan_layouts(model, cluster, global_batch=B, overlap=()) if (p.pp, p.micro_batch) == (2, 1))
     assert pp.time["total"] == pytest.approx(pp2, rel=1e-12)
+    # DDP's overlap (the default): the all-reduce hides behind the last micro-batch's backward, 2/3 of
+    # its compute; with micro-batches of 8 (m = 4) that is 2/3 · compute / 4, the largest share, so it wins.
+    comm = 2 * 5e-6 + 2 * 1e8 / 50e9
+    dp2_overlap = compute + max(0.0, comm - 2 / 3 * compute / 4)
+    top = plan_layouts(model, cluster, global_batch=B)[0]
+    assert (top.dp, top.pp, top.tp, top.cp, top.micro_batch) == (2, 1, 1, 1, 8)
+    assert top.time["total"] == pytest.approx(dp2_overlap, rel=1e-12)
+    assert top.time["hidden"] == pytest.approx(comm - max(0.0, comm - 2 / 3 * compute / 4), rel=1e-12)
 
 
 def test_cli_plan_table_and_json(capsys):
@@ -118,3 +126,26 @@ def test_explanation_wraps_at_the_terminal_width(capsys, monkeypatch):
     prose = [line for line in capsys.readouterr().out.splitlines() if not line.startswith(("#", "-", " ", "("))
              and not line[:1].isdigit()]
     assert prose and max(len(line) for line in prose) <= 60
+
+
+def test_overlap_only_hides_communication_and_the_cli_names_it(capsys):
+    """Each layout's step time: compute + bubble + communication - hidden; counting more overlap never
+    makes a layout slower, and hides at most its DP and TP traffic."""
+    by = {o: {p.layout + f" b{p.micro_batch}": p.time for p in plan_layouts(SEVEN_B, Cluster(32, 8, 80e9), overlap=o)
+              if p.feasible} for o in [(), ("dp",), ("dp", "tp")]}
+    assert by[()].keys() == by[("dp",)].keys() == by[("dp", "tp")].keys()
+    for layout, none in by[()].items():
+        dp, both = by[("dp",)][layout], by[("dp", "tp")][layout]
+        assert none["hidden"] == 0 and 0 <= dp["hidden"] <= none["dp"] and dp["hidden"] <= both["hidden"]
+        assert both["hidden"] <= none["dp"] + none["tp"]
+        parts = sum(both[k] for k in ("compute", "bubble", "tp", "cp", "pp", "dp"))
+        assert both["total"] == pytest.approx(parts - both["hidden"], rel=1e-12)
+    assert any(by[("dp", "tp")][k]["hidden"] > by[("dp",)][k]["hidden"] for k in by[()])    # TP hides something
+    with pytest.raises(ValueError, match="the planner knows"):
+        plan_layouts(SEVEN_B, Cluster(32, 8, 80e9), overlap=("pp",))
+    args = ["plan", "--model", "llama-7b", "--gpus", "16"]
+    assert main(args + ["--overlap", "none"]) == 0
+    assert "no overlap of communication with compute" in " ".join(capsys.readouterr().out.split())
+    assert main(args + ["--overlap", "dp,tp"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "asynchronous TP hides" in out and "hidden (s)" in out

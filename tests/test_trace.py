@@ -154,8 +154,10 @@ def test_spans_api_regions_and_chrome_export(tmp_path):
     path = tmp_path / "trace.json"
     merge(traces).to_chrome(str(path))
     doc = json.loads(path.read_text())
-    assert {row["tid"] for row in doc["traceEvents"]} == {0, 1}
-    assert all(row["dur"] >= 0 and row["ph"] == "X" for row in doc["traceEvents"])
+    assert {row["pid"] for row in doc["traceEvents"]} == {0, 1}         # one track per rank
+    spans = [row for row in doc["traceEvents"] if row["ph"] == "X"]
+    assert spans and all(row["dur"] >= 0 for row in spans)
+    assert {row["name"] for row in spans if row["cat"] == "span"} == {"F"}
 
 
 def test_trace_is_empty_outside_any_launch():

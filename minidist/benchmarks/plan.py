@@ -101,14 +101,15 @@ def model_time(cfg: GPTConfig, layout, *, batch: int, micro_batches: int, alpha:
                flops: float, elem_bytes: int = 4) -> dict:
     """``cost.planner.step_time`` of ``layout`` = (dp, pp, tp) on one node of dp·pp·tp ranks with the fitted
     α (s), β (s/byte) and per-rank FLOP/s; the planner counts ``planner.ELEM``-byte elements, so β is
-    scaled to ``elem_bytes``."""
+    scaled to ``elem_bytes``. No overlap is counted: ``Trainer3D`` all-reduces its gradients after
+    backward and runs TP's collectives blocking, so nothing of what it sends is hidden."""
     dp, pp, tp = layout
     link = Link("fitted here", alpha, 1.0 / (beta * elem_bytes / planner.ELEM) if beta > 0 else float("inf"))
     n = dp * pp * tp
     cluster = planner.Cluster(n, n, float("inf"), peak_flops=flops, mfu=1.0, intra=link, inter=link)
     plan = planner.Plan(dp, pp, tp, 1, batch // (dp * micro_batches), micro_batches)
     times, _ = planner.step_time(model_spec(cfg), cluster, plan, global_batch=batch, recompute="none",
-                                 sequence_parallel=False)
+                                 sequence_parallel=False, overlap=())
     return times
 
 

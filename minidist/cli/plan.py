@@ -30,6 +30,7 @@ B (billion) or T, or an exponent (70B = 7e10 = 70e9)."""
 EPILOG = """\
 examples:
   minidist plan --model llama-70b --gpus 64
+  minidist plan --model llama-7b --gpus 16 --overlap dp,tp
   minidist plan --model llama-7b --seq 8192 --gpus 16 --gpu-memory 40GB --zero 3
   minidist plan --params 7e9 --layers 32 --hidden 4096 --heads 32 --seq 4096 --gpus 64 --json
   minidist plan --model mixtral-8x7b --seq 4096 --gpus 64
@@ -64,6 +65,9 @@ def add_arguments(p) -> None:
     training.add_argument("--zero", type=int, default=1, choices=[0, 1, 2, 3], help="ZeRO stage over DP x CP")
     training.add_argument("--recompute", default="selective", choices=["none", "selective", "full"],
                           help="activation recomputation")
+    training.add_argument("--overlap", default="dp", choices=["none", "dp", "dp,tp"],
+                          help="communication counted as hidden behind compute: dp (DDP's bucketed all-reduce "
+                               "behind the last backward), tp (asynchronous TP's collectives behind their matmuls)")
     training.add_argument("--headroom", type=fraction_arg, metavar="SHARE", default="10%",
                           help="memory to leave free per GPU; layouts that do rank first")
     ck = p.add_argument_group("checkpoints (give both: adds size, save time, Young's interval and goodput)")
@@ -116,13 +120,26 @@ def assumptions(args, numbers: dict, cluster) -> str:
         f"Links per GPU and direction: {link(cluster.intra)}; {link(cluster.inter)}.",
         f"Training: global batch {args.global_batch} sequences; bf16 activations, gradients and messages; "
         f"mixed-precision Adam with ZeRO-{args.zero} over DP x CP; recomputation {recompute}; "
-        f"sequence parallelism with TP; 1F1B schedule; no overlap of communication with compute.",
+        f"sequence parallelism with TP; 1F1B schedule; {_overlap_words(args.overlap)}",
         f"Headroom: layouts leaving at least {args.headroom:.0%} of GPU memory free rank first.",
     ] + ([f"Checkpoints: fp32 master weights and Adam's two moments plus the bf16 weights "
           f"({BYTES_PER_PARAM['adam-mixed']} bytes per parameter), written by DP x CP rank 0 without ZeRO and by "
           f"every rank with it; {args.storage_bw:g} GB/s shared by all writers; blocking saves every "
           f"sqrt(2 x save x MTBF) (Young 1974), MTBF {args.mtbf:g} h, restart time not counted."]
          if args.mtbf is not None else []))
+
+
+def overlaps(choice: str) -> tuple[str, ...]:
+    """--overlap's value as the planner's tuple: "none" -> (), "dp,tp" -> ("dp", "tp")."""
+    return () if choice == "none" else tuple(choice.split(","))
+
+
+def _overlap_words(choice: str) -> str:
+    parts = {"dp": "DP's bucketed gradient all-reduce hides behind the last micro-batch's backward",
+             "tp": "asynchronous TP hides TP's collectives behind (t-1)/t of their matmuls"}
+    chosen = [parts[o] for o in overlaps(choice)]
+    return ("overlap: " + "; ".join(chosen) + " (exposed = max(0, comm - overlappable compute)).") if chosen \
+        else "no overlap of communication with compute."
 
 
 def run(args, error) -> int:
@@ -135,7 +152,7 @@ def run(args, error) -> int:
                       mfu=args.mfu)
     try:
         plans = plan_layouts(model, cluster, global_batch=args.global_batch, zero_stage=args.zero,
-                             recompute=args.recompute, headroom=args.headroom)
+                             recompute=args.recompute, headroom=args.headroom, overlap=overlaps(args.overlap))
     except ValueError as err:           # the model or cluster cannot be split at all
         error(str(err))
     if (args.mtbf is None) != (args.storage_bw is None):
@@ -188,6 +205,7 @@ def _rows(plans, checkpoints: bool = False) -> list[dict]:
             | {"b": p.micro_batch, "m": p.micro_batches, f"step ({unit})": t(p.time["total"]),
                f"compute ({unit})": t(p.time["compute"]), f"bubble ({unit})": t(p.time["bubble"]),
                f"comm ({unit})": t(sum(p.time.get(a, 0.0) for a in ("tp", "cp", "pp", "dp", "ep"))),
+               f"hidden ({unit})": t(p.time.get("hidden", 0.0)),
                "memory (GB)": f"{p.memory['total'] / 1e9:.1f}", "free (%)": f"{p.free * 100:.0f}"}
             | ({"ckpt/rank (GB)": f"{p.checkpoint['max_rank_bytes'] / 1e9:.2f}", "save (s)": f"{p.checkpoint['save_s']:.1f}",
                 "every (min)": f"{p.checkpoint['interval_s'] / 60:.1f}", "goodput (%)": f"{p.checkpoint['goodput'] * 100:.1f}"}

@@ -17,7 +17,9 @@
 * ``memory_techniques``: bytes per parameter by precision × ZeRO stage × N, activation bytes
   per recomputation policy, recomputation FLOPs, offload traffic (``minidist bench memory``);
 * ``checkpoint``: checkpoint bytes per rank per layout, save time at a storage bandwidth, Young's
-  (1974) and Daly's (2006) checkpoint intervals, goodput (``minidist plan --mtbf --storage-bw``).
+  (1974) and Daly's (2006) checkpoint intervals, goodput (``minidist plan --mtbf --storage-bw``);
+* ``overlap``: exposed communication, max(0, comm - overlappable compute), of bucketed DDP, FSDP
+  prefetch (and the memory it costs) and ring collective matmuls (``minidist plan --overlap``).
 
 The names below are the public formulas (``from minidist import cost; cost.pipeline_bubble``).
 """
@@ -47,6 +49,8 @@ from minidist.cost.memory_techniques import (PRECISIONS, activation_bytes, activ
                                              offload_traffic_bytes, recompute_flops)
 from minidist.cost.checkpoint import (checkpoint_bytes_per_rank, daly_interval, flat_shard_elements, goodput,
                                       save_seconds, young_interval)
+from minidist.cost.overlap import (collective_matmul, ddp_exposed, exposed_time, prefetch_exposed,
+                                   prefetch_extra_bytes, queued_exposed, ring_bytes, ring_exposed)
 
 __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "allreduce_bytes_per_rank",
            "allreduce_table", "allreduce_terms", "allreduce_time", "busbw", "chunk_sizes", "fit_alpha_beta",
@@ -68,3 +72,5 @@ __all__ += ["PRECISIONS", "activation_bytes", "activation_bytes_paper", "activat
             "offload_traffic_bytes", "recompute_flops"]
 __all__ += ["checkpoint_bytes_per_rank", "daly_interval", "flat_shard_elements", "goodput", "save_seconds",
             "young_interval"]
+__all__ += ["collective_matmul", "ddp_exposed", "exposed_time", "prefetch_exposed", "prefetch_extra_bytes",
+            "queued_exposed", "ring_bytes", "ring_exposed"]

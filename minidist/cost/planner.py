@@ -14,10 +14,14 @@ from the formulas of the other ``cost`` modules (nothing new is modelled here):
   plus what recomputation runs again, :func:`~minidist.cost.memory_techniques.recompute_flops`,
   plus 6·b·s·h·V for the LM head, spread over all GPUs at ``mfu`` of peak) + the 1F1B bubble
   ((PP-1)/m of compute, :func:`~minidist.cost.pipeline.pipeline_bubble_ratio`) + α-β time of
-  each axis's traffic, none of it assumed overlapped: TP's collectives per layer and
-  micro-batch (:func:`~minidist.cost.tensor_parallel.tp_comm_time`), CP's ring K/V passes
+  each axis's traffic: TP's collectives per layer and micro-batch
+  (:func:`~minidist.cost.tensor_parallel.tp_comm_time`), CP's ring K/V passes
   (:func:`~minidist.cost.context_parallel.ring_attention_messages`), PP's activation and
-  gradient per micro-batch, DP's ring all-reduce of the gradients once per step.
+  gradient per micro-batch, DP's ring all-reduce of the gradients once per step, minus what
+  overlap hides (:mod:`~minidist.cost.overlap`, exposed = max(0, comm - overlappable compute)):
+  with ``overlap`` naming "dp", DDP's bucketed all-reduce hides behind the last micro-batch's
+  backward; naming "tp" (with sequence parallelism), asynchronous TP hides TP's collectives
+  behind (t-1)/t of the linear layers' matmuls. ``time["hidden"]`` is the sum hidden.
 
 Links: the mesh is (DP, PP, CP, TP), TP innermost. An axis runs over NVLink when it and
 the axes inside it fit in one node, else over InfiniBand (a ring is as slow as its slowest
@@ -45,6 +49,7 @@ from minidist.cost.collectives import allreduce_time, p2p_time
 from minidist.cost.context_parallel import ring_attention_messages
 from minidist.cost.expert_parallel import ep_comm_time, moe_activation_bytes, moe_layer_flops
 from minidist.cost.memory_techniques import activation_bytes_paper, mixed_precision_memory_bytes, recompute_flops
+from minidist.cost.overlap import OVERLAPS, dp_overlap_compute, exposed_time, tp_overlap_compute
 from minidist.cost.pipeline import pipeline_bubble_ratio, pipeline_peak_activations
 from minidist.cost.scale import PEAK_TFLOPS
 from minidist.cost.tensor_parallel import (INFINIBAND_NDR, NVLINK_H100, Link,
@@ -125,7 +130,7 @@ class Plan:
     feasible: bool = True
     reason: str = ""
     memory: dict = field(default_factory=dict)      # bytes per GPU: params, grads, optimizer, activations, total
-    time: dict = field(default_factory=dict)        # seconds per step: compute, bubble, tp, cp, pp, dp, total
+    time: dict = field(default_factory=dict)        # seconds per step: compute, bubble, tp, cp, pp, dp, hidden, total
     links: dict = field(default_factory=dict)       # axis -> "NVLink" / "InfiniBand"
     free: float = 0.0                               # share of the GPU's memory left free (feasible ones)
 
@@ -190,8 +195,13 @@ def memory(model: ModelSpec, plan: Plan, *, zero_stage: int, recompute: str, seq
 
 
 def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: int, recompute: str,
-              sequence_parallel: bool) -> tuple[dict, dict]:
-    """Modelled seconds of one step by part (none overlapped), and each axis's link."""
+              sequence_parallel: bool, overlap: tuple[str, ...] = ("dp",)) -> tuple[dict, dict]:
+    """Modelled seconds of one step by part, and each axis's link. Each axis's communication is
+    its whole α-β time; ``hidden`` is what the ``overlap`` techniques hide of it, and
+    ``total`` = compute + bubble + communication - hidden."""
+    unknown = set(overlap) - set(OVERLAPS)
+    if unknown:
+        raise ValueError(f"overlap names {sorted(unknown)}; the planner knows {list(OVERLAPS)}")
     h, s, b, m = model.hidden, model.seq, plan.micro_batch, plan.micro_batches
     cross = axis_links(plan.dp, plan.pp, plan.cp, plan.tp, cluster.gpus_per_node)
     link = {a: cluster.inter if c else cluster.intra for a, c in cross.items()}
@@ -219,6 +229,12 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
     dp = allreduce_time("ring", n, ELEM * dense, dp_link.alpha, dp_link.beta) if n > 1 else 0.0
     if experts and n // plan.ep > 1:        # the experts' gradients over the ranks holding the same experts
         dp += allreduce_time("ring", n // plan.ep, ELEM * experts, dp_link.alpha, dp_link.beta)
+    exposed = {"dp": dp, "tp": tp}
+    if "dp" in overlap:
+        exposed["dp"] = exposed_time(dp, dp_overlap_compute(compute, m))
+    if "tp" in overlap and sequence_parallel:
+        linear = model.layers * 72 * global_batch * s * h * h / (cluster.gpus * cluster.peak_flops * cluster.mfu)
+        exposed["tp"] = exposed_time(tp, tp_overlap_compute(linear, plan.tp))
     out = {"compute": compute, "bubble": compute * pipeline_bubble_ratio(plan.pp, m), "tp": tp, "cp": cp,
            "pp": pp, "dp": dp}
     links = {a: ("InfiniBand" if c else "NVLink") for a, c in cross.items()}
@@ -228,17 +244,20 @@ def step_time(model: ModelSpec, cluster: Cluster, plan: Plan, *, global_batch: i
         out["ep"] = ep_comm_time(tokens, h, model.top_k, model.experts, plan.ep,
                                  cluster.inter if ep_cross else cluster.intra, elem_bytes=ELEM) * layers * m
         links["ep"] = "InfiniBand" if ep_cross else "NVLink"
-    out["total"] = sum(out.values())
+    # summed from the exposed parts, so that a layout whose traffic is all hidden costs exactly its compute
+    out["total"] = sum(v for k, v in out.items() if k not in exposed) + sum(exposed.values())
+    out["hidden"] = (dp - exposed["dp"]) + (tp - exposed["tp"])
     return out, links
 
 
 def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512, micro_batch_sizes=(1, 2, 4, 8),
                  zero_stage: int = 1, recompute: str = "selective", sequence_parallel: bool = True,
-                 max_cp: int | None = None, headroom: float = 0.0) -> list[Plan]:
+                 max_cp: int | None = None, headroom: float = 0.0, overlap: tuple[str, ...] = ("dp",)) -> list[Plan]:
     """Every (DP, PP, TP, CP, micro-batch size) with DP·PP·TP·CP = gpus: the feasible ones first
     (those leaving at least ``headroom`` of the memory free before the others), fastest first
     (ties broken by the layout, so the order is deterministic), then the excluded ones with
-    their ``reason``."""
+    their ``reason``. ``overlap``: the techniques whose hidden communication the step time
+    counts (see the module docstring), ``()`` for none."""
     if recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
     if cluster.gpus < 1 or cluster.gpus_per_node < 1 or cluster.gpus % min(cluster.gpus, cluster.gpus_per_node):
@@ -259,7 +278,8 @@ def plan_layouts(model: ModelSpec, cluster: Cluster, *, global_batch: int = 512,
                         plan.memory = memory(model, plan, zero_stage=zero_stage, recompute=recompute,
                                              sequence_parallel=sequence_parallel)
                         plan.time, plan.links = step_time(model, cluster, plan, global_batch=global_batch,
-                                                          recompute=recompute, sequence_parallel=sequence_parallel)
+                                                          recompute=recompute, sequence_parallel=sequence_parallel,
+                                                          overlap=overlap)
                         if plan.memory["total"] > cluster.gpu_memory:
                             plan.reason = (f"needs {plan.memory['total'] / 1e9:.1f} GB per GPU, more than "
                                            f"{cluster.gpu_memory / 1e9:.0f} GB")
@@ -317,6 +337,9 @@ def explain(plans: list[Plan], cluster: Cluster) -> str:
         lines.append(f"CP={top.cp}: each rank holds s/{top.cp} tokens; the ring's K/V passes cost {ms(t['cp'])}.")
     if "ep" in t:
         lines.extend(_expert_lines(feasible, top, ms))
+    if t.get("hidden", 0.0) > 0:
+        lines.append(f"Overlap hides {ms(t['hidden'])} of its communication behind computation "
+                     f"(exposed = max(0, comm - overlappable compute)).")
     lines.append(f"Compute {ms(t['compute'])} at {cluster.mfu:.0%} of peak is the floor every layout shares.")
     return "\n".join(lines)
 

@@ -97,12 +97,15 @@ class BucketedDDP(GradSyncWrapper):
 
     Gradients are views into the bucket buffers (like torch's ``gradient_as_bucket_view``),
     so gradient memory is Ψ, not 2Ψ.
+
+    ``overlap=False`` is the plain version to measure the overlap against: the same buckets,
+    all launched only when backward has finished, so every all-reduce is exposed.
     """
 
     def __init__(self, module: nn.Module, group=None, bucket_cap_bytes: int = 1 << 20,
-                 broadcast_from: int | None = 0):
+                 broadcast_from: int | None = 0, overlap: bool = True):
         super().__init__()
-        self.module, self.group = module, group
+        self.module, self.group, self.overlap = module, group, overlap
         self.rank, self.world_size = group_info(group)
         params = trainable_parameters(module)
         self.buckets = [_Bucket(ps) for ps in make_buckets(params, bucket_cap_bytes)]
@@ -123,7 +126,8 @@ class BucketedDDP(GradSyncWrapper):
             self._in_backward = True
             at_end_of_backward(self.finish_gradient_sync)
         bucket.ready.add(i)
-        self._launch_ready_buckets()
+        if self.overlap:
+            self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
         while self._next < len(self.buckets):

@@ -13,8 +13,12 @@ parameter, gradient and optimizer state: (4+4+8)Ψ/N bytes in fp32. The model is
 
 Per rank per step that is two all-gathers and one reduce-scatter of Ψ: 3·(N−1)/N·Ψ on
 the wire, 1.5× DDP's 2·(N−1)/N·Ψ. With ``prefetch=True`` the next unit's all-gather is
-launched asynchronously while the current unit computes (in forward from the second
-step on: the first forward records the order in which units run).
+launched asynchronously before the current unit computes, in forward (from the second
+step on: the first forward records the order in which units run) and in backward (the
+forward order reversed). The price: two units' full parameters are gathered at once
+instead of one (:func:`minidist.cost.overlap.prefetch_extra_bytes`). In an open
+``minidist.trace`` each unit's forward and backward are recorded as ``compute:`` regions,
+so a timeline shows which all-gather each one overlapped.
 
 Freeing works like FSDP1: every parameter is a view into its unit's flat buffer, and
 the buffer's *storage* is resized to 0 bytes and back. Tensors that autograd saved during
@@ -26,6 +30,7 @@ A parameter used by two units (tied weights) belongs to their common ancestor, t
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 import torch.nn as nn
@@ -34,13 +39,16 @@ from minidist.collectives.p2p import group_info
 from minidist.data_parallel.common import (FlatShard, GradSyncWrapper, at_end_of_backward, broadcast_module,
                                            trainable_parameters)
 from minidist.data_parallel.shard_ops import free_flat, gather_flat, reduce_scatter_grads
+from minidist.trace import compute_since, tracing
 
 
 class _Unit:
     """One FSDP unit: a module's own parameters as a sharded, padded flat vector."""
 
-    def __init__(self, module: nn.Module, params: list[nn.Parameter], world_size: int, rank: int, group):
-        self.module, self.params, self.group = module, params, group
+    def __init__(self, module: nn.Module, params: list[nn.Parameter], world_size: int, rank: int, group,
+                 index: int = 0):
+        self.module, self.params, self.group, self.index = module, params, group, index
+        self.began: float | None = None     # when its forward or backward began (only while tracing)
         self.layout = FlatShard([p.shape for p in params], world_size, rank)
         self.full = self.layout.flatten([p.detach() for p in params])
         self.shard = nn.Parameter(self.layout.my_shard(self.full).clone())  # what the optimizer steps
@@ -132,7 +140,8 @@ class FullyShardedDataParallel(GradSyncWrapper):
             unit_id = next(iter(owners[pid])) if len(owners[pid]) == 1 else id(root)
             by_unit.setdefault(unit_id, []).append(p)
         order = [m for m in root.modules() if id(m) in by_unit]
-        return [_Unit(modules[id(m)], by_unit[id(m)], self.world_size, self.rank, self.group) for m in order]
+        return [_Unit(modules[id(m)], by_unit[id(m)], self.world_size, self.rank, self.group, i)
+                for i, m in enumerate(order)]
 
     # -- forward ---------------------------------------------------------------------
     def _pre_forward(self, u: _Unit) -> None:
@@ -144,8 +153,12 @@ class FullyShardedDataParallel(GradSyncWrapper):
             nxt = self._neighbour(u, +1)
             if nxt is not None:
                 nxt.gather(async_op=True)
+        u.began = time.perf_counter() if tracing() else None
 
     def _post_forward(self, u: _Unit, out) -> None:
+        if u.began is not None:
+            compute_since("forward", u.began, unit=u.index)
+            u.began = None
         u.free()                       # the root too: it is re-gathered for backward
         if torch.is_grad_enabled():
             outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -175,6 +188,7 @@ class FullyShardedDataParallel(GradSyncWrapper):
                 nxt = self._neighbour(u, -1)       # backward runs the forward order in reverse
                 if nxt is not None:
                     nxt.gather(async_op=True)
+            u.began = time.perf_counter() if tracing() else None
 
     def _on_grad_ready(self, u: _Unit, p: nn.Parameter) -> None:
         self._start_backward()
@@ -183,6 +197,9 @@ class FullyShardedDataParallel(GradSyncWrapper):
             self._reduce(u)
 
     def _reduce(self, u: _Unit) -> None:
+        if u.began is not None:            # its gradients are all there: its backward is over
+            compute_since("backward", u.began, unit=u.index)
+            u.began = None
         if self._sync and not u.reduced:
             reduce_scatter_grads(u.params, u.layout, u.shard, self.group)
             u.reduced = True

@@ -66,7 +66,7 @@ def replayed_slots(trace, costs: Costs, ranks: list[int] | None = None) -> list[
             programs[me].append((e.start, 1, ("send", rank_of(e.peer))))
         elif e.is_recv:
             programs[me].append((e.end, 2, ("recv", rank_of(e.peer))))
-        elif not e.op.startswith(("span:", "api:")):
+        elif e.is_comm:
             programs[me].append((e.end, 2, ("collective",)))
     programs = {r: [item for *_, item in sorted(prog, key=lambda x: (x[0], x[1]))] for r, prog in programs.items()}
     clock, pc = defaultdict(float), defaultdict(int)

@@ -30,6 +30,7 @@ TOUR_MODULES = [
     "minidist.tour.memory_techniques",  # mixed precision under ZeRO, selective/full recomputation, offload
     "minidist.tour.expert_parallel", # MoE dispatch/combine, layer vs one process (drops, skew), DP 2 x EP 2 step
     "minidist.tour.checkpoint",      # reshard ZeRO-3 x 4 -> DDP x 2, async vs blocking save, restart after a crash
+    "minidist.tour.overlap",         # async TP rings, DDP buckets during backward, FSDP prefetch vs their plain versions
 ]
 
 # The heading printed above each module's rows: the lecture (deck in slides/) it tours.
@@ -43,6 +44,7 @@ LECTURES = {
     "minidist.tour.memory_techniques": "Lecture 8: memory: mixed precision, recomputation, offload",
     "minidist.tour.expert_parallel": "Lecture 9: expert parallelism (Mixture of Experts)",
     "minidist.tour.checkpoint": "Lecture 10: distributed checkpoints, surviving failures",
+    "minidist.tour.overlap": "Lecture 11: overlapping communication with computation",
 }
 
 COLUMNS = ["technique", "world_size", "passed", "max_err", "tolerance", "bytes_per_rank", "bytes_theory",

@@ -7,6 +7,8 @@ each call records an :class:`Event` (:mod:`.events`); a ``guard()`` makes chosen
 raise, which is how labs forbid shortcuts ("build it from send/recv"); and the launcher reads
 the operation each rank is blocked in, so a deadlock is reported as "rank 1 blocked in
 recv(src=0)", and a timeout or a vanished peer is said in those terms (:mod:`.errors`).
+:func:`compute` marks computation, so that :mod:`.timeline` can draw a run (Chrome/Perfetto
+trace-event JSON) and measure its exposed communication: the time a rank waited on it.
 
 Traces and guards are process-wide (:mod:`.state`): traffic from backward hooks that
 autograd runs on its own threads, or from threads user code starts, is counted and guarded.
@@ -29,9 +31,9 @@ from minidist.trace.functions import INPUT_SECOND
 _async_rewriters = state.async_rewriters     # minidist.runtime.strict_async appends its rewriter here
 _installed = False
 
-__all__ = ["Event", "Trace", "merge", "trace", "guard", "api", "span", "ForbiddenOperation", "CommTimeout",
-           "PeerGone", "P2P_SEND", "P2P_RECV", "P2P_OPS", "COLLECTIVES", "INPUT_SECOND", "PEER_ARG",
-           "install", "set_op_listener", "explain", "TracedWork"]
+__all__ = ["Event", "Trace", "merge", "trace", "guard", "api", "span", "compute", "compute_since", "tracing",
+           "ForbiddenOperation", "CommTimeout", "PeerGone", "P2P_SEND", "P2P_RECV", "P2P_OPS", "COLLECTIVES",
+           "INPUT_SECOND", "PEER_ARG", "install", "set_op_listener", "explain", "TracedWork"]
 
 
 def install() -> None:
@@ -109,3 +111,30 @@ def span(name: str, _kind: str | None = "span", **meta):
             event = Event(op, rank, None, None, 0, start, time.perf_counter(), meta=meta)
             for t in recording:
                 t.events.append(event)
+
+
+def tracing() -> bool:
+    """Whether any ``trace()`` is open (on any thread): what code asks before it times itself."""
+    return bool(state.traces)
+
+
+@contextlib.contextmanager
+def compute(name: str, **meta):
+    """A region of computation (a chunk's matmul, a layer's forward), recorded as ``compute:NAME``
+    for timelines; with no trace open it costs one check."""
+    if not state.traces:
+        yield
+        return
+    with span(name, _kind="compute", **meta):
+        yield
+
+
+def compute_since(name: str, start: float, **meta) -> None:
+    """Record ``compute:NAME`` from ``start`` (a ``time.perf_counter()``) to now: for computation
+    that begins in one hook and ends in another (a module's forward, seen from its hooks)."""
+    recording = tuple(state.traces)
+    if recording:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        event = Event(f"compute:{name}", rank, None, None, 0, start, time.perf_counter(), meta=meta)
+        for t in recording:
+            t.events.append(event)

@@ -114,6 +114,8 @@ def call(name: str, fn: Callable, args, kwargs, *, where: str, size: int, peer=N
         peer = result           # recv() from any source returns who sent it
     event = record(name, peer, group, size, start, end, tag, where, meta)
     if hasattr(result, "wait") and not isinstance(result, (list, torch.Tensor)):
+        if event is not None:
+            event.issued = end          # in flight from here until wait() returns
         return TracedWork(result, event, description, land)
     if land is not None:        # no handle (this rank is not in the group): nothing to wait for
         land()
@@ -133,6 +135,8 @@ class TracedWork:
         return self._land() if self._land is not None else None
 
     def wait(self, *args, **kwargs):
+        if self._event is not None and self._event.waited is None:
+            self._event.waited = time.perf_counter()      # from here the host is blocked on it
         hooks = state.wait_hooks
         if hooks and not args and not kwargs and hooks[-1](self):
             if self._event is not None:     # the host's view: wait() returned now
@@ -142,6 +146,8 @@ class TracedWork:
 
     def complete(self, *args, **kwargs):
         """Block until the operation is done, then land its outputs (what wait() does on a CPU)."""
+        if self._event is not None and self._event.waited is None:
+            self._event.waited = time.perf_counter()
         state.entered(f"wait() on {self._description}")
         try:
             done = self._work.wait(*args, **kwargs)

@@ -9,7 +9,6 @@ send/recv, that is exactly the traffic on the wire, which is what the α-β mode
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field, asdict
 from typing import Iterable
@@ -25,6 +24,9 @@ COLLECTIVES = {
     "reduce_scatter_single", "all_gather_single",      # torch >= 2.13 names of the *_tensor ops
 }
 PEER_ARG = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+# Events that are regions of this rank's own work, not communication: ``span()`` (a named phase),
+# ``api()`` (one of minidist's own algorithms, around the messages it sends), ``compute()``.
+REGIONS = ("span:", "api:", "compute:")
 
 
 @dataclass
@@ -35,10 +37,16 @@ class Event:
     group: tuple | None     # global ranks of the group, None for the default group
     nbytes: int             # payload bytes (see module docstring)
     start: float            # time.perf_counter() seconds (CLOCK_MONOTONIC: comparable across local processes)
-    end: float
+    end: float              # the call returned (a blocking op), or its wait() did (an asynchronous one)
     tag: int = 0
     where: str = ""         # "file:line" of the caller
     meta: dict = field(default_factory=dict)    # "via": the native path used, when not torch.distributed's function
+    issued: float | None = None     # asynchronous ops: the issuing call returned (None: a blocking call)
+    waited: float | None = None     # asynchronous ops: wait() was called (None: never waited for)
+
+    @property
+    def is_comm(self) -> bool:
+        return not self.op.startswith(REGIONS)
 
     @property
     def is_send(self) -> bool:
@@ -59,8 +67,8 @@ class Trace:
         return f"Trace({len(self.events)} events, ops={dict(self.op_counts())})"
 
     def comm(self) -> list[Event]:
-        """Communication events only (no spans or api regions)."""
-        return [e for e in self.events if not e.op.startswith(("span:", "api:"))]
+        """Communication events only (no span, api or compute regions)."""
+        return [e for e in self.events if e.is_comm]
 
     def select(self, rank: int | None = None, op: str | set | None = None) -> "Trace":
         ops = {op} if isinstance(op, str) else op
@@ -93,20 +101,10 @@ class Trace:
         return sorted({e.rank for e in self.events})
 
     def to_chrome(self, path: str | None = None) -> dict:
-        """Chrome trace JSON (opens in Perfetto / chrome://tracing): one row per rank."""
-        t0 = min((e.start for e in self.events), default=0.0)
-        rows = []
-        for e in self.events:
-            args = {"peer": e.peer, "bytes": e.nbytes, "where": e.where, **e.meta}
-            rows.append({"name": e.op if e.peer is None else f"{e.op}({e.peer})", "ph": "X",
-                         "pid": 0, "tid": e.rank, "ts": (e.start - t0) * 1e6,
-                         "dur": max(e.end - e.start, 0.0) * 1e6,
-                         "cat": e.op.split(":")[0], "args": args})
-        doc = {"traceEvents": rows, "displayTimeUnit": "ms"}
-        if path:
-            with open(path, "w") as f:
-                json.dump(doc, f)
-        return doc
+        """Chrome trace-event JSON (opens in Perfetto / chrome://tracing): one track per rank
+        (:func:`minidist.trace.timeline.chrome_trace`); written to ``path`` when given."""
+        from minidist.trace.timeline import chrome_trace, write_chrome_trace
+        return write_chrome_trace(self, path) if path else chrome_trace(self)
 
     def to_dicts(self) -> list[dict]:
         return [asdict(e) for e in self.events]
