@@ -162,7 +162,7 @@ def cmd_resources(a) -> int:
 
 
 def cmd_new_exercise(a) -> int:
-    from autograder.scaffold import new_exercise
+    from autograder.handout.scaffold import new_exercise
     written = new_exercise(a.lab, a.name, args=a.args, points=a.points, where=a.where, after=a.after)
     print(f"exercise {a.name!r} added to {a.lab}; fill in (docs/AUTHORING.md):")
     for path in written:

@@ -1,0 +1,1 @@
+"""Handing out: what students and grading machines get, made from the course."""
