@@ -7,11 +7,7 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO = PACKAGE_DIR.parent
-SOLUTIONS = REPO / "solutions"
-LABS = REPO / "labs"
 BUGBANK = PACKAGE_DIR / "bugbank"
-CONFIG_FILE = PACKAGE_DIR / "nbgrader_config.py"
-KERNEL_NAME = "minidist"
 
 #: wall-clock limit (s) for one submission (kernel start, all cells, feedback)
 SUBMISSION_TIMEOUT = 600

@@ -351,6 +351,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("doctor", help="which sandbox grading would use here, and what it guarantees")
     s.set_defaults(fn=cmd_doctor)
 
+    from autograder.course.labs import resolve_lab
     a = p.parse_args(argv)
     for flag, var in (("solutions", "MINIDIST_SOLUTIONS"), ("labs_dir", "MINIDIST_LABS"),
                       ("bugbank", "MINIDIST_BUGBANK")):
@@ -364,20 +365,6 @@ def main(argv=None) -> int:
     except ValueError as e:
         p.error(str(e))
     return a.fn(a)
-
-
-def resolve_lab(name: str, labs: list[str] | None = None) -> str:
-    """A lab by its full name, or for short by its number or prefix: ``1`` and ``lab1`` are
-    ``lab1_collectives``. Anything else names the labs there are."""
-    from autograder.course import all_labs
-    labs = all_labs() if labs is None else labs
-    if name in labs:
-        return name
-    short = f"lab{name}" if name.isdigit() else name
-    found = [lab for lab in labs if lab.split("_")[0] == short]
-    if len(found) == 1:
-        return found[0]
-    raise ValueError(f"no lab {name!r}; the labs are: {', '.join(labs) or '(none under solutions/)'}")
 
 
 if __name__ == "__main__":

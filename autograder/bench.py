@@ -16,7 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from autograder.course import (all_labs, build_course, read_nb, solution_submission, write_nb)
+from autograder.course.cells import read_nb, solution_submission, write_nb
+from autograder.course.labs import all_labs
+from autograder.course.template import build_course
 
 #: (label, confirm, sandbox) as ``grade`` takes them; sandbox None = where possible
 MODES = [("confirm+sandbox", True, None), ("sandbox only", False, None), ("neither", False, False)]

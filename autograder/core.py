@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder import REPO, SUBMISSION_TIMEOUT
-from autograder.course import build_course, cell_timeout, due_dates, kernel_argv, lab_cells, solutions_dir
+from autograder.course.config import cell_timeout, due_dates
+from autograder.course.kernel import kernel_argv
+from autograder.course.labs import solutions_dir
+from autograder.course.template import build_course, lab_cells
 from autograder.gradebook import set_due_dates
 from autograder.records import Job, fallback_cells
 from autograder.supervise import run_job, warm_forkserver

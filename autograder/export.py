@@ -29,6 +29,7 @@ import re
 import sys
 from pathlib import Path
 
+from autograder.course.labs import resolve_lab
 from autograder.roster import ROSTER_FILE, batch_roster, not_on_roster, warning
 
 FORMATS = ("csv", "canvas", "moodle")
@@ -99,7 +100,6 @@ def canvas_columns(values: list[str] | None = None, file=None) -> dict[str, str]
 def _mapped(labs: list[str], mapping: dict[str, str]) -> dict[str, str]:
     """{lab of the batch: Canvas column}; the labs as written resolved as the command line does (``1``,
     ``lab1``); an unknown lab, or two labs in one column, refused."""
-    from autograder.__main__ import resolve_lab
     out: dict[str, str] = {}
     for name, column in mapping.items():
         try:

@@ -6,7 +6,9 @@ import html
 import shutil
 from pathlib import Path
 
-from autograder.course import hidden_test_lines, read_nb, solutions_dir
+from autograder.course.cells import read_nb
+from autograder.course.hidden_tests import hidden_test_lines
+from autograder.course.labs import solutions_dir
 
 
 def collect(out: Path, to: Path | None = None) -> tuple[list[Path], list[str]]:

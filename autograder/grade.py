@@ -33,7 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from autograder.core import close_batch, grade_submission, merged_due_dates, open_batch
-from autograder.course import all_labs, build_course, solutions_dir
+from autograder.course.labs import all_labs, solutions_dir
+from autograder.course.template import build_course
 from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
 from autograder.records import Job
 from autograder.report import load_previous, write_feedback, write_results

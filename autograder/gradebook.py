@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from autograder.course import load_config
+from autograder.course.config import load_config
 from autograder.records import Job
 
 

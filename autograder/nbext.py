@@ -19,7 +19,7 @@ They extend nbgrader's own classes (no reimplementation of its grading logic):
 * ``LatePenalty`` = nbgrader's late-submission plugin with a ``per_day`` method;
 * ``SkipDemoCells``, for plain ``nbgrader autograde`` (the course config enables it): the cells a lab
   tags ``demo`` are blanked before the notebook runs, as ``python -m autograder grade`` does
-  (:func:`autograder.notebooks.skip_demos`).
+  (:func:`autograder.course.cells.skip_demos`).
 """
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ from nbgrader.preprocessors import ClearHiddenTests, Execute, NbGraderPreprocess
 from nbgrader.utils import determine_grade, is_grade
 from traitlets import Enum, Float, Integer
 
-from autograder.notebooks import classify, skip_demos
+from autograder.course.cells import skip_demos
+from autograder.notebooks import classify
 
 MAX_OUTPUT_CHARS = 20_000
 MAX_NOTEBOOK_OUTPUT_CHARS = 2_000_000      # all outputs of one notebook

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.course import grade_id, nbg
+from autograder.course.cells import grade_id, nbg
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -214,15 +214,3 @@ def classify(cell, points, max_points, cell_timeout) -> tuple[str, str]:
     if points > 0:
         return "fail", f"partial credit {points:g}/{max_points:g}"
     return "fail", "scored 0"
-
-
-DEMO_TAG = "demo"
-
-
-def skip_demos(nb):
-    """Blank the cells a lab tags ``demo``: deadlock demonstrations, benchmarks and plots
-    that teach but grade nothing. They would only add seconds to every graded submission."""
-    for cell in nb.cells:
-        if cell.cell_type == "code" and DEMO_TAG in cell.get("metadata", {}).get("tags", []):
-            cell.source = "# a demo cell: the grader does not run it"
-    return nb

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course import grade_id, read_nb
+from autograder.course.cells import grade_id, read_nb
 from autograder.notebooks import classify
 
 STATUSES = {"pass", "fail", "error", "timeout", "manual"}
@@ -147,7 +147,7 @@ def confirmed_only(cells: dict, confirmed: dict, cells_meta: dict) -> None:
     patched tests in the kernel and then stall past the wall-clock limit, before its confirmation was
     applied."""
     from autograder.confirm.points import score_row
-    from autograder.test_parts import HIDDEN_PART
+    from autograder.course.hidden_tests import HIDDEN_PART
     why = "its points there, reported before the worker was stopped"
     for nb, rows in cells.items():
         got = confirmed.get(nb)
@@ -228,9 +228,9 @@ def checked_result(result, job: Job, cells_meta: dict) -> dict:
 
 
 def checked_parts(parts, meta: dict, points) -> dict | None:
-    """A test's parts as the worker reports them (:mod:`autograder.test_parts`), checked: exactly the
+    """A test's parts as the worker reports them (:mod:`autograder.course.hidden_tests`), checked: exactly the
     test's parts, each clamped to its share, adding up to the test's points; else None (no parts)."""
-    from autograder.test_parts import shares
+    from autograder.course.hidden_tests import shares
     share = shares(meta)
     if not isinstance(parts, dict) or set(parts) != set(share) or points is None:
         return None

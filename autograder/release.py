@@ -6,7 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from autograder.course import all_labs, build_course, labs_dir as default_labs_dir
+from autograder.course.labs import all_labs, labs_dir as default_labs_dir
+from autograder.course.template import build_course
 
 
 def fresh_release(labs: list[str], dest: Path) -> Path:

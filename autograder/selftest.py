@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from minidist.protocol import RANK_DEFAULT_DEVICE_ENV
-from autograder.course import (all_labs, build_course, bugbank_dir, grade_id, lab_notebooks, nbg,
-                               read_nb, solution_submission, write_nb)
+from autograder.course.cells import grade_id, nbg, read_nb, solution_submission, write_nb
+from autograder.course.labs import all_labs, bugbank_dir, lab_notebooks
+from autograder.course.template import build_course
 
 
 class BankError(ValueError):

@@ -31,9 +31,9 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course import nbg
-from autograder.notebooks import normalized
 from autograder import similarity_library
+from autograder.course.cells import nbg
+from autograder.notebooks import normalized
 
 #: k-gram size, in characters of the filtered text (a name is one character, an operator one or two):
 #: 25 is about one line of code such as ``V.V(V[V],V=V,V=V)``. Shorter k-grams match the idioms every
@@ -161,7 +161,8 @@ def release_cells(out: Path, lab: str, notebook: str) -> dict:
     """{grade id: source} of the cells as released, the boilerplate: from OUT's gradebook (nbgrader keeps
     the release's source of every solution and locked cell: what the batch was graded against), else
     from the lab's released notebook in labs/."""
-    from autograder.course import labs_dir, read_nb
+    from autograder.course.cells import read_nb
+    from autograder.course.labs import labs_dir
     db = Path(out) / "gradebook.db"
     if db.is_file():
         try:        # read-only, with sqlite itself: nbgrader's Gradebook may migrate a file it opens
@@ -197,7 +198,8 @@ def solution_score(lab: str, notebook: str, cell: str, stub: str = "") -> float 
     """What the lab's own solution to ``cell`` (the source notebook in solutions/) scores against the
     library (``stub``: the cell as released): the level an honest answer written as the solution
     reaches, shown next to a student's."""
-    from autograder.course import read_nb, solutions_dir, strip_solution_markers
+    from autograder.course.cells import read_nb, strip_solution_markers
+    from autograder.course.labs import solutions_dir
     path = solutions_dir() / lab / f"{notebook}.ipynb"
     if not path.is_file():
         return None

@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 from autograder import REPO
-from autograder.course import labs_dir
+from autograder.course.labs import labs_dir
 from autograder.platforms.bundle import minidist_wheel
 
 PARTS = ("labs", "wheels", "README.md")          # what OUT holds; nothing else is written or removed

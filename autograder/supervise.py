@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from autograder import REPO, worker
-from autograder.course import lab_cells
+from autograder.course.template import lab_cells
 from autograder.procs import TAG_VAR, kill_job
 from autograder.sandbox.backend import job_uid
 from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,

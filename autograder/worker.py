@@ -25,9 +25,11 @@ import time
 import traceback
 from pathlib import Path
 
-from autograder.course import grade_id, lab_cells, load_config, nbg, read_nb, run_converter, write_nb
 from autograder.confirm.handed_in import shadows
-from autograder.notebooks import load, locate, repair, skip_demos
+from autograder.course.cells import grade_id, nbg, read_nb, skip_demos, write_nb
+from autograder.course.config import load_config
+from autograder.course.template import lab_cells, run_converter
+from autograder.notebooks import load, locate, repair
 from autograder.records import failure_reason, fallback_cells, notebook_cells
 from autograder.retry import RETRY_TIMEOUT_SCALE, overrides, scaled
 from autograder.sandbox.kernel import KernelJob, kernel_manager

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.course import BEGIN_SOLUTION, END_SOLUTION, grade_id, nbg
+from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION, grade_id, nbg
 
 ROOT = Path(__file__).resolve().parents[1]
 

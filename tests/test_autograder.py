@@ -51,7 +51,8 @@ def fixture_course(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory, fixture_course):
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     root = build_course([LAB], tmp_path_factory.mktemp("course"))
     src = read_nb(root / "source" / LAB / f"{LAB}.ipynb")
     rel = read_nb(root / "release" / LAB / f"{LAB}.ipynb")
@@ -272,7 +273,7 @@ def test_parallel_batch_is_fast_enough(graded):
 
 # ---------------------------------------------------------------- feedback
 def test_feedback_per_student_hides_hidden_tests(graded, course):
-    from autograder.course import hidden_test_lines
+    from autograder.course.hidden_tests import hidden_test_lines
     hidden = hidden_test_lines(course["source"])
     assert hidden, "fixture must have hidden tests"
     files = sorted((graded["out"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
@@ -308,7 +309,7 @@ def test_parallel_jobs_get_disjoint_gpus_and_their_own_environment(tmp_path, mon
     for the GPUs is an error before anything is graded."""
     import threading
     from types import SimpleNamespace
-    from autograder.grade import grade, gpu_slots, run_all, visible_gpu_ids
+    from autograder.grade import gpu_slots, grade, run_all, visible_gpu_ids
     lock, running, seen = threading.Lock(), {}, []
 
     def fake_run(job, env):
@@ -425,7 +426,7 @@ def test_release_check_detects_stale_labs(tmp_path):
 
 def test_release_has_no_hidden_tests_or_solutions(tmp_path, course):
     from autograder import release
-    from autograder.course import hidden_test_lines
+    from autograder.course.hidden_tests import hidden_test_lines
     labs = tmp_path / "labs"
     release.release(labs_dir=labs)
     text = (labs / LAB / f"{LAB}.ipynb").read_text()
@@ -443,7 +444,8 @@ def test_repo_labs_match_fresh_release():
 
 
 def test_repo_labs_contain_no_hidden_tests():
-    from autograder.course import hidden_test_lines, read_nb
+    from autograder.course.cells import read_nb
+    from autograder.course.hidden_tests import hidden_test_lines
     for src in sorted((REPO / "solutions").glob("*/*.ipynb")):
         rel = REPO / "labs" / src.parent.name / src.name
         if not rel.exists():
@@ -472,7 +474,8 @@ def test_a_new_gradebook_is_stamped_with_nbgrader_s_newest_migration(course):
 
 # ---------------------------------------------------------------- kernel
 def test_kernel_is_pinned_and_has_minidist():
-    from autograder.course import kernel_argv, load_config
+    from autograder.course.config import load_config
+    from autograder.course.kernel import kernel_argv
     assert load_config().Execute.kernel_name == "minidist"
     argv = kernel_argv()
     r = subprocess.run([argv[0], "-c", "import minidist; print(minidist.__file__)"],
@@ -481,7 +484,7 @@ def test_kernel_is_pinned_and_has_minidist():
 
 
 def test_cell_timeout_exceeds_launch_timeouts():
-    from autograder.course import cell_timeout
+    from autograder.course.config import cell_timeout
     assert cell_timeout() > 30            # tests use launch timeouts <= 30 s
     assert CELL_TIMEOUT > 4               # the fixture's LAUNCH_TIMEOUT
 
@@ -596,8 +599,9 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
 
 
 def test_a_lab_is_named_by_its_number_or_prefix_and_an_unknown_one_lists_the_labs():
-    from autograder.__main__ import main, resolve_lab
-    from autograder.course import all_labs
+    from autograder.__main__ import main
+    from autograder.course.labs import resolve_lab
+    from autograder.course.labs import all_labs
     labs = all_labs(REPO / "solutions")
     assert [resolve_lab(n, labs) for n in ("1", "lab1", "lab1_collectives")] == ["lab1_collectives"] * 3
     assert resolve_lab("9", labs) == "lab9_expert_parallel"

@@ -144,7 +144,8 @@ def machine_state() -> dict:
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     from autograder.grade import grade
     from autograder.sandbox.probe import probe
     old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
@@ -216,7 +217,8 @@ def test_the_answer_key_and_the_grader_are_out_of_reach(batch):
     if batch["meta"]["sandbox"].startswith("none"):
         pytest.skip("no sandbox on this machine: the answer key is readable (docs/INTEGRITY.md, Not guarded)")
     from autograder import REPO
-    from autograder.course import hidden_test_lines, read_nb
+    from autograder.course.cells import read_nb
+    from autograder.course.hidden_tests import hidden_test_lines
     # the answer keys within reach of a kernel without a sandbox: this course's and the repository's
     # (notebooks of installed packages, e.g. nbgrader's own test files, are public)
     keys = [batch["source"]] + [read_nb(p) for p in sorted((REPO / "solutions").glob("*/*.ipynb"))]

@@ -14,8 +14,7 @@ import re
 import nbformat
 import pytest
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from minidist.checks import lab10_checkpointing as lab10
 from minidist.checks.kit.refused_code import resolve
 from minidist.checks.lab10_checkpointing import cases, checkpoints

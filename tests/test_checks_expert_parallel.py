@@ -145,7 +145,7 @@ def test_each_test_allows_only_the_library_code_of_the_stand_ins_its_function_ca
 
 def _exercise_names() -> set:
     """Every function and class the solution notebook's answer cells define (the lab's exercises)."""
-    from autograder.course import nbg, read_nb, strip_solution_markers
+    from autograder.course.cells import nbg, read_nb, strip_solution_markers
     nb = read_nb(ROOT / "solutions/lab9_expert_parallel/lab9_expert_parallel.ipynb")
     names = set()
     for cell in nb.cells:

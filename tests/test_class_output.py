@@ -10,7 +10,7 @@ import io
 import json
 from pathlib import Path
 
-from autograder.course import grade_id, read_nb
+from autograder.course.cells import grade_id, read_nb
 from autograder.notebooks import FROM_SOURCE, load, repair
 from autograder.records import Job
 

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    from autograder.course import build_course, lab_cells
+    from autograder.course.template import build_course, lab_cells
     from autograder.gradebook import merge_gradebook
     from autograder.records import Job
     old = os.environ.get("MINIDIST_SOLUTIONS")

@@ -11,8 +11,7 @@ import re
 import nbformat
 import pytest
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from autograder.selftest import inject, load_bank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -86,7 +86,8 @@ def test_points_awaiting_manual_grading_are_shown_as_such_in_grades_csv(tmp_path
 
     import nbformat
 
-    from autograder.course import build_course, lab_cells, read_nb, write_nb
+    from autograder.course.cells import read_nb, write_nb
+    from autograder.course.template import build_course, lab_cells
     from autograder.gradebook import export_csv, merge_gradebook
     from autograder_fixtures import LAB, SOLUTIONS
     shutil.copytree(SOLUTIONS, tmp_path / "solutions")

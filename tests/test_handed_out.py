@@ -21,7 +21,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.course import all_labs, build_course, grade_id, labs_dir, read_nb, solutions_dir
+from autograder.course.cells import grade_id, read_nb
+from autograder.course.labs import all_labs, labs_dir, solutions_dir
+from autograder.course.template import build_course
 from handed_out import exercises_defined_in, files, solution_bodies, solutions_in
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,7 +114,7 @@ def test_a_pasted_library_answer_is_flagged(lab):
     threshold against minidist (what the release gives in the cell does not count)."""
     import importlib
 
-    from autograder.similarity import THRESHOLD, Text, compare, library_text
+    from autograder.similarity import Text, THRESHOLD, compare, library_text
     path = next((solutions_dir() / lab).glob("*.ipynb"))
     released = {grade_id(c): c.source for c in read_nb(labs_dir() / lab / path.name).cells if grade_id(c)}
     found = _library_answers(lab)
@@ -133,8 +135,8 @@ def test_a_pasted_library_answer_is_flagged(lab):
 def test_lab4s_gradescope_results_show_every_visible_test_before_the_due_date():
     """Lab 4's test cells, as Gradescope lists them: each cell's visible part is a test shown at once, its
     hidden part (where it has one) a test shown after the due date, their points adding up to the cell's."""
-    from autograder.platforms.gradescope import results_json
     from autograder.platforms.graded import Outcome, test_cells
+    from autograder.platforms.gradescope import results_json
     lab = "lab4_pipeline"
     tests = test_cells(lab)
     data = results_json(Outcome(lab, tests))

@@ -39,12 +39,12 @@ def nbgrader(course: Path, *args) -> None:
 def test_plain_nbgrader_scores_like_this_grader(tmp_path):
     from nbgrader.api import Gradebook
 
-    from autograder.course import read_nb, solution_submission, write_nb
+    from autograder.course.cells import read_nb, solution_submission, write_nb
     from autograder.selftest import load_bank
 
     course = tmp_path / "course"
     shutil.copytree(REPO / "solutions" / LAB, course / "source" / LAB)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(config=str(REPO / "autograder" / "nbgrader_config.py"),
+    (course / "nbgrader_config.py").write_text(CONFIG.format(config=str(REPO / "autograder" / "course" / "nbgrader_config.py"),
                                                              root=str(course), db=str(course / "gradebook.db")))
     nbgrader(course, "generate_assignment", LAB, "--force")
     src = read_nb(course / "source" / LAB / f"{LAB}.ipynb")

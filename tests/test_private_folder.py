@@ -34,7 +34,8 @@ def _backends():
 def _class(box: Path):
     """honest, honest_helper (imports a module it hands in) and root (the root attack) in ``box/subs``."""
     from attack_bank import ROOT
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     from autograder_fixtures import LAB, SOLUTIONS, set_code, with_cell, write_class
     course = build_course([LAB], box / "course", solutions=SOLUTIONS)
     sol = solution_submission(read_nb(course / "source" / LAB / f"{LAB}.ipynb"),
@@ -95,7 +96,7 @@ def test_a_root_grader_grades_a_course_kept_in_a_private_folder(backend):
         assert grades == {"honest": 3.0, "honest_helper": 3.0, "root": 3.0}, (grades, [(k, r["reason"]) for k, r in rows.items()])
         for (student, cell), row in rows.items():
             assert row["confirmed"] == "passed" and "not confirmed" not in row["flags"], row
-        from autograder.course import read_nb
+        from autograder.course.cells import read_nb
         nb = read_nb(box / "out" / "autograded" / "root" / LAB / f"{LAB}.ipynb")
         said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
         assert said.count("refused ") == 6 and "wrote " not in said, said
@@ -145,7 +146,8 @@ def test_a_kernel_that_cannot_start_is_reported_in_seconds_as_the_machines_probl
     """A job whose kernel dies before its first cell (here: a sandbox memory cap too small for an
     interpreter to start) is reported within seconds, never after the wall-clock limit, and its reason
     says that nothing of the submission ran."""
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     from autograder.grade import grade
     from autograder.sandbox.probe import probe
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, write_class

@@ -133,7 +133,8 @@ def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
         pytest.skip("needs root, setpriv and unshare to start the grader as another user")
     from attack_bank import ROOT
     from autograder import REPO
-    from autograder.course import build_course, read_nb, solution_submission, write_nb
+    from autograder.course.cells import read_nb, solution_submission, write_nb
+    from autograder.course.template import build_course
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
     from nbformat.v4 import new_code_cell
     uid = 1_800_000_000 + os.getpid() % 1000

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import grade_id, nbg, read_nb, strip_solution_markers, write_nb
+from autograder.course.cells import grade_id, nbg, read_nb, strip_solution_markers, write_nb
 from autograder.report import RESULT_FIELDS
 from autograder.selftest import load_bank
 
@@ -317,9 +317,9 @@ def test_the_release_is_read_from_the_batch_s_gradebook_read_only(tmp_path, monk
     read-only; without one, from labs/."""
     import nbgrader.api
     from nbgrader.api import Gradebook
-    from autograder import course
+    from autograder.course import template
     from autograder.similarity import release_cells
-    monkeypatch.setattr(nbgrader.api, "get_alembic_version", course._alembic_head)   # as build_course does
+    monkeypatch.setattr(nbgrader.api, "get_alembic_version", template._alembic_head)   # as build_course does
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
         gb.add_assignment(LAB1)
         gb.add_notebook(LAB1, LAB1)

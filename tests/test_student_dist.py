@@ -16,7 +16,7 @@ import nbformat
 import pytest
 
 from autograder import student_dist
-from autograder.course import BEGIN_SOLUTION, END_SOLUTION
+from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION
 from autograder.selftest import load_bank
 from test_platforms import seed_venv
 

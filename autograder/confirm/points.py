@@ -1,6 +1,6 @@
 """The confirmation's points, and the one rule that combines them with the notebook's.
 
-A test cell is scored in two parts (:mod:`autograder.test_parts`). Its **visible** part keeps its
+A test cell is scored in two parts (:mod:`autograder.course.hidden_tests`). Its **visible** part keeps its
 notebook points only as far as the confirmation gives them: ``min(notebook, confirmed)``; a part that
 passed in the notebook and fails here scores the confirmation's points (0 for a failed test) and is
 flagged ``not confirmed: tampering suspected``; honest submissions score the same in both runs, so they
@@ -18,7 +18,7 @@ import time
 
 import nbformat
 
-from autograder.test_parts import HIDDEN_PART, shares
+from autograder.course.hidden_tests import HIDDEN_PART, shares
 
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 
@@ -75,7 +75,7 @@ def timed_out(why: str) -> bool:
 def score_row(row: dict, meta: dict, confirmed: dict) -> None:
     """The one rule, on one test's row (in place). ``confirmed``: {part: (fraction of its points the
     confirmation gives, why)} for the parts the confirmation ran (``meta``: the test's
-    :func:`autograder.course.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
+    :func:`autograder.course.template.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
     visible part's: the kernel left the hidden tests to the confirmation); on return, the sum of its
     parts', with ``parts``: {part: {points, max_points, status, reason}}."""
     share = shares(meta)

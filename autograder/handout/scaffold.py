@@ -24,7 +24,8 @@ from pathlib import Path
 
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
-from autograder.course import bugbank_dir, grade_id, read_nb, solutions_dir, write_nb
+from autograder.course.cells import grade_id, read_nb, write_nb
+from autograder.course.labs import bugbank_dir, solutions_dir
 
 WHERE = ("here", "launch")
 

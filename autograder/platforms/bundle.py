@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 
 from autograder import PACKAGE_DIR, REPO
-from autograder.course import BEGIN_SOLUTION, END_SOLUTION, nbg, read_nb, write_nb
+from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION, nbg, read_nb, write_nb
 
 #: the packages grading imports (torch apart: it is installed first, its CPU build)
 PINNED = ["numpy", "cloudpickle", "matplotlib", "nbgrader", "nbconvert", "nbformat", "nbclient", "jupyter_client",
@@ -225,7 +225,7 @@ def grading_files(lab: str, course: Path) -> None:
     (its notebooks through :func:`without_solutions`, its other files as they are) and ``hidden/`` (the
     hidden case tables of every checks module the lab's notebooks import)."""
     from autograder.confirm.hidden_tables import CHECKS_PACKAGE, checks_modules, table_file
-    from autograder.course import solutions_dir
+    from autograder.course.labs import solutions_dir
     lab_src = solutions_dir() / lab
     if not lab_src.is_dir():
         raise SystemExit(f"no lab {lab} under {solutions_dir()}")

@@ -10,7 +10,7 @@ A platform hands the grader a folder (Gradescope's ``/autograder/submission``, P
 * no notebook at all, or several notebooks none of which has the lab's name -> not graded: every
   test 0 with a reason that says what to upload (:attr:`Outcome.problem`).
 
-A test cell is scored in parts (:mod:`autograder.test_parts`): its visible tests and, where it has them,
+A test cell is scored in parts (:mod:`autograder.course.hidden_tests`): its visible tests and, where it has them,
 its hidden tests, each with its share of the cell's points (platforms show the hidden part after the due
 date); a solution cell that is graded by hand (lab 7's written answer) is ``manual``: listed, never
 scored here.
@@ -26,13 +26,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course import grade_id, lab_notebooks, nbg, read_nb, solutions_dir
-from autograder.test_parts import has_hidden, hidden_points
+from autograder.course.cells import grade_id, nbg, read_nb
+from autograder.course.hidden_tests import has_hidden, hidden_points
+from autograder.course.labs import lab_notebooks, solutions_dir
 
 
 @dataclass
 class Part:
-    """One part of a test cell (:mod:`autograder.test_parts`): its visible tests or its hidden tests."""
+    """One part of a test cell (:mod:`autograder.course.hidden_tests`): its visible tests or its hidden tests."""
     name: str                      # "visible" or "hidden"
     points: float
     max_points: float

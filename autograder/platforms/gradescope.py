@@ -8,8 +8,8 @@ why there is none, the confirmation), and ``tests``, one per test cell: ``name``
 ``score``, ``max_score``, ``status`` (``passed`` / ``failed``), ``output`` (the one-line reason and
 flags) and ``visibility``. A test cell with hidden tests is two tests, its visible part (``visible``)
 and its hidden part (``after_due_date``), each with its share of the cell's points
-(:mod:`autograder.test_parts`); both visibilities are configurable when the zip is built. A cell graded by hand is listed with
-``max_score`` 0 and says so: its points belong to a manual question on Gradescope.
+(:mod:`autograder.course.hidden_tests`); both visibilities are configurable when the zip is built. A
+cell graded by hand is listed with ``max_score`` 0 and says so: its points belong to a manual question on Gradescope.
 
 The file is written last, by this process, once every process of the submission has been killed
 (:func:`~autograder.platforms.graded.write_last`): what a submission writes there has no effect.

@@ -137,7 +137,7 @@ def build(lab: str, out: Path, image: str | None, timeout: int = TIMEOUT) -> Pat
     course repository, ``grader-image/`` (the bundle, its record ``bundle.json``, the entry point, a
     Dockerfile) for the image. ``image``: the name it is pushed under (required); ``timeout``: info.json's
     (at most PrairieLearn's 600 s; the submission's wall-clock limit is 60 s less)."""
-    from autograder.course import lab_notebooks
+    from autograder.course.labs import lab_notebooks
     from autograder.platforms.bundle import make_bundle
     image, wall = prairielearn_image(image), prairielearn_wall(timeout)
     dest = Path(out) / f"{lab}_prairielearn"

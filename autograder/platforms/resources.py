@@ -65,7 +65,8 @@ def tree_memory(root: int) -> int:
 
 def measure(lab: str, cpu: int = 0) -> dict:
     """Grade ``lab``'s solution as ``run_autograder`` does, on CPU ``cpu``: wall s, peak MiB, score."""
-    from autograder.course import build_course, read_nb, solution_submission, write_nb
+    from autograder.course.cells import read_nb, solution_submission, write_nb
+    from autograder.course.template import build_course
     work = Path(tempfile.mkdtemp(prefix="minidist-resources-"))
     try:
         course = build_course([lab], work / "course")
@@ -106,7 +107,7 @@ def measure(lab: str, cpu: int = 0) -> dict:
 
 
 def main(labs: list[str] | None = None, cpu: int = 0, stream=None) -> list[dict]:
-    from autograder.course import all_labs
+    from autograder.course.labs import all_labs
     stream = stream or sys.stdout
     if not shutil.which("taskset"):
         raise SystemExit("taskset (util-linux) is needed to pin grading to one CPU")

@@ -11,6 +11,9 @@ the hidden part's after the due date (Gradescope's ``visibility``) without one g
 The cell's points (nbgrader's ``points``) are split: the hidden part gets
 ``metadata["minidist"]["hidden_points"]`` where the source notebook gives it, else half; the visible
 part the rest. A cell without hidden tests is one part worth all its points.
+
+The lines of the hidden tests are what no feedback may show (:func:`hidden_test_lines`: the feedback
+check of ``python -m autograder feedback`` and the selftest search for them).
 """
 from __future__ import annotations
 
@@ -57,4 +60,19 @@ def shares(meta: dict) -> dict:
     out = {"visible": float(meta["max_score"]) - hidden}
     if hidden:
         out["hidden"] = hidden
+    return out
+
+
+def hidden_test_lines(nb) -> list[str]:
+    """Non-trivial source lines inside hidden-test regions of a source notebook."""
+    out = []
+    for cell in nb.cells:
+        inside = False
+        for line in cell.source.split("\n"):
+            if BEGIN_HIDDEN in line:
+                inside = True
+            elif END_HIDDEN in line:
+                inside = False
+            elif inside and len(line.strip()) >= 8:
+                out.append(line.strip())
     return out

@@ -9,7 +9,7 @@ import os
 
 c = get_config()  # noqa: F821  (provided by traitlets when this file is loaded)
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # autograder/course/ -> the repository
 
 c.CourseDirectory.course_id = "minidist"
 c.CourseDirectory.root = _REPO
