@@ -8,6 +8,3 @@ from pathlib import Path
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO = PACKAGE_DIR.parent
 BUGBANK = PACKAGE_DIR / "bugbank"
-
-#: wall-clock limit (s) for one submission (kernel start, all cells, feedback)
-SUBMISSION_TIMEOUT = 600

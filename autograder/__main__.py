@@ -42,7 +42,7 @@ def _due(values) -> dict:
 
 
 def cmd_grade(a) -> int:
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     r = grade(a.submissions, a.out, jobs=a.jobs, labs=a.lab, cell_timeout_s=a.cell_timeout,
               wall_s=a.wall_timeout, progress=not a.quiet, keep_work=a.keep_work, confirm=a.confirm,
               sandbox=a.sandbox, students=a.student, due=_due(a.due), gpus_per_job=a.gpus_per_job,

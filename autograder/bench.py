@@ -25,7 +25,7 @@ MODES = [("confirm+sandbox", True, None), ("sandbox only", False, None), ("neith
 
 
 def bench(lab: str | None = None, n: int = 8, jobs=(1, 2), repeat: int = 1, stream=None) -> list[dict]:
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
 
     labs = all_labs()
     lab = lab or (labs[0] if labs else None)

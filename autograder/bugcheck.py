@@ -29,7 +29,7 @@ from minidist.protocol import CHECK_TIMEOUT_ENV, TIMEOUT_SCALE_ENV
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from autograder.course.config import cell_timeout
 from autograder.course.kernel import KERNEL_NAME, kernel_argv
-from autograder.retry import RETRY_TIMEOUT_SCALE
+from autograder.grading.worker.retry import RETRY_TIMEOUT_SCALE
 
 # Deadlock bugs fail through the checks' launch timeout, which the kernels shorten: a few
 # seconds keep a bank of deadlocks from taking minutes. The solution and the alternatives must

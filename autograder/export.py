@@ -3,7 +3,7 @@ file a learning-management system imports.
 
 The grades come from ``DIR/gradebook.db`` (the batch's nbgrader gradebook, read through nbgrader's
 Gradebook API: a submission's score less its late penalty, as nbgrader's CSV export computes it); who
-each student is comes from the roster (:mod:`autograder.roster`: ``grade --roster`` stores it as
+each student is comes from the roster (:mod:`autograder.grading.roster`: ``grade --roster`` stores it as
 ``DIR/roster.csv``; ``export --roster`` overrides it). They are laid out:
 
 * ``csv``: nbgrader's CSV as ``grade`` writes ``grades.csv`` (one row per student and lab, with the
@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 from autograder.course.labs import resolve_lab
-from autograder.roster import ROSTER_FILE, batch_roster, not_on_roster, warning
+from autograder.grading.roster import ROSTER_FILE, batch_roster, not_on_roster, warning
 
 FORMATS = ("csv", "canvas", "moodle")
 CANVAS_FIXED = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -151,7 +151,7 @@ def export(out: Path, fmt: str = "csv", to: Path | None = None, canvas_id: str =
            columns: dict[str, str] | None = None, moodle_percent: bool = False, stream=None) -> Path:
     """Write the export of batch ``out`` in ``fmt`` to ``to`` (default ``out/grades[-FMT].csv``); ``roster``:
     a roster CSV over the batch's ``roster.csv``; ``columns``: {lab: existing Canvas column}."""
-    from autograder.gradebook import export_csv
+    from autograder.grading.gradebook import export_csv
     out = Path(out)
     if fmt not in FORMATS:
         raise SystemExit(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

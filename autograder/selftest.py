@@ -132,7 +132,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
     goes through nbgrader as usual; the release, the bugs and the alternatives through
     :mod:`autograder.bugcheck` (the bank's kernels). ``gpus_per_job``: as ``grade``'s (on a GPU
     node: the graded submissions' launches run on CUDA ranks wherever a job has a GPU per rank)."""
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
 
     stream = stream or sys.stdout
     labs = labs or all_labs()

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from autograder import similarity_library
 from autograder.course.cells import nbg
-from autograder.notebooks import normalized
+from autograder.grading.worker.notebooks import normalized
 
 #: k-gram size, in characters of the filtered text (a name is one character, an operator one or two):
 #: 25 is about one line of code such as ``V.V(V[V],V=V,V=V)``. Shorter k-grams match the idioms every

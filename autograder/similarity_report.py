@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from autograder import similarity
-from autograder.report import RESULT_FIELDS
+from autograder.grading.results import RESULT_FIELDS
 
 #: lines of context kept around the shared code of the library's modules (they are long)
 LIBRARY_CONTEXT_LINES = 3

@@ -61,7 +61,7 @@ def course(tmp_path_factory, fixture_course):
 
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     attacks = {s: a for s, a in attack_bank(course["solution"], course["release"]).items() if s in ATTACKS}
     assert all(not files for _, files, _, _ in attacks.values())
     subs = write_class(tmp_path_factory.mktemp("subs"),
@@ -147,7 +147,7 @@ def test_regrade_some_students_merges(graded, course, tmp_path):
     """grade --student: the release student hands in the solution and is re-graded alone; everyone
     else keeps their row, in results and in grades.csv."""
     import shutil
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     out = tmp_path / "out"
     shutil.copytree(graded["out"], out)
     subs = tmp_path / "subs"
@@ -297,7 +297,7 @@ def test_feedback_command_finds_no_leak(graded, tmp_path):
 
 
 def test_export_reproduces_grades_csv(graded, tmp_path):
-    from autograder.gradebook import export_csv
+    from autograder.grading.gradebook import export_csv
     export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
     assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
 
@@ -309,7 +309,7 @@ def test_parallel_jobs_get_disjoint_gpus_and_their_own_environment(tmp_path, mon
     for the GPUs is an error before anything is graded."""
     import threading
     from types import SimpleNamespace
-    from autograder.grade import gpu_slots, grade, run_all, visible_gpu_ids
+    from autograder.grading.grade import gpu_slots, grade, run_all, visible_gpu_ids
     lock, running, seen = threading.Lock(), {}, []
 
     def fake_run(job, env):
@@ -354,7 +354,7 @@ def _processes_with(marker: str) -> list[int]:
 
 def test_wall_clock_limit_kills_everything(course, tmp_path):
     # the orphans are found by their command line (a sandboxed kernel cannot write outside its folder)
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     marker = f"{300 + (os.getpid() % 1000) / 1000:.3f}"
     spawn = ("import subprocess\n"
              f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
@@ -600,8 +600,7 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
 
 def test_a_lab_is_named_by_its_number_or_prefix_and_an_unknown_one_lists_the_labs():
     from autograder.__main__ import main
-    from autograder.course.labs import resolve_lab
-    from autograder.course.labs import all_labs
+    from autograder.course.labs import all_labs, resolve_lab
     labs = all_labs(REPO / "solutions")
     assert [resolve_lab(n, labs) for n in ("1", "lab1", "lab1_collectives")] == ["lab1_collectives"] * 3
     assert resolve_lab("9", labs) == "lab9_expert_parallel"

@@ -146,7 +146,7 @@ def machine_state() -> dict:
 def batch(tmp_path_factory):
     from autograder.course.cells import read_nb, solution_submission
     from autograder.course.template import build_course
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     from autograder.sandbox.probe import probe
     old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
     os.environ.update(MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),

@@ -355,7 +355,7 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     import csv
     from autograder.course.cells import read_nb, solution_submission, write_nb
     from autograder.course.template import build_course
-    from autograder.grade import visible_gpu_ids
+    from autograder.grading.grade import visible_gpu_ids
     from autograder.sandbox.backend import shm_bytes
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
     ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU

@@ -148,7 +148,7 @@ def test_a_kernel_that_cannot_start_is_reported_in_seconds_as_the_machines_probl
     says that nothing of the submission ran."""
     from autograder.course.cells import read_nb, solution_submission
     from autograder.course.template import build_course
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     from autograder.sandbox.probe import probe
     from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, write_class
     if probe()[0] is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from autograder.course.cells import grade_id, nbg, read_nb, strip_solution_markers, write_nb
-from autograder.report import RESULT_FIELDS
+from autograder.grading.results import RESULT_FIELDS
 from autograder.selftest import load_bank
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ keep exactly their notebook scores. Its **hidden** part runs in the confirmation
 hidden cases) and scores what the confirmation gives it; a failure there is an ordinary failure, with
 the confirmation's reason. :func:`score_row` applies both to one test's row, the only place that does:
 after a finished confirmation (:func:`confirm_cells`), and for a worker killed before it applied one,
-from the points the confirmation reported first (:func:`autograder.records.confirmed_only`). A part the
+from the points the confirmation reported first (:func:`autograder.grading.records.confirmed_only`). A part the
 confirmation lowers (the visible part below the notebook's, a hidden part that timed out) runs once
-more, alone, with the timeouts of :mod:`autograder.retry`, before the verdict.
+more, alone, with the timeouts of :mod:`autograder.grading.worker.retry`, before the verdict.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def score_row(row: dict, meta: dict, confirmed: dict) -> None:
 def lowered(row: dict, meta: dict, tests: dict, sound: bool) -> list[str]:
     """The confirmation's ids of the parts of one test it lowers (run once more before the verdict): the
     visible part below the notebook's points; a hidden part that timed out (as a notebook's test that
-    timed out runs again, :mod:`autograder.retry`), or failed in a run that was not ``sound`` (the lab's
+    timed out runs again, :mod:`autograder.grading.worker.retry`), or failed in a run that was not ``sound`` (the lab's
     own cells failed there, or it stopped early: a loaded machine's doing, not the submission's)."""
     if row["status"] == "manual":
         return []

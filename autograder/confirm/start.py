@@ -17,9 +17,9 @@ from pathlib import Path
 from autograder.confirm import hidden_tables
 from autograder.course.cells import DEMO_TAG, grade_id, nbg
 from autograder.course.hidden_tests import HIDDEN_PART, split
-from autograder.procs import TAG_VAR
 from autograder.sandbox.backend import command
 from autograder.sandbox.home import outer_env
+from autograder.sandbox.procs import TAG_VAR
 from minidist.protocol import DOCKET_ENV, GUARD_BINDINGS_ENV
 
 HERE = Path(__file__).resolve().parent

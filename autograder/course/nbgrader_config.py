@@ -9,7 +9,8 @@ import os
 
 c = get_config()  # noqa: F821  (provided by traitlets when this file is loaded)
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # autograder/course/ -> the repository
+# this file is autograder/course/nbgrader_config.py: the repository is three folders up
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 c.CourseDirectory.course_id = "minidist"
 c.CourseDirectory.root = _REPO
@@ -46,7 +47,7 @@ c.Minidist.due_dates = {}
 # Late penalties, through nbgrader's late-submission plugin (AssignLatePenalties): "none",
 # "zero" (nbgrader's), or "per_day": LatePenalty.per_day of the score per started day late,
 # at most LatePenalty.max_fraction of it.
-c.AssignLatePenalties.plugin_class = "autograder.nbext.LatePenalty"
+c.AssignLatePenalties.plugin_class = "autograder.grading.worker.nbext.LatePenalty"
 c.LatePenalty.penalty_method = "per_day"
 c.LatePenalty.per_day = 0.1
 c.LatePenalty.max_fraction = 1.0
@@ -59,10 +60,11 @@ c.LimitOutput.max_traceback = 60
 # shows no hidden-test source (a test cell's hidden block and its tracebacks are cut). `python -m
 # autograder` sets its own preprocessors for both, so these lines change nothing of its grading.
 c.Autograde.autograde_preprocessors = [
-    "autograder.nbext.SkipDemoCells", "nbgrader.preprocessors.Execute", "nbgrader.preprocessors.IgnorePattern",
+    "autograder.grading.worker.nbext.SkipDemoCells", "nbgrader.preprocessors.Execute",
+    "nbgrader.preprocessors.IgnorePattern",
     "nbconvert.preprocessors.ClearMetadataPreprocessor", "nbgrader.preprocessors.LimitOutput",
-    "autograder.nbext.TruncateOutput", "nbgrader.preprocessors.SaveAutoGrades",
+    "autograder.grading.worker.nbext.TruncateOutput", "nbgrader.preprocessors.SaveAutoGrades",
     "nbgrader.preprocessors.AssignLatePenalties", "nbgrader.preprocessors.CheckCellMetadata"]
 c.GenerateFeedback.preprocessors = [
-    "autograder.nbext.HideHiddenTests", "autograder.nbext.TruncateOutput", "nbgrader.preprocessors.GetGrades",
-    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]
+    "autograder.grading.worker.nbext.HideHiddenTests", "autograder.grading.worker.nbext.TruncateOutput",
+    "nbgrader.preprocessors.GetGrades", "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor"]

@@ -1,5 +1,5 @@
 """Grading where classes are graded: every platform grades one submission with the one grading core
-(:func:`autograder.core.grade_one`) and only writes its result in the platform's format.
+(:func:`autograder.grading.batch.grade_one`) and only writes its result in the platform's format.
 
 * ``graded.py``: a platform's submission folder -> the lab's notebook graded, or a clear problem;
   per-test results with each test's visibility (hidden tests) and manual cells marked; the results

@@ -136,7 +136,7 @@ fi
 "$PY" -m pip install --quiet -r "$HERE/requirements.txt"
 "$PY" -m pip install --quiet --no-deps --force-reinstall "$HERE"/wheels/minidist-*.whl
 "$PY" -m ipykernel install --sys-prefix --name minidist --display-name "Python (minidist)" >/dev/null
-cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.core; print('setup: ok, torch', torch.__version__)"
+cd "$HERE/course" && "$PY" -c "import minidist, nbgrader, torch, autograder.grading.batch; print('setup: ok, torch', torch.__version__)"
 # the grader's files (its code, the lab without solutions, the hidden cases) are root's alone: a job that
 # runs without a sandbox runs as an unprivileged uid of its own, and must not read them
 # (the environment, the bundle's folder and the wheel stay readable: every job runs that interpreter)

@@ -4,7 +4,7 @@ A platform hands the grader a folder (Gradescope's ``/autograder/submission``, P
 ``/grade/student``) that should hold the lab's notebook. What it holds decides what happens:
 
 * the lab's notebook(s), possibly wrongly named (accepted and flagged, as ``grade`` does), possibly
-  next to other files (copied next to it, listed) -> graded by :func:`autograder.core.grade_one`: the
+  next to other files (copied next to it, listed) -> graded by :func:`autograder.grading.batch.grade_one`: the
   locked cells restored, the hidden tests, the confirmation and its judge, the sandbox where one works;
 * a notebook that is not JSON -> graded all the same: the core gives every test 0 with the reason;
 * no notebook at all, or several notebooks none of which has the lab's name -> not graded: every
@@ -17,7 +17,7 @@ scored here.
 
 A failure of the grader itself is never a score: :func:`grade_folder` raises :class:`GraderFailure`
 (a lab the bundle lacks, the core's result marked as the grader's failure,
-:func:`autograder.records.grader_fault`), and a platform reports it, as any exception of the grader,
+:func:`autograder.grading.records.grader_fault`), and a platform reports it, as any exception of the grader,
 as its own kind of error (:func:`clear_results`: no results file on Gradescope).
 """
 from __future__ import annotations
@@ -164,8 +164,8 @@ def grade_folder(folder: Path, lab: str, work: Path, *, confirm: bool = True, sa
                  wall_s: float | None = None, hide: Path | None = None, student: str = "student") -> Outcome:
     """Grade the submission in ``folder`` with the one grading core (``work``: an empty scratch folder;
     ``hide``: a folder the sandbox must not show, e.g. the platform's results folder)."""
-    from autograder.core import grade_one
-    from autograder.records import grader_fault
+    from autograder.grading.batch import grade_one
+    from autograder.grading.records import grader_fault
 
     t0 = time.time()
     if not lab_notebooks(lab):

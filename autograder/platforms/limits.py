@@ -2,7 +2,7 @@
 reason, not later on the platform with every submission killed).
 
 A platform kills the grading job at its timeout; the grader must have written its results before
-then. So a submission's wall-clock limit (the core's, :func:`autograder.core.grade_one`) is the
+then. So a submission's wall-clock limit (the core's, :func:`autograder.grading.batch.grade_one`) is the
 platform's timeout less ``MARGIN`` (setting up the batch, building its template course, writing the
 results), and it must leave at least ``MIN_GRADING`` seconds to grade in.
 

@@ -1,24 +1,24 @@
 """What the grader accepts from a worker: progress records and the result, checked.
 
-A worker (:mod:`autograder.worker`) reports through a pipe only; what arrives is checked here
+A worker (:mod:`autograder.grading.worker`) reports through a pipe only; what arrives is checked here
 against the template course before it counts: every test of every notebook present, points
 clamped to [0, the template's maximum], statuses known, texts short. A record that is not what
 the grader sends is ignored; a result that cannot be read costs that submission (with the
 reason), never the batch. When nbgrader never finished, the cells that did keep the points
-their progress records carry (computed in the worker from the kernel's replies). The
-worker's own per-test points come from the same records (:func:`notebook_cells`), never from
-files a kernel could have written.
+their progress records carry (computed in the worker from the kernel's replies,
+:func:`fallback_cells`). The worker's own per-test points come from the same records
+(:func:`autograder.grading.worker.autograde.notebook_cells`), never from files a kernel could have
+written.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder.course.cells import grade_id, read_nb
-from autograder.notebooks import classify
 
 STATUSES = {"pass", "fail", "error", "timeout", "manual"}
-#: how :func:`failure_reason` begins when the kernel never started: the grading machine's failure
+#: how a failure's reason begins when the kernel never started (the grading machine's failure,
+#: :func:`autograder.grading.worker.autograde.failure_reason`)
 KERNEL_NOT_STARTED = "the kernel could not start"
 
 
@@ -68,64 +68,6 @@ def fallback_cells(cells_meta, records: list[dict], unusable: dict, reason: str,
                                   "status": row[1], "reason": row[2], "flags": list(flags)}
         out[name] = rows
     return out
-
-
-def notebook_cells(course, lab, student, cells_meta, unusable, records, cell_flags, cell_timeout) -> dict:
-    """Per test cell: the points nbgrader's rules give it, from the progress records (computed in
-    this process as the kernel replied), never from files a kernel could have written."""
-    from nbgrader.utils import determine_grade, is_grade
-    done = finished_cells(records)
-    out = {}
-    for name, cells in cells_meta.items():
-        by_id = {}
-        if name not in unusable:
-            try:
-                ag = read_nb(course / "autograded" / student / lab / f"{name}.ipynb")
-                by_id = {grade_id(c): c for c in ag.cells}
-            except Exception:
-                by_id = {}
-        rows = {}
-        for meta in cells:
-            flags = cell_flags.get(name, {}).get(meta["name"], [])
-            mx = meta["max_score"]
-            if name in unusable:
-                pts, status, reason = 0.0, "error", unusable[name]
-            elif meta["kind"] == "manual":
-                pts, status, reason = None, "manual", "needs manual grading"
-            else:
-                d = done.get(meta["name"])
-                if d is not None:
-                    pts, status, reason = d["points"], d["status"], d["reason"]
-                else:                        # a cell nbgrader did not execute (should not happen)
-                    cell = by_id.get(meta["name"])
-                    pts = determine_grade(cell)[0] if cell is not None and is_grade(cell) else 0.0
-                    status, reason = classify(cell, pts, mx, cell_timeout)
-                pts = min(max(float(pts or 0.0), 0.0), mx)
-            rows[meta["name"]] = {"points": pts, "max_points": mx, "status": status, "reason": reason,
-                                  "flags": list(flags)}
-        out[name] = rows
-    return out
-
-
-def failure_reason(log: str, records: list[dict], sandbox_errors: list[str] = ()) -> str:
-    """One line: why nbgrader could not finish, and in which cell. ``sandbox_errors``: what the sandbox
-    said while starting the kernel (its ``sandbox: ...`` lines); a kernel that died before its first
-    cell with one of those never ran the submission at all."""
-    last = last_started(records)
-    where = f" while running cell {last!r}" if last else ""
-    low = log.lower()
-    died = "kernel died" in low or "deadkernel" in low or "dead kernel" in low
-    if (died or sandbox_errors) and not any(valid_record(r) and r["event"] == "start" for r in records):
-        # no cell had been sent to it: nothing of the submission ran (a kernel's start is the grader's)
-        return (KERNEL_NOT_STARTED + " (a problem of the grading machine, not of the submission; "
-                "`python -m autograder doctor` checks the sandbox)" +
-                (f": {sandbox_errors[-1][:200]}" if sandbox_errors else ""))
-    if died:
-        return f"the kernel died (crash, os._exit or killed){where}"
-    if "timeout" in low:
-        return f"the kernel stopped responding after the cell timeout{where}"
-    lines = [l for l in log.strip().split("\n") if l.strip()]
-    return f"nbgrader autograde failed{where}: " + (lines[-1].strip()[:200] if lines else "unknown error")
 
 
 def grader_fault(result: dict) -> str | None:

@@ -32,7 +32,7 @@ from nbgrader.utils import determine_grade, is_grade
 from traitlets import Enum, Float, Integer
 
 from autograder.course.cells import skip_demos
-from autograder.notebooks import classify
+from autograder.grading.worker.notebooks import classify
 
 MAX_OUTPUT_CHARS = 20_000
 MAX_NOTEBOOK_OUTPUT_CHARS = 2_000_000      # all outputs of one notebook

@@ -1,4 +1,5 @@
-"""The class's nbgrader gradebook: due dates in, scores merged, late penalties, CSV out.
+"""The nbgrader gradebooks: due dates into the template's, a job's scores into its own, the class's merged,
+late penalties, CSV out.
 
 Everything goes through nbgrader's Gradebook API and plugins. Scores of autograded tests are
 the grader's (confirmed, clamped) points: a manual score is never kept for them, whatever a
@@ -10,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from autograder.course.config import load_config
-from autograder.records import Job
+from autograder.grading.records import Job
 
 
 def merge_gradebook(template: Path, out: Path, jobs: list[Job]) -> Path:
@@ -110,6 +111,28 @@ def export_csv(db: Path, dest: Path) -> None:
             w.writeheader()
             w.writerows(rows)
 
+
+def record_scores(course: Path, lab: str, student: str, result: dict) -> None:
+    """A job's final (confirmed) scores into its own gradebook, so that nbgrader's feedback shows them;
+    the submission's time and late penalties (:func:`late_penalties`) into ``result``, with a note."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook("sqlite:///" + str(Path(course) / "gradebook.db")) as gb:
+        for name, rows in result["cells"].items():
+            for cell, row in rows.items():
+                if row["status"] == "manual":
+                    continue
+                g = gb.find_grade(cell, name, lab, student)
+                g.auto_score = float(row["points"] or 0.0)
+                g.manual_score = None
+                g.needs_manual_grade = False
+        gb.db.commit()
+        sub = gb.find_submission(lab, student)
+        result["timestamp"] = sub.timestamp.isoformat() if sub.timestamp else None
+        result["late_penalty"] = late_penalties(gb, course, lab, student, sub, list(result["cells"]))
+        if result["late_penalty"]:
+            result["notes"].append(f"submitted {sub.total_seconds_late / 3600:.1f} h late: penalty "
+                                   + ", ".join(f"{v:g}" for v in result["late_penalty"].values()))
 
 def late_penalties(gb, course, lab, student, sub, names) -> dict:
     """nbgrader's late-submission plugin (the course config's), on the final (confirmed) scores."""

@@ -3,15 +3,16 @@
 Design (nbgrader has no parallel autograde, its issue #174):
 1. once per batch: a *template* course (``nbgrader generate_assignment`` for every lab graded,
    giving source/, release/ and a gradebook, with the labs' due dates), a pristine copy of
-   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`): :func:`autograder.core.open_batch`;
+   minidist, and a probe of the sandbox (:mod:`autograder.sandbox`):
+   :func:`autograder.grading.batch.open_batch`;
 2. each submission <student>/<lab>/ is graded by the grading core every platform shares
-   (:func:`autograder.core.grade_submission`): a child process (``autograder.worker``) in
-   its own course directory with its own copy of the gradebook, in its own session, under a
+   (:func:`autograder.grading.batch.grade_submission`): a child process (:mod:`autograder.grading.worker`)
+   in its own course directory with its own copy of the gradebook, in its own session, under a
    wall-clock limit; its kernel and its confirmation run (:mod:`autograder.confirm`) are
-   sandboxed. A supervisor thread (:mod:`autograder.supervise`) reads the child's pipe
+   sandboxed. A supervisor thread (:mod:`autograder.grading.supervise`) reads the child's pipe
    (progress, then the result) and checks what arrives: a malformed or missing record costs
    that submission, with a reason, never the batch; afterwards every process the child
-   started is killed (``autograder.procs``);
+   started is killed (:mod:`autograder.sandbox.procs`);
 3. the scores are merged into one nbgrader gradebook (``OUT/gradebook.db``) through
    nbgrader's Gradebook API, and ``grades.csv`` is written by nbgrader's CSV export.
 
@@ -32,14 +33,14 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from pathlib import Path
 
-from autograder.core import close_batch, grade_submission, merged_due_dates, open_batch
 from autograder.course.labs import all_labs, solutions_dir
 from autograder.course.template import build_course
-from autograder.gradebook import export_csv, merge_gradebook, set_due_dates
-from autograder.records import Job
-from autograder.report import load_previous, write_feedback, write_results
-from autograder.roster import ROSTER_FILE, not_on_roster, read_roster, warning, write_roster
-from autograder.supervise import INTERRUPTED
+from autograder.grading.batch import close_batch, grade_submission, merged_due_dates, open_batch
+from autograder.grading.gradebook import export_csv, merge_gradebook, set_due_dates
+from autograder.grading.records import Job
+from autograder.grading.results import load_previous, write_feedback, write_results
+from autograder.grading.roster import ROSTER_FILE, not_on_roster, read_roster, warning, write_roster
+from autograder.grading.supervise import INTERRUPTED
 
 
 class Progress:
@@ -207,7 +208,7 @@ def grade(submissions, out, jobs: int = 1, labs: list[str] | None = None,
     into the results already in OUT; ``due``: {lab or "*": date}, over the course config;
     ``gpus_per_job``: each parallel job gets that many GPUs of its own (:func:`gpu_slots`);
     ``job_env``: {student: variables} for that student's worker, kernels and confirmation;
-    ``roster``: a roster CSV (:mod:`autograder.roster`), read before anything is graded and stored as
+    ``roster``: a roster CSV (:mod:`autograder.grading.roster`), read before anything is graded and stored as
     OUT/roster.csv for ``export``."""
     submissions, out = Path(submissions).resolve(), Path(out).resolve()
     if not submissions.is_dir():

@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from autograder.records import Job
+from autograder.grading.records import Job
 
 RESULT_FIELDS = ["student", "lab", "notebook", "cell", "points", "max_points", "status",
                  "reason", "flags", "confirmed", "similarity"]

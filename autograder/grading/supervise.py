@@ -1,9 +1,9 @@
 """One submission's worker, supervised: started, listened to, and cleaned up after.
 
-The worker (:mod:`autograder.worker`) is a fork of a forkserver that imported nbgrader once,
+The worker (:mod:`autograder.grading.worker`) is a fork of a forkserver that imported nbgrader once,
 in its own session, with a tag in its environment that every process it starts inherits
-(:mod:`autograder.procs`). The supervisor reads its pipe under the wall-clock limit, keeps the
-records that check out (:mod:`autograder.records`), then kills everything the job started,
+(:mod:`autograder.sandbox.procs`). The supervisor reads its pipe under the wall-clock limit, keeps the
+records that check out (:mod:`autograder.grading.records`), then kills everything the job started,
 whatever happened: a result, a crash, the limit, or the grader itself being stopped.
 """
 from __future__ import annotations
@@ -15,12 +15,13 @@ import time
 import uuid
 from pathlib import Path
 
-from autograder import REPO, worker
+from autograder import REPO
 from autograder.course.template import lab_cells
-from autograder.procs import TAG_VAR, kill_job
+from autograder.grading.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
+                                        last_started, valid_record)
+from autograder.grading.worker import process
 from autograder.sandbox.backend import job_uid
-from autograder.records import (Job, checked_confirmation, checked_result, confirmed_only, fallback_cells,
-                                last_started, valid_record)
+from autograder.sandbox.procs import TAG_VAR, kill_job
 
 MAX_RECORD_BYTES = 50 << 20
 INTERRUPTED = "grading interrupted (the grader was stopped)"
@@ -41,7 +42,7 @@ def _ctx():
             if str(REPO) not in sys.path:
                 sys.path.insert(0, str(REPO))
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload(worker.PRELOAD)
+            ctx.set_forkserver_preload(process.PRELOAD)
             _CTX = ctx
         return _CTX
 
@@ -116,7 +117,7 @@ def run_job(job: Job, template: Path, ctimeout: int, wall: float, env: dict, bat
             "tag_var": TAG_VAR, "uid": job_uid(tag), **batch}
     ctx = _ctx()
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=worker.child_entry,
+    proc = ctx.Process(target=process.child_entry,
                        args=(spec, dict(env, **{TAG_VAR: tag}), str(job.job_dir / "worker.log"), send),
                        name=f"grade-{job.student}-{job.lab}", daemon=False)
     proc.start()

@@ -9,9 +9,9 @@ A batch is what is made once for any number of submissions (``grade``'s step 1):
 of minidist the kernels and the confirmation import, the sandbox's probe (or why there is none), the
 template course (``nbgrader generate_assignment`` of every lab graded, with its due dates), and the
 workers' environment. A submission is graded by a worker under supervision
-(:func:`autograder.supervise.run_job`: the locked cells restored, the hidden tests, the
+(:func:`autograder.grading.supervise.run_job`: the locked cells restored, the hidden tests, the
 confirmation and its judge, the sandbox, the wall-clock limit, every process killed afterwards);
-what comes back is checked (:mod:`autograder.records`) and is the per-test result, ``job.result``.
+what comes back is checked (:mod:`autograder.grading.records`) and is the per-test result, ``job.result``.
 """
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import REPO, SUBMISSION_TIMEOUT
+from autograder import REPO
 from autograder.course.config import cell_timeout, due_dates
 from autograder.course.kernel import kernel_argv
 from autograder.course.labs import solutions_dir
 from autograder.course.template import build_course, lab_cells
-from autograder.gradebook import set_due_dates
-from autograder.records import Job, fallback_cells
-from autograder.supervise import run_job, warm_forkserver
+from autograder.grading.gradebook import set_due_dates
+from autograder.grading.records import Job, fallback_cells
+from autograder.grading.supervise import run_job, warm_forkserver
 
+
+#: wall-clock limit (s) for one submission (kernel start, all cells, feedback)
+SUBMISSION_TIMEOUT = 600
 
 @dataclass
 class Batch:
