@@ -72,8 +72,8 @@ def cmd_grade(a) -> int:
 
 
 def cmd_similarity(a) -> int:
-    from autograder.similarity import NEAR_MISS, THRESHOLD
-    from autograder.similarity_report import pair_name, report
+    from autograder.reports.similarity import NEAR_MISS, THRESHOLD
+    from autograder.reports.similarity_report import pair_name, report
     r = report(Path(a.out), NEAR_MISS if a.near_miss is None else a.near_miss)
     top = [{"highest": f"{p.score:.2f}", "pair": pair_name(p)[:60],
             "cells": ", ".join(f"{m.a.cell} {m.score:.2f}" for m in p.matches[:4])
@@ -92,7 +92,7 @@ def cmd_similarity(a) -> int:
 
 
 def cmd_feedback(a) -> int:
-    from autograder.feedback import collect
+    from autograder.reports.feedback import collect
     made, leaks = collect(Path(a.out), Path(a.to) if a.to else None)
     for p in made:
         print(p)
@@ -102,7 +102,7 @@ def cmd_feedback(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from autograder.export import canvas_columns, export
+    from autograder.reports.export import canvas_columns, export
     columns = canvas_columns(a.canvas_column, a.canvas_columns)
     if columns and a.format != "canvas":
         raise SystemExit(f"--canvas-column and --canvas-columns are for --format canvas, not {a.format}")

@@ -203,7 +203,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                 if bug_rows is not None:
                     report += bug_rows.result()
             by_student = {j.student: j for j in r["jobs"]}
-            from autograder.feedback import collect
+            from autograder.reports.feedback import collect
             _, leaks = collect(dest)
             report.append((lab, "feedback", "FAIL" if leaks else "ok",
                            "no hidden-test source in any feedback"

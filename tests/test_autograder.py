@@ -290,7 +290,7 @@ def test_feedback_per_student_hides_hidden_tests(graded, course):
 
 
 def test_feedback_command_finds_no_leak(graded, tmp_path):
-    from autograder.feedback import collect
+    from autograder.reports.feedback import collect
     made, leaks = collect(graded["out"], tmp_path / "handback")
     assert not leaks and made
     assert (tmp_path / "handback" / "sol1" / LAB / f"{LAB}.html").is_file()

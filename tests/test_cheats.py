@@ -280,7 +280,7 @@ def test_library_answers_on_another_thread_or_under_another_name(batch):
 
 
 def test_feedback_for_everyone_and_bounded(batch, tmp_path):
-    from autograder.feedback import collect
+    from autograder.reports.feedback import collect
     made, leaks = collect(batch["out"], tmp_path / "handback")
     assert leaks and all("/hidden_quote/" in leak for leak in leaks), leaks[:3]
     assert {p.relative_to(tmp_path / "handback").parts[0] for p in made} == set(batch["bank"]) - {"hidden_quote"}

@@ -46,7 +46,7 @@ def batch(tmp_path_factory):
 
 
 def export(out: Path, fmt: str, **kw) -> list[list[str]]:
-    from autograder.export import export as run
+    from autograder.reports.export import export as run
     with open(run(out, fmt, **kw), newline="") as f:
         return list(csv.reader(f))
 
@@ -190,7 +190,7 @@ def test_a_lab_goes_into_an_existing_canvas_column(batch, tmp_path):
     assert {r[3]: r[-1] for r in rows[2:]} == {"alice": "3", "bob": "1", "carol": "0", "dave": ""}
     mapping = tmp_path / "columns.txt"
     mapping.write_text(f"# lab = Canvas column\n{LAB}=Toy lab, part 1 (99)\n")
-    from autograder.export import canvas_columns
+    from autograder.reports.export import canvas_columns
     rows = export(batch, "canvas", to=dest, columns=canvas_columns(file=mapping))
     assert rows[0][-1] == "Toy lab, part 1 (99)"
 

@@ -114,7 +114,7 @@ def test_a_pasted_library_answer_is_flagged(lab):
     threshold against minidist (what the release gives in the cell does not count)."""
     import importlib
 
-    from autograder.similarity import Text, THRESHOLD, compare, library_text
+    from autograder.reports.similarity import Text, THRESHOLD, compare, library_text
     path = next((solutions_dir() / lab).glob("*.ipynb"))
     released = {grade_id(c): c.source for c in read_nb(labs_dir() / lab / path.name).cells if grade_id(c)}
     found = _library_answers(lab)

@@ -28,6 +28,11 @@ def grade_id(cell):
     return nbg(cell).get("grade_id")
 
 
+def normalized(src: str) -> str:
+    """A cell's source as compared: surrounding blank lines and trailing spaces dropped."""
+    return "\n".join(l.rstrip() for l in src.strip().split("\n"))
+
+
 def strip_solution_markers(source: str) -> str:
     """The code a perfect student would type: solution markers removed, dedent kept."""
     return "\n".join(l for l in source.split("\n")

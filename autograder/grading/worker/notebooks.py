@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.course.cells import grade_id, nbg
+from autograder.course.cells import grade_id, nbg, normalized
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -65,10 +65,6 @@ def _kind(cell) -> str:
     if m.get("grade") or m.get("locked") or m.get("task"):
         return "locked:" + cell.get("cell_type", "")
     return "other"
-
-
-def normalized(src: str) -> str:
-    return "\n".join(l.rstrip() for l in src.strip().split("\n"))
 
 
 #: the one note for a notebook handed in from the course's source (nbgrader's metadata without the

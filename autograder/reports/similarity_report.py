@@ -1,6 +1,6 @@
 """What ``python -m autograder similarity OUT`` writes: ``similarity.html`` and ``results.csv``'s column.
 
-The pairs come from :mod:`autograder.similarity`. ``similarity.html`` has one entry per pair (two
+The pairs come from :mod:`autograder.reports.similarity`. ``similarity.html`` has one entry per pair (two
 students, or a student and minidist), highest score first: the flagged pairs, then the near misses,
 marked as not flagged. Each lists every cell the two share with its score (against minidist also the
 library functions that hold the shared code and what the lab's own solution scores), then the cells
@@ -19,8 +19,8 @@ import os
 import re
 from pathlib import Path
 
-from autograder import similarity
 from autograder.grading.results import RESULT_FIELDS
+from autograder.reports import similarity
 
 #: lines of context kept around the shared code of the library's modules (they are long)
 LIBRARY_CONTEXT_LINES = 3

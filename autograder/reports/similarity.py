@@ -3,7 +3,7 @@
 After ``grade`` wrote OUT, every answer cell of every graded notebook (an nbgrader solution cell, by
 its grade id, as ``OUT/autograded/<student>/<lab>/<notebook>.ipynb`` holds it) is compared with the
 library (everything the course ships that a student could copy: every module of the installed minidist
-package, ``minidist/checks/`` included, :mod:`autograder.similarity_library`) and with every
+package, ``minidist/checks/`` included, :mod:`autograder.reports.similarity_library`) and with every
 classmate's answer to the same cell.
 
 The comparison is copydetect's: each text is tokenised, names become one letter (renaming a variable
@@ -18,7 +18,7 @@ holds far more); between classmates, the larger of the two shares (one copy may 
 The results are grouped by pair (:class:`Pair`: two students, or a student and ``minidist``), each with
 every cell the two share and its score (:class:`Match`): a pair is flagged when one of its cells scores
 ``THRESHOLD`` or more, and listed as a near miss, not flagged, from ``NEAR_MISS``. It flags for review
-and changes no score (:mod:`autograder.similarity_report` writes the report and ``results.csv``'s
+and changes no score (:mod:`autograder.reports.similarity_report` writes the report and ``results.csv``'s
 ``similarity`` column).
 """
 from __future__ import annotations
@@ -31,9 +31,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autograder import similarity_library
-from autograder.course.cells import nbg
-from autograder.grading.worker.notebooks import normalized
+from autograder.course.cells import nbg, normalized
+from autograder.reports import similarity_library
 
 #: k-gram size, in characters of the filtered text (a name is one character, an operator one or two):
 #: 25 is about one line of code such as ``V.V(V[V],V=V,V=V)``. Shorter k-grams match the idioms every
@@ -182,7 +181,7 @@ def release_cells(out: Path, lab: str, notebook: str) -> dict:
 
 
 def library_text() -> Text:
-    """The library as one text (:func:`autograder.similarity_library.library`: every module of the
+    """The library as one text (:func:`autograder.reports.similarity_library.library`: every module of the
     installed minidist package, its checks included), fingerprinted once per process."""
     source, units, prints = similarity_library.library(K, LEXER_NAME)
     return Text(LIBRARY, "", "", "", source, library=True, units=units, prints={"": prints})
