@@ -15,7 +15,7 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 
 
 def cmd_release(a) -> int:
-    from autograder import release
+    from autograder.handout import release
     if a.check:
         problems = release.check()
         for p in problems:
@@ -116,14 +116,14 @@ def cmd_export(a) -> int:
 
 
 def _bundle_check(a) -> int:
-    from autograder.platforms.version import check
+    from autograder.handout.platforms.version import check
     ok, text = check(a.lab, Path(a.check))
     print(text)
     return 0 if ok else 1
 
 
 def cmd_gradescope(a) -> int:
-    from autograder.platforms.gradescope import build
+    from autograder.handout.platforms.gradescope import build
     if a.check:
         return _bundle_check(a)
     dest = build(a.lab, Path(a.out), a.hidden_visibility, a.visible_visibility, a.wall_timeout, a.timeout)
@@ -132,7 +132,7 @@ def cmd_gradescope(a) -> int:
 
 
 def cmd_prairielearn(a) -> int:
-    from autograder.platforms.prairielearn import build
+    from autograder.handout.platforms.prairielearn import build
     if a.check:
         return _bundle_check(a)
     dest = build(a.lab, Path(a.out), a.image, a.timeout)
@@ -156,7 +156,7 @@ def cmd_bench(a) -> int:
 
 
 def cmd_resources(a) -> int:
-    from autograder.platforms.resources import main as measure
+    from autograder.handout.platforms.resources import main as measure
     rows = measure(a.lab, a.cpu)
     return 0 if all(r["ok"] for r in rows) else 1
 
@@ -171,7 +171,7 @@ def cmd_new_exercise(a) -> int:
 
 
 def cmd_student_dist(a) -> int:
-    from autograder.student_dist import build
+    from autograder.handout.student_dist import build
     try:
         built = build(Path(a.out))
     except ValueError as err:

@@ -413,7 +413,7 @@ def test_a_stopped_grader_stops_every_job_and_writes_nothing(course, tmp_path):
 
 # ---------------------------------------------------------------- release
 def test_release_check_detects_stale_labs(tmp_path):
-    from autograder import release
+    from autograder.handout import release
     labs = tmp_path / "labs"
     release.release(labs_dir=labs)
     assert release.check(labs) == []
@@ -425,8 +425,8 @@ def test_release_check_detects_stale_labs(tmp_path):
 
 
 def test_release_has_no_hidden_tests_or_solutions(tmp_path, course):
-    from autograder import release
     from autograder.course.hidden_tests import hidden_test_lines
+    from autograder.handout import release
     labs = tmp_path / "labs"
     release.release(labs_dir=labs)
     text = (labs / LAB / f"{LAB}.ipynb").read_text()

@@ -1,6 +1,6 @@
 """What leaves the instructor's machine holds no answer (issue 58).
 
-* The grading files a platform's bundle carries for each lab (``autograder.platforms.bundle.grading_files``):
+* The grading files a platform's bundle carries for each lab (``autograder.handout.platforms.bundle.grading_files``):
   the lab's source notebook with its solutions emptied, from which nbgrader makes exactly the release in
   ``labs/`` (checked for every lab), and no solution body; the hidden tables of the checks it imports.
 * The Gradescope zip and the PrairieLearn image, built (``make test-e2e``): no solution body and no function
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def grading(tmp_path_factory):
     """Every lab's grading files, as a bundle carries them."""
-    from autograder.platforms.bundle import grading_files
+    from autograder.handout.platforms.bundle import grading_files
     course = tmp_path_factory.mktemp("grading") / "course"
     for lab in all_labs():
         grading_files(lab, course)
@@ -63,7 +63,7 @@ def test_nbgrader_makes_the_same_release_from_the_grading_files(grading, tmp_pat
 @pytest.mark.e2e
 @pytest.mark.parametrize("platform, lab", [("gradescope", "lab3_zero_fsdp"), ("prairielearn", "lab9_expert_parallel")])
 def test_a_platform_bundle_holds_no_answer(platform, lab, tmp_path):
-    from autograder.platforms import gradescope, prairielearn
+    from autograder.handout.platforms import gradescope, prairielearn
     if platform == "gradescope":
         built = gradescope.build(lab, tmp_path / "out")
     else:
@@ -135,8 +135,8 @@ def test_a_pasted_library_answer_is_flagged(lab):
 def test_lab4s_gradescope_results_show_every_visible_test_before_the_due_date():
     """Lab 4's test cells, as Gradescope lists them: each cell's visible part is a test shown at once, its
     hidden part (where it has one) a test shown after the due date, their points adding up to the cell's."""
-    from autograder.platforms.graded import Outcome, test_cells
-    from autograder.platforms.gradescope import results_json
+    from autograder.handout.platforms.graded import Outcome, test_cells
+    from autograder.handout.platforms.gradescope import results_json
     lab = "lab4_pipeline"
     tests = test_cells(lab)
     data = results_json(Outcome(lab, tests))

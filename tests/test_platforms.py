@@ -151,8 +151,8 @@ def seed_venv(venv: Path) -> None:
 @pytest.fixture(scope="module")
 def installed(toy, request):
     """Gradescope's zip and PrairieLearn's image folder, built, unpacked and set up (one environment)."""
-    from autograder.platforms import gradescope, prairielearn
-    from autograder.platforms.version import check
+    from autograder.handout.platforms import gradescope, prairielearn
+    from autograder.handout.platforms.version import check
     # a folder every uid may traverse, as Gradescope's /autograder and PrairieLearn's /minidist are: where no
     # sandbox works, a job runs as its own uid and must reach the environment (pytest's folders are 0700)
     tmp = Path(tempfile.mkdtemp(prefix="minidist-platforms-"))

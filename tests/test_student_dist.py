@@ -15,8 +15,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import student_dist
 from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION
+from autograder.handout import student_dist, wheel
 from autograder.selftest import load_bank
 from test_platforms import seed_venv
 
@@ -56,7 +56,7 @@ def _lines(text: str) -> set[str]:
 
 def _public_lines() -> set[str]:
     """Every line students are meant to have: the library (less the hidden tables) and the released labs."""
-    hidden = set(student_dist.hidden_tables())
+    hidden = set(wheel.hidden_tables())
     lines = set()
     for path in (ROOT / "minidist").rglob("*.py"):
         if path not in hidden:
@@ -102,10 +102,10 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
     described = zipfile.ZipFile(dist["wheel"]).read("minidist-0.1.0.dist-info/METADATA").decode()
     assert student_dist.WHEEL_README in described and "make test" not in described, \
         "the wheel describes itself to students, not as the instructors' repository"
-    assert len(student_dist.hidden_tables()) >= 11          # labs 1-10 and the toy lab: the grader has them
+    assert len(wheel.hidden_tables()) >= 11          # labs 1-10 and the toy lab: the grader has them
 
     texts, public = _texts(out), _public_lines()
-    hidden = set().union(*(_lines(p.read_text()) for p in student_dist.hidden_tables())) - public
+    hidden = set().union(*(_lines(p.read_text()) for p in wheel.hidden_tables())) - public
     solution = _solution_lines() - public
     names, bank = _bank_lines()
     bank -= public

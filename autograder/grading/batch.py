@@ -2,7 +2,7 @@
 
 ``python -m autograder grade`` (and so ``selftest`` and ``bench``, which call it) grades a class as
 many calls of :func:`grade_submission` in one :class:`Batch`; Gradescope's ``run_autograder`` and
-PrairieLearn's entry point (:mod:`autograder.platforms`) grade one submission with
+PrairieLearn's entry point (:mod:`autograder.handout.platforms`) grade one submission with
 :func:`grade_one`, which is one batch of one call. So a fix of grading lands everywhere.
 
 A batch is what is made once for any number of submissions (``grade``'s step 1): the pristine copy

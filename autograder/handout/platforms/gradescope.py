@@ -1,8 +1,8 @@
 """Gradescope: ``python -m autograder gradescope LAB`` builds ``LAB_autograder.zip``; Gradescope runs
-its ``setup.sh`` once (:mod:`autograder.platforms.bundle`) and its ``run_autograder`` per submission.
+its ``setup.sh`` once (:mod:`autograder.handout.platforms.bundle`) and its ``run_autograder`` per submission.
 
 ``run_autograder`` grades the notebook in ``/autograder/submission`` with the one grading core
-(:mod:`autograder.platforms.graded`) and writes ``/autograder/results/results.json`` in Gradescope's
+(:mod:`autograder.handout.platforms.graded`) and writes ``/autograder/results/results.json`` in Gradescope's
 format: ``score``, ``execution_time``, ``output`` (the summary and how it was graded: the sandbox or
 why there is none, the confirmation), and ``tests``, one per test cell: ``name`` (its grade id),
 ``score``, ``max_score``, ``status`` (``passed`` / ``failed``), ``output`` (the one-line reason and
@@ -12,13 +12,13 @@ and its hidden part (``after_due_date``), each with its share of the cell's poin
 cell graded by hand is listed with ``max_score`` 0 and says so: its points belong to a manual question on Gradescope.
 
 The file is written last, by this process, once every process of the submission has been killed
-(:func:`~autograder.platforms.graded.write_last`): what a submission writes there has no effect.
+(:func:`~autograder.handout.platforms.graded.write_last`): what a submission writes there has no effect.
 A failure of the grader itself (it could not start, crashed, lacks the lab: not the submission's
 fault) leaves no results.json and exits with status 1, with the cause on stdout: Gradescope then
 shows the submission as "The autograder failed to execute correctly", with no score, and keeps the
 stdout for the instructor (its "Autograder Specifications": ``/autograder/results/stdout`` is
 displayed back to the instructor; results.json "must be produced" by ``run_autograder``).
-Every run's stdout names the bundle (:mod:`autograder.platforms.version`), as does results.json's
+Every run's stdout names the bundle (:mod:`autograder.handout.platforms.version`), as does results.json's
 ``extra_data``. The root (``/autograder``) is ``$MINIDIST_GRADESCOPE_ROOT`` where set (the tests lay
 out a Gradescope machine in a folder).
 """
@@ -33,9 +33,9 @@ import time
 import zipfile
 from pathlib import Path
 
-from autograder.platforms.graded import Outcome, clear_results, grade_folder, report_failure, write_last
-from autograder.platforms.limits import GRADESCOPE_DEFAULT, MARGIN, gradescope_wall
-from autograder.platforms.version import describe, load_for_run, write_record
+from autograder.handout.platforms.graded import Outcome, clear_results, grade_folder, report_failure, write_last
+from autograder.handout.platforms.limits import GRADESCOPE_DEFAULT, MARGIN, gradescope_wall
+from autograder.handout.platforms.version import describe, load_for_run, write_record
 
 ROOT_VAR = "MINIDIST_GRADESCOPE_ROOT"
 VISIBILITIES = ("visible", "after_due_date", "after_published", "hidden")
@@ -52,7 +52,7 @@ HERE="$ROOT/source"
 cd "$HERE/course" || exit 1
 export MINIDIST_SOLUTIONS="$HERE/course/solutions"
 export MINIDIST_HIDDEN="$HERE/course/hidden"          # the hidden cases: the grader's, no job reads them
-exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.gradescope @LAB@ --root "$ROOT" @OPTS@
+exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.handout.platforms.gradescope @LAB@ --root "$ROOT" @OPTS@
 """
 
 
@@ -80,7 +80,7 @@ def run(root: Path, lab: str, hidden: str = "after_due_date", visible: str = "vi
         wall_s: float | None = None, bundle: dict | None = None) -> dict | None:
     """Grade ``root/submission`` and write ``root/results/results.json``; returns what was written, or
     None when the grader itself failed (then there is no results.json: Gradescope's own error state).
-    ``bundle``: the bundle's record (:mod:`autograder.platforms.version`), named in the output."""
+    ``bundle``: the bundle's record (:mod:`autograder.handout.platforms.version`), named in the output."""
     t0 = time.time()
     results = root / "results"
     work = Path(tempfile.mkdtemp(prefix="minidist-gradescope-"))
@@ -115,9 +115,9 @@ def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "v
           timeout: float = GRADESCOPE_DEFAULT) -> Path:
     """``out/LAB_autograder.zip``: the bundle, its record (``bundle.json``), ``run_autograder``, all at
     the zip's root. ``timeout``: the assignment's Gradescope timeout (s); ``wall_s``: the submission's
-    wall-clock limit in ``run_autograder``, at most ``timeout`` less :data:`~autograder.platforms.limits.MARGIN`
+    wall-clock limit in ``run_autograder``, at most ``timeout`` less :data:`~autograder.handout.platforms.limits.MARGIN`
     so that the results are written before Gradescope stops the run (default: exactly that)."""
-    from autograder.platforms.bundle import make_bundle
+    from autograder.handout.platforms.bundle import make_bundle
     wall_s = gradescope_wall(wall_s, timeout)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ def build(lab: str, out: Path, hidden: str = "after_due_date", visible: str = "v
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autograder.platforms.gradescope",
+    p = argparse.ArgumentParser(prog="python -m autograder.handout.platforms.gradescope",
                                 description="grade a Gradescope submission (what run_autograder runs)")
     p.add_argument("lab")
     p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/autograder")

@@ -70,7 +70,7 @@ def _part(files: dict[str, str]) -> dict:
 def parts(lab: str) -> dict[str, dict]:
     """{part: {"sha256": ..., "files": {path: sha256}}} of the course as it is here, for ``lab``."""
     from autograder.course.labs import solutions_dir
-    from autograder.platforms.bundle import requirements, torch_version
+    from autograder.handout.platforms.bundle import requirements, torch_version
     lib, checks = REPO / "minidist", REPO / "minidist" / "checks"
     sol = solutions_dir()
 

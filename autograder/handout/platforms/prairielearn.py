@@ -1,6 +1,6 @@
 """PrairieLearn: ``python -m autograder prairielearn LAB`` writes an external-grading question and
 the grader image it names; the image's entry point grades ``/grade/student`` with the one grading
-core (:mod:`autograder.platforms.graded`) and writes ``/grade/results/results.json``.
+core (:mod:`autograder.handout.platforms.graded`) and writes ``/grade/results/results.json``.
 
 ``results.json``: ``succeeded`` (the grader ran), ``gradable`` (false when nothing could be graded:
 no notebook, several notebooks none of them the lab's: PrairieLearn does not score the submission),
@@ -10,7 +10,7 @@ no notebook, several notebooks none of them the lab's: PrairieLearn does not sco
 by hand is listed with ``max_points`` 0: its points are the question's manual points.
 
 Written last, by this process, once every process of the submission is gone
-(:func:`~autograder.platforms.graded.write_last`). The root (``/grade``) is
+(:func:`~autograder.handout.platforms.graded.write_last`). The root (``/grade``) is
 ``$MINIDIST_PRAIRIELEARN_ROOT`` where set (the tests lay out a grading container in a folder).
 
 A failure of the grader itself (it could not start, crashed, lacks the lab: not the submission's
@@ -20,7 +20,7 @@ with 0; otherwise it marks the job failed, which PrairieLearn shows as "Grading 
 score (the submission is not gradable: no points awarded or lost), and the container's output is
 in the grading job's log, for the course staff. The results.json written is PrairieLearn's own form of
 a grader error (``results: {succeeded: false, gradable: false}`` and a message), for a runner that
-reads it all the same. Every run's stdout names the bundle (:mod:`autograder.platforms.version`).
+reads it all the same. Every run's stdout names the bundle (:mod:`autograder.handout.platforms.version`).
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ import time
 import uuid
 from pathlib import Path
 
-from autograder.platforms.graded import Outcome, grade_folder, report_failure, write_last
-from autograder.platforms.limits import PRAIRIELEARN_MAX, prairielearn_image, prairielearn_wall
-from autograder.platforms.version import describe, load_for_run, write_record
+from autograder.handout.platforms.graded import Outcome, grade_folder, report_failure, write_last
+from autograder.handout.platforms.limits import PRAIRIELEARN_MAX, prairielearn_image, prairielearn_wall
+from autograder.handout.platforms.version import describe, load_for_run, write_record
 
 ROOT_VAR = "MINIDIST_PRAIRIELEARN_ROOT"
 #: info.json's timeout (s), and the submission's wall-clock limit within it (setting up the batch and
@@ -53,7 +53,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$HERE/course" || exit 1
 export MINIDIST_SOLUTIONS="$HERE/course/solutions"
 export MINIDIST_HIDDEN="$HERE/course/hidden"          # the hidden cases: the grader's, no job reads them
-exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.platforms.prairielearn @LAB@ --root "$ROOT" @OPTS@
+exec "${MINIDIST_VENV:-$HERE/venv}/bin/python" -m autograder.handout.platforms.prairielearn @LAB@ --root "$ROOT" @OPTS@
 """
 
 DOCKERFILE = """# The grader image of PrairieLearn's question minidist/@LAB@: build and push it, name it in info.json.
@@ -108,7 +108,7 @@ def run(root: Path, lab: str, confirm: bool = True, wall_s: float | None = None,
         bundle: dict | None = None) -> dict | None:
     """Grade ``root/student`` and write ``root/results/results.json``; returns what was written, or None
     when the grader itself failed (results.json then holds :func:`failed_json`, and the entry point
-    exits with 1). ``bundle``: the bundle's record (:mod:`autograder.platforms.version`)."""
+    exits with 1). ``bundle``: the bundle's record (:mod:`autograder.handout.platforms.version`)."""
     t0 = time.time()
     results = root / "results"
     work = Path(tempfile.mkdtemp(prefix="minidist-prairielearn-"))
@@ -138,7 +138,7 @@ def build(lab: str, out: Path, image: str | None, timeout: int = TIMEOUT) -> Pat
     Dockerfile) for the image. ``image``: the name it is pushed under (required); ``timeout``: info.json's
     (at most PrairieLearn's 600 s; the submission's wall-clock limit is 60 s less)."""
     from autograder.course.labs import lab_notebooks
-    from autograder.platforms.bundle import make_bundle
+    from autograder.handout.platforms.bundle import make_bundle
     image, wall = prairielearn_image(image), prairielearn_wall(timeout)
     dest = Path(out) / f"{lab}_prairielearn"
     shutil.rmtree(dest, ignore_errors=True)
@@ -164,7 +164,7 @@ def build(lab: str, out: Path, image: str | None, timeout: int = TIMEOUT) -> Pat
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autograder.platforms.prairielearn",
+    p = argparse.ArgumentParser(prog="python -m autograder.handout.platforms.prairielearn",
                                 description="grade a PrairieLearn submission (the grader image's entry point)")
     p.add_argument("lab")
     p.add_argument("--root", default=os.environ.get(ROOT_VAR) or "/grade")

@@ -2,7 +2,7 @@
 one CPU, per lab, to size a platform's container (Gradescope's default: 10 minutes, ½ vCPU, 768 MB).
 
 Per lab, the solution (as a student hands it in) is graded by the program ``run_autograder`` runs
-(``python -m autograder.platforms.gradescope LAB``, confirmation and sandbox as in a real run), pinned
+(``python -m autograder.handout.platforms.gradescope LAB``, confirmation and sandbox as in a real run), pinned
 to CPU ``--cpu`` with ``taskset -c``, into a temporary Gradescope root. Measured: the wall time, and
 the peak memory of the whole process tree, sampled every 0.2 s as the sum over every process below
 the grader (its workers, kernels, confirmation, judge and ranks, in their sandboxes too) of its
@@ -75,7 +75,7 @@ def measure(lab: str, cpu: int = 0) -> dict:
             src, rel = (read_nb(course / d / lab / f"{name}.ipynb") for d in ("source", "release"))
             write_nb(solution_submission(src, rel), root / "submission" / f"{name}.ipynb")
         (root / "results").mkdir(parents=True)
-        argv = ["taskset", "-c", str(cpu), sys.executable, "-m", "autograder.platforms.gradescope", lab,
+        argv = ["taskset", "-c", str(cpu), sys.executable, "-m", "autograder.handout.platforms.gradescope", lab,
                 "--root", str(root)]
         peak, done = 0, threading.Event()
         t0 = time.time()

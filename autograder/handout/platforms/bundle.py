@@ -25,14 +25,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
-import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from autograder import PACKAGE_DIR, REPO
+from autograder import PACKAGE_DIR
 from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION, nbg, read_nb, write_nb
+from autograder.handout.wheel import hidden_tables, minidist_wheel
 
 #: the packages grading imports (torch apart: it is installed first, its CPU build)
 PINNED = ["numpy", "cloudpickle", "matplotlib", "nbgrader", "nbconvert", "nbformat", "nbclient", "jupyter_client",
@@ -145,38 +144,6 @@ if [ "$(id -u)" = 0 ]; then chown -R 0:0 "$HERE/course" && chmod -R go-rwx "$HER
 """.replace("@PYVER@", f"{sys.version_info.major}.{sys.version_info.minor}")
 
 
-def minidist_wheel(dest: Path, leave_out=(), readme: str | None = None) -> Path:
-    """A wheel of the library alone (``minidist*`` packages), built from this checkout without
-    fetching anything (the interpreter's setuptools). ``leave_out``: files under minidist/ the wheel
-    must not hold (the student wheel's hidden case tables, :mod:`autograder.student_dist`);
-    ``readme``: the wheel's description (``pip show``, an index page), else this repository's README."""
-    left_out = {Path(p).resolve() for p in leave_out}
-
-    def ignore(folder, names):
-        return {n for n in names if n in ("__pycache__", ".ipynb_checkpoints") or n.endswith(".pyc")
-                or (Path(folder) / n).resolve() in left_out}
-
-    dest.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="minidist-wheel-") as tmp:
-        src = Path(tmp) / "src"
-        src.mkdir()
-        text = (REPO / "pyproject.toml").read_text()
-        include = 'include = ["minidist*", "autograder*"]'
-        if include not in text:
-            raise SystemExit(f"pyproject.toml: expected {include!r} to build a wheel of minidist alone")
-        (src / "pyproject.toml").write_text(text.replace(include, 'include = ["minidist*"]'))
-        (src / "README.md").write_text(readme if readme is not None else (REPO / "README.md").read_text())
-        shutil.copytree(REPO / "minidist", src / "minidist", ignore=ignore)
-        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                            "--disable-pip-version-check", "-w", str(dest), str(src)], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit("building the minidist wheel failed:\n" + (r.stderr or r.stdout)[-2000:])
-    wheels = sorted(dest.glob("minidist-*.whl"))
-    if len(wheels) != 1:
-        raise SystemExit(f"expected one minidist wheel in {dest}, found {[w.name for w in wheels]}")
-    return wheels[0]
-
-
 def requirements() -> str:
     """The grader's packages at the versions installed here."""
     lines = []
@@ -246,7 +213,6 @@ def grading_files(lab: str, course: Path) -> None:
 
 def make_bundle(lab: str, dest: Path) -> Path:
     """Everything to grade ``lab`` on another machine, in ``dest`` (see the module's docstring)."""
-    from autograder.student_dist import hidden_tables
     dest = Path(dest)
     course = dest / "course"
     grading_files(lab, course)

@@ -4,7 +4,7 @@
 * ``graded.py``: a platform's submission folder -> the lab's notebook graded, or a clear problem;
   per-test results with each test's visibility (hidden tests) and manual cells marked; the results
   file written last, by the grader's process, whatever the submission left; a failure of the grader
-  itself raised (:class:`~autograder.platforms.graded.GraderFailure`), for the platform to report as
+  itself raised (:class:`~autograder.handout.platforms.graded.GraderFailure`), for the platform to report as
   an error, never as a score;
 * ``bundle.py``: what a grading machine installs (a minidist wheel, the grader's source and the
   lab's source notebook, pinned requirements, ``setup.sh``);

@@ -13,39 +13,19 @@ OUT holds three things:
 * ``README.md``: how a student installs it and works (:data:`README`).
 
 The wheel is built offline as the grading platforms' wheel is
-(:func:`autograder.platforms.bundle.minidist_wheel`: ``pip wheel --no-deps --no-build-isolation`` on
-a staged copy of ``minidist/``), less the hidden tables. The grader keeps using the repository's full checks.
+(:func:`autograder.handout.wheel.minidist_wheel`: ``pip wheel --no-deps --no-build-isolation`` on a
+staged copy of ``minidist/``), less the hidden tables. The grader keeps using the repository's full checks.
 """
 from __future__ import annotations
 
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 
-from autograder import REPO
 from autograder.course.labs import labs_dir
-from autograder.platforms.bundle import minidist_wheel
+from autograder.handout.wheel import hidden_tables, minidist_wheel, wheel_problems
 
 PARTS = ("labs", "wheels", "README.md")          # what OUT holds; nothing else is written or removed
-
-
-def hidden_tables(root: Path = REPO) -> list[Path]:
-    """Every lab's hidden case table under ``root`` (the files the student wheel leaves out)."""
-    return sorted((root / "minidist" / "checks").glob("*/hidden.py"))
-
-
-def wheel_problems(wheel: Path) -> list[str]:
-    """What must not be in the student wheel and is: anything outside minidist/ and its metadata,
-    a lab's hidden cases."""
-    problems = []
-    for name in zipfile.ZipFile(wheel).namelist():
-        top, *rest = name.split("/")
-        if top != "minidist" and not top.endswith(".dist-info"):
-            problems.append(f"{name}: not part of the minidist package")
-        elif top == "minidist" and rest[:1] == ["checks"] and rest[-1] == "hidden.py":
-            problems.append(f"{name}: a lab's hidden cases")
-    return problems
 
 
 def build(out: Path) -> dict:
