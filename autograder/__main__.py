@@ -142,7 +142,7 @@ def cmd_prairielearn(a) -> int:
 
 
 def cmd_selftest(a) -> int:
-    from autograder.selftest import selftest
+    from autograder.selftest.selftest import selftest
     ok = selftest(labs=a.lab, jobs=a.jobs, out=Path(a.out) if a.out else None,
                   cell_timeout_s=a.cell_timeout, wall_s=a.wall_timeout, progress=not a.quiet, quick=a.quick,
                   gpus_per_job=a.gpus_per_job)
@@ -150,7 +150,7 @@ def cmd_selftest(a) -> int:
 
 
 def cmd_bench(a) -> int:
-    from autograder.bench import bench
+    from autograder.selftest.bench import bench
     bench(lab=a.lab, n=a.n, jobs=a.jobs, repeat=a.repeat)
     return 0
 

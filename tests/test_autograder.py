@@ -506,7 +506,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
         "  dict(name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'),\n"
         "]\n")
     monkeypatch.setenv("MINIDIST_BUGBANK", str(tmp_path))
-    from autograder.selftest import selftest
+    from autograder.selftest.selftest import selftest
     ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
     out = capsys.readouterr().out
     assert not ok
@@ -521,7 +521,8 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert "'allsum' has 0 correct alternatives" in out and "'add' has 2 correct" not in out, out
 
     # in a kernel (selftest --quick's bank check): the same bug and alternatives
-    from autograder.selftest import _quick_bug_rows, alternative_tests, load_bank
+    from autograder.selftest.bank import alternative_tests, load_bank
+    from autograder.selftest.selftest import _quick_bug_rows
     bank = load_bank(LAB)
     assert alternative_tests(bank, bank["ALTERNATIVES"][0]) == ["test_add"]     # what the cell's bugs must fail
     # ... and a "release" whose stubs are the solution's code: it must be reported, not pass
@@ -550,7 +551,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
 
 
 def test_bugbank_injection_rules(course):
-    from autograder.selftest import BankError, inject
+    from autograder.selftest.bank import BankError, inject
     sol = {LAB: course["solution"]}
     nbs = inject(dict(name="x", cell="add", replace=[("return a + b", "return a * b")], catches=[]), sol)
     from autograder_fixtures import cell

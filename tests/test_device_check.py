@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
-from autograder.selftest import inject, load_bank
+from autograder.selftest.bank import inject, load_bank
 from minidist.checks.kit.check import Registry
 from minidist.checks.kit.device_check import GPU_NODE, on_meta
 from minidist.checks.kit.run import run

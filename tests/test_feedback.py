@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
-from autograder.selftest import inject, load_bank
+from autograder.selftest.bank import inject, load_bank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,7 +11,7 @@ import io
 import pytest
 
 from autograder.course.labs import all_labs
-from autograder.selftest import selftest
+from autograder.selftest.selftest import selftest
 
 # the course's content, not the grader's code: `make test-course` (`.ci/run` runs it after `make test`)
 pytestmark = pytest.mark.course

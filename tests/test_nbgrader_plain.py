@@ -40,7 +40,7 @@ def test_plain_nbgrader_scores_like_this_grader(tmp_path):
     from nbgrader.api import Gradebook
 
     from autograder.course.cells import read_nb, solution_submission, write_nb
-    from autograder.selftest import load_bank
+    from autograder.selftest.bank import load_bank
 
     course = tmp_path / "course"
     shutil.copytree(REPO / "solutions" / LAB, course / "source" / LAB)

@@ -105,7 +105,7 @@ def toy(tmp_path_factory):
     """The fixture lab's solution, release, a bug and a hostile submission, as notebooks."""
     from autograder.course.cells import read_nb, solution_submission
     from autograder.course.template import build_course
-    from autograder.selftest import inject, load_bank
+    from autograder.selftest.bank import inject, load_bank
     old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK")}
     os.environ["MINIDIST_SOLUTIONS"], os.environ["MINIDIST_BUGBANK"] = str(SOLUTIONS), str(BUGBANK)
     course = build_course([LAB], tmp_path_factory.mktemp("course") / "c")

@@ -31,7 +31,7 @@ import pytest
 
 from autograder.course.cells import grade_id, nbg, read_nb, strip_solution_markers, write_nb
 from autograder.grading.results import RESULT_FIELDS
-from autograder.selftest import load_bank
+from autograder.selftest.bank import load_bank
 
 REPO = Path(__file__).resolve().parent.parent
 LAB1, LAB5 = "lab1_collectives", "lab5_tensor_parallel"

@@ -17,7 +17,7 @@ import pytest
 
 from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION
 from autograder.handout import student_dist, wheel
-from autograder.selftest import load_bank
+from autograder.selftest.bank import load_bank
 from test_platforms import seed_venv
 
 ROOT = Path(__file__).resolve().parents[1]
