@@ -7,4 +7,3 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO = PACKAGE_DIR.parent
-BUGBANK = PACKAGE_DIR / "bugbank"

@@ -201,7 +201,6 @@ def main(argv=None) -> int:
     p.add_argument("--solutions", help="course source directory (default: solutions/; "
                                        "also $MINIDIST_SOLUTIONS)")
     p.add_argument("--labs-dir", help="release directory (default: labs/)")
-    p.add_argument("--bugbank", help="bug bank directory (default: autograder/bugbank/)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("release", help="regenerate labs/ from solutions/ (nbgrader generate_assignment)")
@@ -353,8 +352,7 @@ def main(argv=None) -> int:
 
     from autograder.course.labs import resolve_lab
     a = p.parse_args(argv)
-    for flag, var in (("solutions", "MINIDIST_SOLUTIONS"), ("labs_dir", "MINIDIST_LABS"),
-                      ("bugbank", "MINIDIST_BUGBANK")):
+    for flag, var in (("solutions", "MINIDIST_SOLUTIONS"), ("labs_dir", "MINIDIST_LABS")):
         if getattr(a, flag):
             os.environ[var] = str(Path(getattr(a, flag)).resolve())
     try:

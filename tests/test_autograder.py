@@ -13,6 +13,7 @@ import csv
 import html
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from attack_bank import attack_bank, misjudged
-from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
+from autograder_fixtures import (CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,9 +38,8 @@ ATTACKS = ("walk_stack", "exec_library")
 
 @pytest.fixture(scope="module", autouse=True)
 def fixture_course(tmp_path_factory):
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_LABS")}
     os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
-    os.environ["MINIDIST_BUGBANK"] = str(BUGBANK)
     os.environ["MINIDIST_LABS"] = str(tmp_path_factory.mktemp("labs"))
     yield
     for k, v in old.items():
@@ -494,7 +494,9 @@ def test_cell_timeout_exceeds_launch_timeouts():
 def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys, course):
     """A bank with one real bug, one bug no test can see, a correct alternative, a wrong one,
     and too few bugs and alternatives per function: graded as submissions, and in a kernel."""
-    (tmp_path / f"{LAB}.py").write_text(
+    solutions = tmp_path / "solutions"           # the fixture course, with this bank beside the solution
+    shutil.copytree(SOLUTIONS, solutions)
+    (solutions / LAB / "bugbank.py").write_text(
         "BUGS = [\n"
         "  dict(name='subtracts', cell='add', replace=[('return a + b', 'return a - b')],\n"
         "       catches=['test_add']),\n"
@@ -505,7 +507,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
         "  dict(name='commuted', cell='add', code='def add(a, b):\\n    return b + a'),\n"
         "  dict(name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'),\n"
         "]\n")
-    monkeypatch.setenv("MINIDIST_BUGBANK", str(tmp_path))
+    monkeypatch.setenv("MINIDIST_SOLUTIONS", str(solutions))
     from autograder.selftest.selftest import selftest
     ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
     out = capsys.readouterr().out

@@ -26,7 +26,7 @@ import time
 import pytest
 
 from attack_bank import MACHINE, NOT_CONFIRMED, attack_bank, misjudged
-from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, set_code, with_cell, write_class
+from autograder_fixtures import LAB, SOLUTIONS, set_code, with_cell, write_class
 
 pytestmark = pytest.mark.e2e        # `make test-e2e` (README: Two commands); `.ci/run` runs it
 
@@ -148,8 +148,8 @@ def batch(tmp_path_factory):
     from autograder.course.template import build_course
     from autograder.grading.grade import grade
     from autograder.sandbox.probe import probe
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
-    os.environ.update(MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_LABS")}
+    os.environ.update(MINIDIST_SOLUTIONS=str(SOLUTIONS),
                       MINIDIST_LABS=str(tmp_path_factory.mktemp("labs")))
     try:
         root = build_course([LAB], tmp_path_factory.mktemp("course"))

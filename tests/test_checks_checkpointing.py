@@ -4,7 +4,7 @@ an answer built on minidist's checkpointing, or on the checkpoints the checks wr
 nothing, whether it calls them or pastes the adapter into a notebook cell (code compiled there is
 never refused by its text: the adapter's body calls the library, which is); and nothing in the
 checks defines an exercise or a writer of its own. (The bug bank and the correct alternatives are
-in autograder/bugbank/lab10_checkpointing.py, run by the selftest.)"""
+in solutions/lab10_checkpointing/bugbank.py, run by the selftest.)"""
 import ast
 import inspect
 import linecache

@@ -1,6 +1,6 @@
 """Feedback that teaches: a bank bug's failure message names the likely cause (issue 43).
 
-Each row takes a realistic mistake from a lab's bug bank (``autograder/bugbank``), runs the
+Each row takes a realistic mistake from a lab's bug bank (``solutions/<lab>/bugbank.py``), runs the
 solution notebook's cells with that one cell broken, in this process, then the test cell that
 must catch it, and asserts the words of the diagnosis (:mod:`minidist.checks.kit.diagnosis`):
 the numbers a classic mistake leaves (a factor of the group's size, of k, rows in the wrong

@@ -357,12 +357,11 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     from autograder.course.template import build_course
     from autograder.grading.grade import visible_gpu_ids
     from autograder.sandbox.backend import shm_bytes
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
+    from autograder_fixtures import LAB, SOLUTIONS, with_cell
     ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU
     per = min(4, len(ids) // 2)
-    env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
-               MINIDIST_LABS=str(tmp_path / "labs"))
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_LABS=str(tmp_path / "labs"))
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_LABS")}
     os.environ.update({k: env[k] for k in old})
     try:
         course = build_course([LAB], tmp_path / "course")

@@ -5,7 +5,8 @@
   ``labs/`` (checked for every lab), and no solution body; the hidden tables of the checks it imports.
 * The Gradescope zip and the PrairieLearn image, built (``make test-e2e``): no solution body and no function
   named like an exercise outside the library's refused implementation or a thin adapter over it
-  (:mod:`handed_out`), no hidden case table in what a job reads (the wheel), no bug bank.
+  (:mod:`handed_out`), no hidden case table in what a job reads (the wheel), no bug bank (no bank's file, no
+  entry's name or code; nor in the grading files, checked by ``make test``).
 * A function of the library that answers an exercise of labs 3, 9 and 10, pasted into the release's cell,
   is flagged by the similarity report against minidist (calling it is refused: the labs' own tests).
 
@@ -24,7 +25,7 @@ import pytest
 from autograder.course.cells import grade_id, read_nb
 from autograder.course.labs import all_labs, labs_dir, solutions_dir
 from autograder.course.template import build_course
-from handed_out import exercises_defined_in, files, solution_bodies, solutions_in
+from handed_out import bank_files, bank_in, exercises_defined_in, files, public_lines, solution_bodies, solutions_in
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +47,12 @@ def test_the_grading_files_hold_no_solution(grading):
     for lab in all_labs():          # the lab's hidden cases, which the bundle's grader alone reads
         assert (grading / "hidden" / lab / "hidden.py").read_text() == \
             (ROOT / "minidist" / "checks" / lab / "hidden.py").read_text()
+
+
+def test_the_grading_files_hold_no_bug_bank(grading):
+    """Every lab's bank sits beside its solution; none of it is in the files a bundle's grader reads."""
+    assert [p.parent.name for p in bank_files()] == all_labs()
+    assert bank_in(grading, public_lines()) == []
 
 
 @pytest.mark.e2e
@@ -75,6 +82,7 @@ def test_a_platform_bundle_holds_no_answer(platform, lab, tmp_path):
     wheel = [m for m in members if ".whl/" in m]
     assert wheel and not [m for m in wheel if m.endswith("hidden.py") or ("/checks/" in m and m.endswith("reference.py"))]
     assert not [m for m in members if "/bugbank/" in m]
+    assert bank_in(folder, public_lines()) == []
     assert [m for m in members if m.endswith(f"hidden/{lab}/hidden.py")]      # the grader's: course/, root's alone
 
 

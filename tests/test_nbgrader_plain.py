@@ -53,6 +53,9 @@ def test_plain_nbgrader_scores_like_this_grader(tmp_path):
     write_nb(rel, course / "submitted" / "rel" / LAB / f"{LAB}.ipynb")
     nbgrader(course, "autograde", LAB)
     nbgrader(course, "generate_feedback", LAB)
+    # the lab's bug bank, copied into source/ with the lab, reaches neither the release nor a graded folder
+    assert (course / "source" / LAB / "bugbank.py").is_file()
+    assert not list((course / "release").rglob("bugbank.py")) and not list((course / "autograded").rglob("bugbank.py"))
 
     may_pass = set(load_bank(LAB)["RELEASE_MAY_PASS"])
     with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:

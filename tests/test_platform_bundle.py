@@ -86,6 +86,7 @@ def test_record_parts_and_fingerprint(course, tmp_path):
     assert set(rec["parts"]) == set(version.PARTS)
     files = {k: set(v["files"]) for k, v in rec["parts"].items()}
     assert files["notebook"] == {f"solutions/{LAB}/{LAB}.ipynb"}
+    assert (course / LAB / "bugbank.py").is_file()          # beside the notebook, and in no part: no bundle holds it
     assert files["checks"] == {f"minidist/checks/{LAB}/{f}.py" for f in
                                ("__init__", "answers", "cases", "hidden", "verdicts")}
     assert "minidist/checks/kit/__init__.py" in files["kit"] and "minidist/checks/__init__.py" in files["kit"]

@@ -36,7 +36,7 @@ import jsonschema
 import nbformat
 import pytest
 
-from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+from autograder_fixtures import LAB, SOLUTIONS
 
 pytestmark = [pytest.mark.timeout(1800),       # all gradings are in the first test's setup
               pytest.mark.e2e]               # about 2 minutes on 2 cores: `make test-e2e`, which `.ci/run` runs
@@ -106,8 +106,8 @@ def toy(tmp_path_factory):
     from autograder.course.cells import read_nb, solution_submission
     from autograder.course.template import build_course
     from autograder.selftest.bank import inject, load_bank
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK")}
-    os.environ["MINIDIST_SOLUTIONS"], os.environ["MINIDIST_BUGBANK"] = str(SOLUTIONS), str(BUGBANK)
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS",)}
+    os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
     course = build_course([LAB], tmp_path_factory.mktemp("course") / "c")
     src = read_nb(course / "source" / LAB / f"{LAB}.ipynb")
     rel = read_nb(course / "release" / LAB / f"{LAB}.ipynb")
@@ -165,6 +165,7 @@ def installed(toy, request):
     assert {p.name for p in source.iterdir()} >= {"setup.sh", "run_autograder", "wheels", "course", "requirements.txt",
                                                  "bundle.json"}
     assert not (source / "course" / "autograder" / "bugbank").exists()      # the bank's answers stay home
+    assert (SOLUTIONS / LAB / "bugbank.py").is_file() and not list(source.rglob("bugbank.py"))
     pl = prairielearn.build(LAB, tmp / "pl", image="minidist-test/grader-toylab", timeout=300)
     image = pl / "grader-image"
     assert (image / "setup.sh").read_text() == (source / "setup.sh").read_text()    # one environment serves both

@@ -84,7 +84,7 @@ def test_a_root_grader_grades_a_course_kept_in_a_private_folder(backend):
         # a root shell's umask on such a server is often 0077: the folders and copies the grader makes
         # for its jobs must not inherit it
         script = (_behind_a_private_folder(keep, box) + f" && cd {REPO} && umask 077 && exec env "
-                  f"MINIDIST_SANDBOX={backend} MINIDIST_SOLUTIONS={fixture}/solutions MINIDIST_BUGBANK={fixture}/bugbank "
+                  f"MINIDIST_SANDBOX={backend} MINIDIST_SOLUTIONS={fixture}/solutions "
                   f"MINIDIST_LABS={box}/labs {sys.executable} -m autograder grade {box}/subs --out {box}/out --jobs 2 "
                   f"--lab {LAB} --cell-timeout 20 --wall-timeout 150 --quiet --sandbox")
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -112,7 +112,7 @@ def test_a_job_uid_that_cannot_reach_the_interpreter_stops_the_grader_at_once(tm
     folder that blocks it and what to do; nothing is graded and nothing is written."""
     if _backends() == ["none"]:
         pytest.skip("neither bwrap nor unshare is installed")
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+    from autograder_fixtures import LAB, SOLUTIONS
     box = Path(tempfile.mkdtemp(prefix="blocked-venv-"))
     try:
         venv = box / "venv"
@@ -128,7 +128,7 @@ def test_a_job_uid_that_cannot_reach_the_interpreter_stops_the_grader_at_once(tm
         r = subprocess.run([str(venv / "bin" / "python"), "-m", "autograder", "grade", str(box / "subs"),
                             "--out", str(box / "out"), "--lab", LAB, "--quiet"], capture_output=True, text=True,
                            timeout=120, cwd=str(REPO),
-                           env=dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
+                           env=dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS),
                                     MINIDIST_LABS=str(tmp_path / "labs"), PYTHONPATH=str(REPO)))
         took = time.time() - t0
         wrote = sorted(p.name for p in (box / "out").glob("*")) if (box / "out").exists() else []
@@ -150,11 +150,10 @@ def test_a_kernel_that_cannot_start_is_reported_in_seconds_as_the_machines_probl
     from autograder.course.template import build_course
     from autograder.grading.grade import grade
     from autograder.sandbox.probe import probe
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, write_class
+    from autograder_fixtures import LAB, SOLUTIONS, write_class
     if probe()[0] is None:
         pytest.skip("no sandbox here: nothing caps a kernel's memory")
     monkeypatch.setenv("MINIDIST_SOLUTIONS", str(SOLUTIONS))
-    monkeypatch.setenv("MINIDIST_BUGBANK", str(BUGBANK))
     monkeypatch.setenv("MINIDIST_LABS", str(tmp_path / "labs"))
     root = build_course([LAB], tmp_path / "course")
     write_class(tmp_path / "subs", {"s1": solution_submission(read_nb(root / "source" / LAB / f"{LAB}.ipynb"),

@@ -1,6 +1,11 @@
-"""Where the course is: its source labs (``solutions/``), its release (``labs/``), a lab by its name.
+"""Where the course is: its source labs (``solutions/``), its release (``labs/``), a lab by its name,
+and each lab's bug bank.
 
-A lab is a folder ``solutions/<lab>/`` that holds the nbgrader source notebook ``<lab>.ipynb``.
+A lab is a folder ``solutions/<lab>/`` that holds the nbgrader source notebook ``<lab>.ipynb``, and
+beside it the lab's bug bank, :data:`BANK_FILE` (the selftest's: realistic mistakes and correct
+alternatives, solutions/BUGBANK.md). The bank is the course's and is never handed out: the release
+(nbgrader's ``CourseDirectory.ignore`` in the course configuration, and the template course, which
+never copies it), the platforms' grading files and the student distribution all leave it out.
 ``$MINIDIST_SOLUTIONS`` and ``$MINIDIST_LABS`` move both folders (the tests point them at the fixture
 course; ``python -m autograder --solutions DIR --labs-dir DIR`` sets them).
 """
@@ -9,10 +14,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autograder import BUGBANK, REPO
+from autograder import REPO
 
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"
+#: a lab's bug bank, beside its source notebook: solutions/<lab>/bugbank.py
+BANK_FILE = "bugbank.py"
 
 
 def solutions_dir() -> Path:
@@ -24,8 +31,9 @@ def labs_dir() -> Path:
     return Path(os.environ.get("MINIDIST_LABS") or LABS)
 
 
-def bugbank_dir() -> Path:
-    return Path(os.environ.get("MINIDIST_BUGBANK") or BUGBANK)
+def bank_file(lab: str, solutions: Path | None = None) -> Path:
+    """The bug bank of ``lab``: ``solutions/<lab>/bugbank.py`` (it may not exist)."""
+    return (solutions or solutions_dir()) / lab / BANK_FILE
 
 
 def all_labs(solutions: Path | None = None) -> list[str]:

@@ -16,6 +16,10 @@ c.CourseDirectory.course_id = "minidist"
 c.CourseDirectory.root = _REPO
 c.CourseDirectory.source_directory = "solutions"
 c.CourseDirectory.release_directory = "labs"
+# nbgrader copies every other file of a lab's source folder into its release (and into the folder a
+# submission is graded in): never a lab's bug bank, solutions/<lab>/bugbank.py (nbgrader's defaults,
+# then the bank)
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "bugbank.py"]
 # the gradebook is never written into the repository: every command overrides
 # this with a database in its own temporary or output directory
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(_REPO, "out", "gradebook.db")

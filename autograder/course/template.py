@@ -13,7 +13,7 @@ from pathlib import Path
 from autograder.course.cells import grade_id, read_nb
 from autograder.course.config import load_config
 from autograder.course.hidden_tests import hidden_points
-from autograder.course.labs import solutions_dir
+from autograder.course.labs import BANK_FILE, solutions_dir
 
 
 def ensure_venv_on_path() -> None:
@@ -42,7 +42,9 @@ def _alembic_head() -> str:
 def build_course(labs: list[str], dest: Path, solutions: Path | None = None) -> Path:
     """A private nbgrader course: source/ (copied), release/ and gradebook.db (generated).
 
-    Runs ``nbgrader generate_assignment`` (through nbgrader's API) for each lab.
+    Runs ``nbgrader generate_assignment`` (through nbgrader's API) for each lab. The lab's bug bank is
+    never copied: nbgrader copies every other file of source/ into the release, and ``autograde`` into
+    the folder a submission is graded in.
     """
     import nbgrader.api
     from nbgrader.converters import GenerateAssignment
@@ -57,7 +59,7 @@ def build_course(labs: list[str], dest: Path, solutions: Path | None = None) -> 
         if not src.is_dir():
             raise FileNotFoundError(f"no such lab: {src}")
         shutil.copytree(src, dest / "source" / lab, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", BANK_FILE))
     c = load_config(root=dest)
     for lab in labs:
         r = run_converter(GenerateAssignment, c, lab, force=True, create_assignment=True)

@@ -10,7 +10,7 @@ with the ids and the metadata nbgrader and the grader need, so an instructor fil
   ``cases.py``, the answer in ``answers.py``, the verdict in ``verdicts.py`` (each raising
   NotImplementedError until written), and in ``__init__.py`` the :class:`Check` and the public
   ``check_NAME`` registered in the lab's ``CHECKS`` (the judge resolves the test cell through it);
-* the lab's bug bank (``autograder/bugbank/LAB.py``): three bugs and two correct alternatives
+* the lab's bug bank (``solutions/LAB/bugbank.py``): three bugs and two correct alternatives
   marked ``unfinished``, which the selftest reports until they are written.
 
 Nothing is overwritten: a name the lab already has is refused before anything is written.
@@ -25,7 +25,7 @@ from pathlib import Path
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
 from autograder.course.cells import grade_id, read_nb, write_nb
-from autograder.course.labs import bugbank_dir, solutions_dir
+from autograder.course.labs import bank_file, solutions_dir
 
 WHERE = ("here", "launch")
 
@@ -64,7 +64,7 @@ def new_exercise(lab: str, name: str, *, args: str = "x", points: int = 2, where
     if where not in WHERE:
         raise SystemExit(f"--where must be one of {', '.join(WHERE)}")
     notebook = solutions_dir() / lab / f"{lab}.ipynb"
-    bank = bugbank_dir() / f"{lab}.py"
+    bank = bank_file(lab)
     folder = checks_folder(lab)
     if not notebook.is_file():
         raise SystemExit(f"no source notebook {notebook}")

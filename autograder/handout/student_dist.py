@@ -3,10 +3,11 @@
 OUT holds three things:
 
 * ``labs/``: the released labs, copied from this repository's ``labs/`` (or ``--labs-dir``;
-  ``python -m autograder release`` writes it from ``solutions/``: run that first after changing a lab);
+  ``python -m autograder release`` writes it from ``solutions/``: run that first after changing a lab),
+  never a bug bank (``bugbank.py``: a release has none; one left there by hand is not copied);
 * ``wheels/minidist-<version>-py3-none-any.whl``: the ``minidist`` library alone, built from a staged
   copy of ``minidist/`` that leaves out every lab's hidden cases (``minidist/checks/<lab>/hidden.py``).
-  ``autograder/`` (the grader, the bug bank) and ``solutions/`` are never staged. The visible checks
+  ``autograder/`` (the grader) and ``solutions/`` (the solutions, the bug banks) are never staged. The visible checks
   and the library's own implementations (which students read after each lab) are in it; asking for
   the hidden cases there raises one line saying they run in the grader
   (:mod:`minidist.checks.kit.withheld`);
@@ -22,7 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from autograder.course.labs import labs_dir
+from autograder.course.labs import BANK_FILE, labs_dir
 from autograder.handout.wheel import hidden_tables, minidist_wheel, wheel_problems
 
 PARTS = ("labs", "wheels", "README.md")          # what OUT holds; nothing else is written or removed
@@ -57,7 +58,7 @@ def build(out: Path) -> dict:
         shutil.copytree(fresh, out / "wheels")
     for lab in labs:
         shutil.copytree(lab, out / "labs" / lab.name,
-                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+                        ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", BANK_FILE))
     wheel = out / "wheels" / wheel.name
     # by number, not by name: "lab10_..." sorts before "lab1_..."
     number, first = min((int(p.name[3:].split("_")[0]), p.name) for p in labs)

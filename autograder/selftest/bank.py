@@ -1,7 +1,7 @@
 """A lab's bug bank: its realistic mistakes (``BUGS``) and correct alternatives (``ALTERNATIVES``),
 loaded, checked against the lab's notebook, and injected into a copy of the solution.
 
-The bank's format is autograder/bugbank/README.md's. :func:`check_bank` holds a bank to its rules (every
+The bank's format is solutions/BUGBANK.md's. :func:`check_bank` holds a bank to its rules (every
 graded function has at least three bugs and two alternatives, every name unique, every cell and test
 the notebook's); :func:`inject` puts one entry into the solution (``code`` replaces the cell,
 ``replace`` swaps exact text that occurs once), for the selftest to grade.
@@ -13,7 +13,7 @@ import runpy
 from collections import Counter
 
 from autograder.course.cells import grade_id, nbg
-from autograder.course.labs import bugbank_dir
+from autograder.course.labs import bank_file
 
 
 class BankError(ValueError):
@@ -21,7 +21,7 @@ class BankError(ValueError):
 
 
 def load_bank(lab: str) -> dict:
-    path = bugbank_dir() / f"{lab}.py"
+    path = bank_file(lab)
     if not path.is_file():
         return {"BUGS": [], "ALTERNATIVES": [], "NOT_GRADED": [], "RELEASE_MAY_PASS": [], "path": None}
     ns = runpy.run_path(str(path))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from minidist.protocol import RANK_DEFAULT_DEVICE_ENV
 from autograder.course.cells import grade_id, nbg, read_nb, solution_submission, write_nb
-from autograder.course.labs import all_labs, bugbank_dir, lab_notebooks
+from autograder.course.labs import all_labs, bank_file, lab_notebooks
 from autograder.course.template import build_course
 from autograder.selftest.bank import BankError, alternative_tests, check_bank, inject, load_bank
 
@@ -71,7 +71,7 @@ def selftest(labs=None, jobs: int = 2, out: Path | None = None, cell_timeout_s=N
                            "every run on the default device"))
             problems = check_bank(lab, bank, source)
             if bank["path"] is None:
-                problems.append(f"no bug bank {bugbank_dir() / (lab + '.py')}")
+                problems.append(f"no bug bank {bank_file(lab)}")
             subs = tmp / "subs" / lab
             plan = {"solution": ("solution", None)}
             if not (quick and not problems):      # quick: the release is checked in the bank's kernels

@@ -6,9 +6,9 @@
   from this checkout as the student wheel is, without any lab's hidden case tables; the grader's own
   code is not in it, so a sandbox that binds the interpreter's packages read-only shows no grader, bug
   bank, source notebook or hidden case;
-* ``course/autograder/`` (this package without its bug bank), ``course/solutions/LAB/`` (the lab's
-  nbgrader source notebook **without its solutions**: every solution region emptied, so that nbgrader
-  makes the same release from it, with the test cells and their hidden tests) and ``course/hidden/``
+* ``course/autograder/`` (the grader), ``course/solutions/LAB/`` (the lab's nbgrader source notebook
+  **without its solutions**: every solution region emptied, so that nbgrader makes the same release
+  from it, with the test cells and their hidden tests; never the lab's bug bank) and ``course/hidden/``
   (the hidden case tables of the checks the lab imports, which the confirmation gets from the grader,
   :mod:`autograder.confirm.hidden_tables`): the grader runs from ``course/``, which no sandbox shows
   and which ``setup.sh`` makes root's alone (mode 0700: where no sandbox works, a job runs as its own
@@ -189,15 +189,16 @@ def without_solutions(nb):
 
 def grading_files(lab: str, course: Path) -> None:
     """What grading ``lab`` reads of the course, in ``course``: ``solutions/LAB/`` without solutions
-    (its notebooks through :func:`without_solutions`, its other files as they are) and ``hidden/`` (the
-    hidden case tables of every checks module the lab's notebooks import)."""
+    (its notebooks through :func:`without_solutions`, its other files as they are, but its bug bank,
+    which grading never reads) and ``hidden/`` (the hidden case tables of every checks module the lab's
+    notebooks import)."""
     from autograder.confirm.hidden_tables import CHECKS_PACKAGE, checks_modules, table_file
-    from autograder.course.labs import solutions_dir
+    from autograder.course.labs import BANK_FILE, solutions_dir
     lab_src = solutions_dir() / lab
     if not lab_src.is_dir():
         raise SystemExit(f"no lab {lab} under {solutions_dir()}")
     shutil.copytree(lab_src, course / "solutions" / lab,
-                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.ipynb"))
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "*.ipynb", BANK_FILE))
     sources = []
     for path in sorted(lab_src.glob("*.ipynb")):
         nb = read_nb(path)
@@ -217,8 +218,7 @@ def make_bundle(lab: str, dest: Path) -> Path:
     course = dest / "course"
     grading_files(lab, course)
     minidist_wheel(dest / "wheels", leave_out=hidden_tables())
-    shutil.copytree(PACKAGE_DIR, course / "autograder",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "bugbank"))
+    shutil.copytree(PACKAGE_DIR, course / "autograder", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (dest / "requirements.txt").write_text(requirements())
     setup = dest / "setup.sh"
     setup.write_text(SETUP.replace("@LAB@", lab).replace("@TORCH@", torch_version()))

@@ -6,13 +6,13 @@ grading with the old one. Each bundle therefore records, in ``bundle.json`` at i
 it was built, the commit it was built from (and whether files it depends on had uncommitted
 changes), and a fingerprint of everything grading depends on, in parts:
 
-* ``notebook``: the lab's source notebook(s), ``solutions/LAB/`` (what the tests, hidden tests and
-  locked cells come from); a notebook counts by its cells' type, source and metadata and its kernel,
-  not by outputs or execution counts;
+* ``notebook``: the lab's source folder, ``solutions/LAB/`` (what the tests, hidden tests and locked
+  cells come from), but its bug bank, which no bundle holds; a notebook counts by its cells' type,
+  source and metadata and its kernel, not by outputs or execution counts;
 * ``checks``: the lab's checks package, ``minidist/checks/LAB/`` (its cases, hidden cases, answers);
 * ``kit``: the checks' shared machinery, ``minidist/checks/kit/`` and ``minidist/checks/*.py``;
 * ``library``: the rest of ``minidist/`` (the code the kernels and the confirmation import);
-* ``grader``: ``autograder/`` as the bundle ships it (without its bug bank);
+* ``grader``: ``autograder/``, as the bundle ships it;
 * ``packages``: the pinned versions of torch and the grader's packages (``requirements.txt``).
 
 A part's fingerprint is a SHA-256 over its files' paths and contents (documentation, ``*.md``, and
@@ -69,7 +69,7 @@ def _part(files: dict[str, str]) -> dict:
 
 def parts(lab: str) -> dict[str, dict]:
     """{part: {"sha256": ..., "files": {path: sha256}}} of the course as it is here, for ``lab``."""
-    from autograder.course.labs import solutions_dir
+    from autograder.course.labs import BANK_FILE, solutions_dir
     from autograder.handout.platforms.bundle import requirements, torch_version
     lib, checks = REPO / "minidist", REPO / "minidist" / "checks"
     sol = solutions_dir()
@@ -77,11 +77,11 @@ def parts(lab: str) -> dict[str, dict]:
     def rel(paths, base):
         return {str(p.relative_to(base)): _digest(p) for p in paths}
     return {
-        "notebook": _part(rel(_files(sol / lab), sol.parent)),
+        "notebook": _part(rel(_files(sol / lab, skip=lambda p: p.name == BANK_FILE), sol.parent)),
         "checks": _part(rel(_files(checks / lab), REPO)),
         "kit": _part(rel(_files(checks / "kit") + [p for p in _files(checks) if p.parent == checks], REPO)),
         "library": _part(rel(_files(lib, skip=lambda p: checks in p.parents), REPO)),
-        "grader": _part(rel(_files(PACKAGE_DIR, skip=lambda p: PACKAGE_DIR / "bugbank" in p.parents), REPO)),
+        "grader": _part(rel(_files(PACKAGE_DIR), REPO)),
         "packages": _part({"requirements.txt": hashlib.sha256(requirements().encode()).hexdigest(),
                            "torch": hashlib.sha256(torch_version().encode()).hexdigest()}),
     }

@@ -3,7 +3,7 @@ wrong implementations, and correct alternatives to the solution that must get fu
 
 Each bug edits one solution cell of solutions/lab8_memory/lab8_memory.ipynb and names the test
 cells that must lose points; each alternative rewrites one solution cell correctly (format:
-autograder/bugbank/README.md).
+solutions/BUGBANK.md).
 
 The steps are handed the checks' own loss scaler (the notebook's contract), so a wrong scaler
 costs the scaler's test only. Several bugs give the right numbers in the visible cases and are

@@ -1,7 +1,7 @@
 """Lab 3 (ZeRO-1/2/3, FSDP): realistic wrong implementations.
 
 Each bug replaces one solution cell of solutions/lab3_zero_fsdp/lab3_zero_fsdp.ipynb and
-names the test cells that must lose points (format: autograder/bugbank/README.md).
+names the test cells that must lose points (format: solutions/BUGBANK.md).
 
 Each stage's end-to-end tests grade only the functions that stage adds (the lab's reference
 stands in for the others: minidist.checks.lab3_zero_fsdp.cases.GRADED), so a bug in

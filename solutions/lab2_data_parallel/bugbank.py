@@ -1,7 +1,7 @@
 """Lab 2 (data parallelism): realistic wrong implementations.
 
 Each bug replaces one solution cell of solutions/lab2_data_parallel/lab2_data_parallel.ipynb
-and names the test cells that must lose points (format: autograder/bugbank/README.md).
+and names the test cells that must lose points (format: solutions/BUGBANK.md).
 
 The equality tests train with SGD + momentum (Adam would hide a wrong gradient scale), on
 models with a frozen parameter and with a layer forward never uses; the traffic tests

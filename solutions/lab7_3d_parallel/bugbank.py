@@ -1,7 +1,7 @@
 """Lab 7 (3D parallelism, the capstone): realistic wrong implementations.
 
 Each bug edits one solution cell of solutions/lab7_3d_parallel/lab7_3d_parallel.ipynb and
-names the test cells that must lose points (format: autograder/bugbank/README.md). None of
+names the test cells that must lose points (format: solutions/BUGBANK.md). None of
 them deadlocks: a wrong group that still pairs every rank with a partner gives wrong
 numbers or wrong traffic, which the checks see at once. The written answer (layout_answer)
 is a markdown cell graded by hand: it has no bugs.

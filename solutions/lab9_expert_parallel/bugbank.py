@@ -3,7 +3,7 @@ wrong implementations, and correct alternatives to the solution that must get fu
 
 Each bug edits one solution cell of solutions/lab9_expert_parallel/lab9_expert_parallel.ipynb
 and names the test cells that must lose points; each alternative rewrites one solution cell
-correctly (format: autograder/bugbank/README.md).
+correctly (format: solutions/BUGBANK.md).
 
 While one function is graded, the checks stand thin adapters over minidist.expert_parallel in for
 the notebook's functions it calls (minidist.checks.lab9_expert_parallel.stand_ins), so a wrong

@@ -4,7 +4,7 @@ full marks.
 
 Each bug edits one solution cell of solutions/lab10_checkpointing/lab10_checkpointing.ipynb and names
 the test cells that must lose points; each alternative rewrites one solution cell correctly (format:
-autograder/bugbank/README.md). The three checks are independent: each starts from checkpoints the
+solutions/BUGBANK.md). The three checks are independent: each starts from checkpoints the
 library writes (minidist.checkpoint.portable), so a wrong save fails its own test only.
 """
 

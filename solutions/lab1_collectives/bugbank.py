@@ -1,7 +1,7 @@
 """Lab 1 (collectives from send/recv): realistic wrong implementations.
 
 Each bug replaces one solution cell of solutions/lab1_collectives/lab1_collectives.ipynb
-and names the test cells that must lose points (format: autograder/bugbank/README.md).
+and names the test cells that must lose points (format: solutions/BUGBANK.md).
 
 A note on the pattern tests: they run the same correctness check first, so a bug that
 gives a wrong result also fails the pattern test of its function. Bugs that compute the
@@ -511,7 +511,7 @@ def recursive_halving_all_reduce(tensor):
 
 
 # Correct implementations other than the solution's: each must get full marks (format:
-# autograder/bugbank/README.md). Without `tests`, an alternative must pass every test that a
+# solutions/BUGBANK.md). Without `tests`, an alternative must pass every test that a
 # bug of its cell must fail (for sendrecv: every ring and halving test; for broadcast: its own
 # test and both naive all-reduce tests, since naive_all_reduce broadcasts with it).
 ALTERNATIVES = [

@@ -3,7 +3,7 @@ alternatives to the solution that must get full marks.
 
 Each bug edits one solution cell of solutions/lab5_tensor_parallel/lab5_tensor_parallel.ipynb
 and names the test cells that must lose points; each alternative rewrites one solution cell
-correctly (format: autograder/bugbank/README.md).
+correctly (format: solutions/BUGBANK.md).
 
 While one function is graded, the checks stand minidist's own in for the lab's other
 functions (minidist.checks.lab5_tensor_parallel), so a bug in f fails f's test only, not

@@ -1,7 +1,7 @@
 """Lab 4 (pipeline parallelism): realistic wrong implementations.
 
 Each bug replaces one solution cell of solutions/lab4_pipeline/lab4_pipeline.ipynb and
-names the test cells that must lose points (format: autograder/bugbank/README.md).
+names the test cells that must lose points (format: solutions/BUGBANK.md).
 
 The executor tests run the student's executor with the library's schedules, so schedule
 bugs fail only the schedule tests. A deadlocking executor fails through the test's
@@ -260,7 +260,7 @@ def run_pipeline(schedule, chunks, x, y, costs=None):
 ]
 
 # Correct implementations other than the solution's: each must get full marks (format:
-# autograder/bugbank/README.md). Without `tests`, an alternative must pass every test that a
+# solutions/BUGBANK.md). Without `tests`, an alternative must pass every test that a
 # bug of its cell must fail (the schedule's own test; both executor tests for run_pipeline).
 ALTERNATIVES = [
     # ------------------------------------------------------------------ gpipe_schedule
