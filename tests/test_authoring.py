@@ -37,7 +37,7 @@ def copy(tmp_path):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=ignore)
     shutil.copytree(ROOT / "tests" / "fixtures" / "course", tmp_path / "course", ignore=ignore)
     env = dict(os.environ, PYTHONPATH=str(tmp_path), MINIDIST_SOLUTIONS=str(tmp_path / "course" / "solutions"),
-               MINIDIST_BUGBANK=str(tmp_path / "course" / "bugbank"), MINIDIST_LABS=str(tmp_path / "labs"))
+               MINIDIST_LABS=str(tmp_path / "labs"))
     return tmp_path, env
 
 
@@ -90,7 +90,7 @@ def test_an_exercise_added_as_the_guide_says_passes_the_selftest(copy):
     assert cell.source.count('    raise NotImplementedError("write the solution")') == 1, cell.source
     cell.source = cell.source.replace('    raise NotImplementedError("write the solution")', blocks["solution"].rstrip("\n"))
     nbformat.write(nb, notebook)
-    bank = root / "course" / "bugbank" / "toylab.py"
+    bank = root / "course" / "solutions" / "toylab" / "bugbank.py"
     text = bank.read_text()
     stub = text[text.index("\n# new exercise mul"):]
     bank.write_text(text.replace(stub, "\n" + blocks["bank"]))

@@ -3,7 +3,7 @@ activations counted as GPipe's; library answers (minidist.mesh's own mesh_groups
 cost model inside predict_memory) are refused. The correct alternatives the lab allows (a mesh built
 by reshaping torch.arange, a step that all-reduces gradients one parameter at a time and reports the
 loss by broadcast, a memory model that rounds ZeRO's shards up, ...) live in the bug bank
-(autograder/bugbank/lab7_3d_parallel.py, ALTERNATIVES), where the selftest grades them as submissions;
+(solutions/lab7_3d_parallel/bugbank.py, ALTERNATIVES), where the selftest grades them as submissions;
 the helpers below build the mistakes from them."""
 import math
 

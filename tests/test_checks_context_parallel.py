@@ -1,6 +1,6 @@
 """Lab 6's checks reject a few realistic bugs (on the property that catches each), and refuse
 minidist's own context parallelism while standing it in for the lab's other functions. (The
-correct alternatives the lab promises are in autograder/bugbank/lab6_context_parallel.py's
+correct alternatives the lab promises are in solutions/lab6_context_parallel/bugbank.py's
 ALTERNATIVES, checked by the selftest.) The functions below are written on top of the notebook's
 other functions, which the checks replace by minidist's own inside the ranks (the names below
 are placeholders)."""

@@ -304,4 +304,5 @@ def test_a_students_own_assert_reads_as_theirs():
 
 # ----------------------------------------------------------------------------- correct alternatives
 # Other implementations the labs' contracts allow live in the bug banks (ALTERNATIVES in
-# autograder/bugbank/lab2_data_parallel.py and lab3_zero_fsdp.py), where the selftest grades them as submissions.
+# solutions/lab2_data_parallel/bugbank.py and solutions/lab3_zero_fsdp/bugbank.py), where the selftest
+# grades them as submissions.

@@ -1,6 +1,6 @@
 """Lab 9's checks refuse minidist's own expert parallelism, stand thin adapters over the library in
 for the notebook's other functions, and reject a bug on the property that shows it. (The bug bank and
-the correct alternatives are in autograder/bugbank/lab9_expert_parallel.py, run by the selftest.) The
+the correct alternatives are in solutions/lab9_expert_parallel/bugbank.py, run by the selftest.) The
 placeholders below stand for the notebook's other functions, which the checks replace inside the
 ranks. An adapter given, or pasted into a notebook cell, as the answer for the function it stands in
 for earns nothing; the checks' package holds no other function named like one of the lab's."""
@@ -145,7 +145,7 @@ def test_each_test_allows_only_the_library_code_of_the_stand_ins_its_function_ca
 
 def _exercise_names() -> set:
     """Every function and class the solution notebook's answer cells define (the lab's exercises)."""
-    from autograder.course import nbg, read_nb, strip_solution_markers
+    from autograder.course.cells import nbg, read_nb, strip_solution_markers
     nb = read_nb(ROOT / "solutions/lab9_expert_parallel/lab9_expert_parallel.ipynb")
     names = set()
     for cell in nb.cells:

@@ -1,6 +1,6 @@
 """Lab 8's checks refuse minidist's own memory techniques, in the checks that run in this process
 (no launch: these cost well under a second each). The bugs the checks catch and the correct
-alternatives they accept are in autograder/bugbank/lab8_memory.py, checked by the selftest."""
+alternatives they accept are in solutions/lab8_memory/bugbank.py, checked by the selftest."""
 import pytest
 
 from minidist import memory_techniques as library

@@ -16,9 +16,8 @@ import nbformat
 import pytest
 import torch
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
-from autograder.selftest import inject, load_bank
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
+from autograder.selftest.bank import inject, load_bank
 from minidist.checks.kit.check import Registry
 from minidist.checks.kit.device_check import GPU_NODE, on_meta
 from minidist.checks.kit.run import run

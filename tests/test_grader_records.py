@@ -1,11 +1,11 @@
-"""What the grader accepts from a worker (autograder/records.py), without grading anything:
+"""What the grader accepts from a worker (autograder/grading/records.py), without grading anything:
 points clamped to the template, unknown statuses and missing tests refused (that submission
 only), and a killed worker's notebook points kept only as far as its confirmation confirmed."""
 from pathlib import Path
 
 import pytest
 
-from autograder.records import Job, checked_confirmation, checked_result, confirmed_only, fallback_cells
+from autograder.grading.records import Job, checked_confirmation, checked_result, confirmed_only, fallback_cells
 
 META = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test", "hidden": 0.0},
                {"name": "t2", "max_score": 1.0, "kind": "test", "hidden": 0.0},
@@ -86,8 +86,9 @@ def test_points_awaiting_manual_grading_are_shown_as_such_in_grades_csv(tmp_path
 
     import nbformat
 
-    from autograder.course import build_course, lab_cells, read_nb, write_nb
-    from autograder.gradebook import export_csv, merge_gradebook
+    from autograder.course.cells import read_nb, write_nb
+    from autograder.course.template import build_course, lab_cells
+    from autograder.grading.gradebook import export_csv, merge_gradebook
     from autograder_fixtures import LAB, SOLUTIONS
     shutil.copytree(SOLUTIONS, tmp_path / "solutions")
     path = tmp_path / "solutions" / LAB / f"{LAB}.ipynb"

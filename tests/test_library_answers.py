@@ -23,7 +23,7 @@ from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
 from minidist.checks.lab3_zero_fsdp import stand_ins as lab3_stand_ins
 
 from attack_bank import PRESTARTED_POOL
-from autograder.course import grade_id, strip_solution_markers
+from autograder.course.cells import grade_id, strip_solution_markers
 from conftest import ROOT
 
 REFUSED_TEXT = "called minidist's own implementation"

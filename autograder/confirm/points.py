@@ -1,6 +1,6 @@
 """The confirmation's points, and the one rule that combines them with the notebook's.
 
-A test cell is scored in two parts (:mod:`autograder.test_parts`). Its **visible** part keeps its
+A test cell is scored in two parts (:mod:`autograder.course.hidden_tests`). Its **visible** part keeps its
 notebook points only as far as the confirmation gives them: ``min(notebook, confirmed)``; a part that
 passed in the notebook and fails here scores the confirmation's points (0 for a failed test) and is
 flagged ``not confirmed: tampering suspected``; honest submissions score the same in both runs, so they
@@ -8,9 +8,9 @@ keep exactly their notebook scores. Its **hidden** part runs in the confirmation
 hidden cases) and scores what the confirmation gives it; a failure there is an ordinary failure, with
 the confirmation's reason. :func:`score_row` applies both to one test's row, the only place that does:
 after a finished confirmation (:func:`confirm_cells`), and for a worker killed before it applied one,
-from the points the confirmation reported first (:func:`autograder.records.confirmed_only`). A part the
+from the points the confirmation reported first (:func:`autograder.grading.records.confirmed_only`). A part the
 confirmation lowers (the visible part below the notebook's, a hidden part that timed out) runs once
-more, alone, with the timeouts of :mod:`autograder.retry`, before the verdict.
+more, alone, with the timeouts of :mod:`autograder.grading.worker.retry`, before the verdict.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 import nbformat
 
-from autograder.test_parts import HIDDEN_PART, shares
+from autograder.course.hidden_tests import HIDDEN_PART, shares
 
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 
@@ -75,7 +75,7 @@ def timed_out(why: str) -> bool:
 def score_row(row: dict, meta: dict, confirmed: dict) -> None:
     """The one rule, on one test's row (in place). ``confirmed``: {part: (fraction of its points the
     confirmation gives, why)} for the parts the confirmation ran (``meta``: the test's
-    :func:`autograder.course.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
+    :func:`autograder.course.template.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
     visible part's: the kernel left the hidden tests to the confirmation); on return, the sum of its
     parts', with ``parts``: {part: {points, max_points, status, reason}}."""
     share = shares(meta)
@@ -106,7 +106,7 @@ def score_row(row: dict, meta: dict, confirmed: dict) -> None:
 def lowered(row: dict, meta: dict, tests: dict, sound: bool) -> list[str]:
     """The confirmation's ids of the parts of one test it lowers (run once more before the verdict): the
     visible part below the notebook's points; a hidden part that timed out (as a notebook's test that
-    timed out runs again, :mod:`autograder.retry`), or failed in a run that was not ``sound`` (the lab's
+    timed out runs again, :mod:`autograder.grading.worker.retry`), or failed in a run that was not ``sound`` (the lab's
     own cells failed there, or it stopped early: a loaded machine's doing, not the submission's)."""
     if row["status"] == "manual":
         return []
