@@ -11,3 +11,4 @@ WORLD_SIZES_POW2 = (1, 2, 4)
 LENGTHS = (1, lambda n: n - 1, lambda n: 2 * n + 1, lambda n: 4 * n, 37)
 LENGTHS_SHOWN = "1, N-1, 2N+1, 4N, 37"
 DTYPES = (torch.float32, torch.float64)
+REJECTED = (6,)           # recursive halving: a world size that is not a power of two, refused
