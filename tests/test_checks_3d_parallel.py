@@ -108,7 +108,7 @@ def step_always_1f1b(stage, optimizer, ids, targets, mesh, micro_batches, schedu
 
 def test_train_step_runs_the_schedule_it_was_given():
     with pytest.raises(AssertionError, match=r"gpipe.*F0 F1 B0 B1"):
-        lab7.check_train_step(step_always_1f1b)
+        lab7.check_train_step_3d(step_always_1f1b)
 
 
 def test_predict_memory_gpipe_count_fails():
@@ -118,7 +118,7 @@ def test_predict_memory_gpipe_count_fails():
 
 def test_train_step_without_dividing_by_dp_fails():
     with pytest.raises(AssertionError, match=r"dp=2 x pp=2 x tp=2.*(loss at step 1|weights differ)"):
-        lab7.check_train_step(step_sum_not_mean)
+        lab7.check_train_step_3d(step_sum_not_mean)
 
 
 def test_library_answers_are_refused():
@@ -126,7 +126,7 @@ def test_library_answers_are_refused():
     with pytest.raises(AssertionError, match="called minidist's own implementation"):
         lab7.check_mesh_groups(mesh_groups)
     with pytest.raises(AssertionError, match="Trainer3D.reduce_gradients"):
-        lab7.check_train_step(step_library)
+        lab7.check_train_step_3d(step_library)
 
 
 def test_predict_memory_refuses_the_cost_model_but_not_the_handed_out_helper():

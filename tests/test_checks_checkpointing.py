@@ -16,7 +16,7 @@ import pytest
 
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from minidist.checks import lab10_checkpointing as lab10
-from minidist.checks.kit.refused_code import resolve
+from minidist.checks.kit.refusal import resolve
 from minidist.checks.lab10_checkpointing import cases, checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,7 +155,7 @@ def test_an_answer_on_the_library_or_the_checks_writer_earns_nothing(name, how, 
     exec(compile_cell(source, f"<cell {name}-{how}>"), namespace)
     for hidden in (False, True):
         with pytest.raises(AssertionError, match=REFUSED) as info:
-            lab10.check_function(name, namespace[name], hidden=hidden)
+            getattr(lab10, f"check_{name}")(namespace[name], hidden=hidden)
         assert target in str(info.value) and "notebook cell" in str(info.value), str(info.value)
 
 

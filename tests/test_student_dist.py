@@ -132,7 +132,7 @@ CHECK = textwrap.dedent("""
             raise AssertionError("a rank was launched")
         run.launch_named = no_launch
         try:
-            checks.check_function("broadcast", ns["broadcast"], hidden=True)
+            checks.check_broadcast(ns["broadcast"], hidden=True)
         except Exception as err:
             print(json.dumps({"type": type(err).__name__, "message": str(err)}))
         sys.exit(0)
@@ -159,7 +159,7 @@ CHECK = textwrap.dedent("""
                             seen += 1
         print(json.dumps({"checks": seen}))
         sys.exit(0)
-    checks.check_function("broadcast", ns["broadcast"])
+    checks.check_broadcast(ns["broadcast"])
 """)
 
 

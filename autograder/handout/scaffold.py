@@ -1,22 +1,27 @@
 """``python -m autograder new-exercise LAB NAME``: the skeleton of one more graded exercise.
 
-Adding an exercise touches four places (docs/AUTHORING.md walks through it). This writes them all,
-with the ids and the metadata nbgrader and the grader need, so an instructor fills in content only:
+An exercise is two files of the author's (docs/AUTHORING.md): its cases and verdict in one module of the
+lab's checks folder, and its hidden cases in the lab's ``hidden.py``; its answer is the kit's ``called``
+(what ``NAME(*case["args"])`` returned). This writes the rest, with the ids and the metadata nbgrader and
+the grader need, and the skeleton of the first file:
 
 * the lab's source notebook (``solutions/LAB/LAB.ipynb``): a markdown cell for the task, a solution
   cell ``def NAME(ARGS)`` with its solution markers, and a test cell that calls ``check_NAME`` on the
   visible cases and, between hidden-test markers, on the hidden ones; each with a fresh cell id;
-* the lab's checks folder (``minidist/checks/LAB/``): ``NAME_cases`` and ``NAME_covered`` in
-  ``cases.py``, the answer in ``answers.py``, the verdict in ``verdicts.py`` (each raising
-  NotImplementedError until written), and in ``__init__.py`` the :class:`Check` and the public
-  ``check_NAME`` registered in the lab's ``CHECKS`` (the judge resolves the test cell through it);
+* the exercise's module ``minidist/checks/LAB/NAME.py``: ``cases``, ``covered`` and ``verdict``, each
+  raising NotImplementedError until written;
+* in the lab's ``__init__.py``: its :class:`Check` (``CHECKS.exercise``) and the public ``check_NAME``,
+  registered in the lab's ``CHECKS`` (the judge resolves the test cell through it), named in ``__all__``
+  where the lab has one;
 * the lab's bug bank (``solutions/LAB/bugbank.py``): three bugs and two correct alternatives
   marked ``unfinished``, which the selftest reports until they are written.
 
 Nothing is overwritten: a name the lab already has is refused before anything is written.
+``tests/test_authoring.py`` holds these templates equal, line for line, to what docs/AUTHORING.md shows.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import uuid
@@ -70,7 +75,8 @@ def new_exercise(lab: str, name: str, *, args: str = "x", points: int = 2, where
         raise SystemExit(f"no source notebook {notebook}")
     nb = read_nb(notebook)
     taken = {grade_id(c) for c in nb.cells if grade_id(c)}
-    if {name, f"test_{name}"} & taken or f"def check_{name}(" in (folder / "__init__.py").read_text():
+    init = (folder / "__init__.py").read_text()
+    if {name, f"test_{name}"} & taken or f"def check_{name}(" in init or (folder / f"{name}.py").exists():
         raise SystemExit(f"{lab} has an exercise {name!r} already")
     alias = _alias(nb, lab)
     cells = [
@@ -91,16 +97,42 @@ def new_exercise(lab: str, name: str, *, args: str = "x", points: int = 2, where
         raise SystemExit(f"no cell {after!r} in {notebook}")
     nb.cells[at:at] = cells
     write_nb(nb, notebook)
-    _append(folder / "cases.py", _CASES.format(name=name))
-    _append(folder / "answers.py", _ANSWER.format(name=name, where=where))
-    _append(folder / "verdicts.py", _VERDICT.format(name=name, where=where))
-    init = (folder / "__init__.py").read_text()
-    refusal = ", refusal=REFUSED" if re.search(r"^REFUSED\b", init, re.M) else ""
-    on_ranks = ', where="launch", world=lambda case: case["world_size"]' if where == "launch" else ""
-    _append(folder / "__init__.py", _ENTRY.format(name=name, upper=name.upper(), refusal=refusal, on_ranks=on_ranks,
-                                                  indent=" " * len(f"{name.upper()} = CHECKS.check(")))
+    (folder / f"{name}.py").write_text(exercise_module(lab, name, args, where))
+    (folder / "__init__.py").write_text(with_all(init, f"check_{name}").rstrip("\n") + "\n" + registration(lab, name, args, where))
     _append(bank, _BANK.format(name=name))
-    return [notebook, folder / "cases.py", folder / "answers.py", folder / "verdicts.py", folder / "__init__.py", bank]
+    return [notebook, folder / f"{name}.py", folder / "__init__.py", bank]
+
+
+def exercise_module(lab: str, name: str, args: str, where: str = "here") -> str:
+    """The skeleton of the exercise's module ``<lab>/<name>.py``: its cases, its ✓ text, its verdict."""
+    return _MODULE.format(lab=lab, name=name, args=args, answer=_WHERE_ANSWER[where])
+
+
+def registration(lab: str, name: str, args: str, where: str = "here") -> str:
+    """What ``__init__.py`` gets: the exercise's Check and its public check."""
+    on_ranks = ', where="launch", world=lambda case: case["world_size"]' if where == "launch" else ""
+    return _ENTRY.format(lab=lab, name=name, args=args, upper=name.upper(), on_ranks=on_ranks)
+
+
+def with_all(init: str, public: str) -> str:
+    """``init`` with ``public`` added to its ``__all__`` (a list of names), where it has one."""
+    node = next((n for n in ast.parse(init).body if isinstance(n, ast.Assign) and len(n.targets) == 1
+                 and getattr(n.targets[0], "id", None) == "__all__" and isinstance(n.value, ast.List)), None)
+    if node is None:
+        return init
+    names = [ast.literal_eval(e) for e in node.value.elts] + [public]
+    lines, line = [], "__all__ = ["
+    for k, item in enumerate(names):
+        piece = repr(item).replace("'", '"') + ("]" if k == len(names) - 1 else ",")
+        if len(line) + 1 + len(piece) > 120:
+            lines.append(line)
+            line = " " * len("__all__ = [") + piece
+        else:
+            line += ("" if line.endswith("[") else " ") + piece
+    lines.append(line)
+    source = init.splitlines(keepends=True)
+    before, after = "".join(source[:node.lineno - 1]), "".join(source[node.end_lineno:])
+    return before + "\n".join(lines) + "\n" + after
 
 
 def _append(path: Path, text: str) -> None:
@@ -108,39 +140,38 @@ def _append(path: Path, text: str) -> None:
     path.write_text(old.rstrip("\n") + "\n" + text)
 
 
-_CASES = '''
+_WHERE_ANSWER = {"here": "in this process", "launch": "on every rank of a launch of case[\"world_size\"], a list by rank"}
+_MODULE = '''\"\"\"The exercise ``{name}({args})`` of {lab}: its cases (the hidden ones are the grader's, in
+``hidden.py``) and its verdict; the answer is the kit's ``called``, what ``{name}(*case["args"])`` returned
+({answer}).\"\"\"
+from __future__ import annotations
 
-def {name}_cases(hidden: bool) -> list:
-    """The cases of check_{name}: the visible ones, and more when hidden (each a tuple or a dict of
-    plain values: the verdict rebuilds everything it compares with from it)."""
+from minidist.checks.kit.withheld import hidden_cases
+
+
+def cases(hidden: bool) -> list[dict]:
+    \"\"\"The visible cases, and the hidden ones after them (``hidden_cases(__package__, "{name}")``): each a dict
+    of plain values, ``args`` the arguments of the call; the verdict rebuilds what it compares with from it.\"\"\"
     raise NotImplementedError("new exercise {name}: list its cases (docs/AUTHORING.md)")
 
 
-def {name}_covered(hidden: bool) -> str:
-    """What the ✓ line says a passing test covered: exactly the cases that ran."""
+def covered(hidden: bool) -> str:
+    \"\"\"What the ✓ line says a passing test covered: exactly the cases that ran.\"\"\"
     raise NotImplementedError("new exercise {name}: say what its cases cover (docs/AUTHORING.md)")
-'''
-_ANSWER = '''
 
-def {name}(fn, case):
-    """What the student's ``{name}`` did on ``case`` ({where}), as plain data (numbers, tensors, lists, dicts)."""
-    raise NotImplementedError("new exercise {name}: run the student's function on a case (docs/AUTHORING.md)")
-'''
-_VERDICT = '''
 
-def {name}(case, answer) -> str | None:
-    """What is wrong with the answer to ``case`` ({where}: None when nothing is), rebuilt from the case alone."""
+def verdict(case, answer) -> str | None:
+    \"\"\"What is wrong with ``answer`` on ``case``, in words (None: nothing).\"\"\"
     raise NotImplementedError("new exercise {name}: judge an answer (docs/AUTHORING.md)")
 '''
 _ENTRY = '''
 
-{upper} = CHECKS.check("{name}", cases.{name}_cases, answers.{name}, verdicts.{name}{refusal},
-{indent}covered=cases.{name}_covered{on_ranks})
+{upper} = CHECKS.exercise("{name}"{on_ranks})
 
 
 @CHECKS.entry({upper})
-def check_{name}({name}, hidden: bool = False) -> None:
-    """TODO: what check_{name} proves (the test cell's contract)."""
+def check_{name}(fn, *, hidden: bool = False) -> None:
+    \"\"\"``{name}({args})``, on the cases of ``{name}.py`` (docs/AUTHORING.md).\"\"\"
 '''
 _BANK = '''
 # new exercise {name} (python -m autograder new-exercise): the selftest reports these as unfinished

@@ -2,7 +2,7 @@
 
 Every code cell of the submitted notebook is parsed (IPython syntax turned into Python first)
 and searched for what honest lab code has no reason to do: assign attributes of imported
-modules (``torch.allclose = ...``, ``checks.check_function = ...``), ``setattr`` on a module,
+modules (``torch.allclose = ...``, ``checks.check_add = ...``), ``setattr`` on a module,
 touch ``sys.modules``, ``gc``, ``ctypes``, ``__code__``, ``builtins``, frames, or name a file
 outside the working folder. The source is the one thing a kernel cannot rewrite after the
 fact, so these flags hold even where the kernel could hide what it did at run time; code that
