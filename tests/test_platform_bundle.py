@@ -88,7 +88,7 @@ def test_record_parts_and_fingerprint(course, tmp_path):
     assert files["notebook"] == {f"solutions/{LAB}/{LAB}.ipynb"}
     assert (course / LAB / "bugbank.py").is_file()          # beside the notebook, and in no part: no bundle holds it
     assert files["checks"] == {f"minidist/checks/{LAB}/{f}.py" for f in
-                               ("__init__", "answers", "cases", "hidden", "verdicts")}
+                               ("__init__", "add", "allsum", "hidden")}    # the toy lab: an exercise module each
     assert "minidist/checks/kit/__init__.py" in files["kit"] and "minidist/checks/__init__.py" in files["kit"]
     assert not any("/checks/" in f for f in files["library"]) and "minidist/collectives/__init__.py" in files["library"]
     assert "autograder/handout/platforms/version.py" in files["grader"]
