@@ -40,7 +40,7 @@ FUNCTIONS = {name: CHECKS.check(name, partial(cases.function_cases, name), parti
                                 covered=partial(cases.covered, name))
              for name in DISTRIBUTED}
 FUNCTIONS["exposed_time"] = CHECKS.check("exposed_time", partial(cases.function_cases, "exposed_time"),
-                                         answers.exposed, verdicts.exposed_time,
+                                         answers.exposed, verdicts.exposed_verdict,
                                          covered=partial(cases.covered, "exposed_time"))
 #: every distributed function makes buffers of its own (a gathered weight, a received chunk, the output)
 DEVICE = CHECKS.devices(*(FUNCTIONS[name] for name in DISTRIBUTED))

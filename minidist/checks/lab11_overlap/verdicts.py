@@ -152,7 +152,7 @@ def rs_matmul(item, answer) -> str | None:
 
 
 # ----------------------------------------------------------------------------- exposed_time
-def exposed_time(case, answer) -> str | None:
+def exposed_verdict(case, answer) -> str | None:
     want = exposed(Trace(Event(**e) for e in case["events"]), case["rank"])
     if isinstance(answer, bool) or not isinstance(answer, (int, float)):
         return f"exposed_time returned {type(answer).__name__}; expected a number of seconds"
