@@ -72,6 +72,10 @@ MISTAKES = [
      ["12 query and 6 key/value heads do not both split over t = 4", "a ValueError"]),
     ("lab9_expert_parallel", "dispatch_rows_left_in_source_order", "test_ep_dispatch",
      ["expert_inputs differs from one process", "the right rows in the wrong order"]),
+    ("lab11_overlap", "ag_waits_before_matmul", "test_all_gather_matmul",
+     ["step 0's send was waited for before the matmul of step 0", "nothing overlapped"]),
+    ("lab11_overlap", "prefetch_everything_upfront", "test_prefetch_forward",
+     ["unit 2's all-gather was posted before unit 0 finished", "three units' full weights are held at once"]),
 ]
 
 
