@@ -20,14 +20,14 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit import docket
-from minidist.checks.kit.device_check import Record, default_device
+from minidist.checks.kit.device_check import MADE_NONE, Record, default_device
 from minidist.checks.kit.groups import consecutive_groups, describe_case
 from minidist.checks.kit.launch import launch_named, mark_case, one_thread, report_passed
 from minidist.checks.kit.refusal import graded_call
 from minidist.checks.kit.stand_ins import stand_in_lab_functions
 from minidist.checks.kit.returned import require_plain
 from minidist.checks.kit.withheld import in_confirmation, left_to_confirmation
-from minidist.runtime import LaunchError, plain_data
+from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
 
 class OnRank(NamedTuple):
@@ -61,17 +61,33 @@ def run(check, fn, **params) -> None:
         check.prepare()
     if check.default_device is None:
         _answer_all(check, fn, params, cases, refusal, stand_ins, None)
-    else:       # the device check: a failure says which line made a tensor without a device
-        with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
-            record = Record(check.default_device, folder)
-            try:
-                _answer_all(check, fn, params, cases, refusal, stand_ins, record)
-            except (AssertionError, LaunchError) as err:
-                raise AssertionError(record.explain(str(err))) from None
-            except Exception as err:     # noqa: BLE001  a "here" answer raised: the chained traceback shows where
-                raise AssertionError(record.explain(f"{check.shown} raised {type(err).__name__}: {err}")) from err
+    else:
+        _device_check(check, fn, params, cases, refusal, stand_ins)
     if check.covered is not None:
         report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
+
+
+def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict) -> None:
+    """The device check (:mod:`minidist.checks.kit.device_check`): the answers made under its default
+    device. It fails only when an answer failed and a line of the student's made a tensor without a
+    device, leading with that line; an answer that failed otherwise (a wrong value, an error, a hang)
+    is its function's own test's to judge: the record :data:`MADE_NONE` is filed in its place."""
+    __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
+    with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
+        record = Record(check.default_device, folder)
+        try:
+            _answer_all(check, fn, params, cases, refusal, stand_ins, record)
+            return
+        except Exception as err:     # noqa: BLE001  an answer that failed, whatever it raised
+            failure = err
+        explained = record.explain(check.shown, failure)
+    if explained is not None:
+        raise AssertionError(explained) from None
+    for i, item in enumerate(check.judged_cases(params)):
+        made = [MADE_NONE] * check.world(item) if check.where == "launch" else MADE_NONE
+        problem = docket.file(check.key, params, i, plain_data.dumps(made), check.shown)
+        if problem:
+            raise AssertionError(problem)
 
 
 def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
