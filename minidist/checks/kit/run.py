@@ -23,12 +23,14 @@ from minidist.checks.kit import docket
 from minidist.checks.kit.device_check import MADE_NONE, Record, default_device
 from minidist.checks.kit.groups import consecutive_groups, describe_case
 from minidist.checks.kit.launch import launch_named, mark_case, one_thread, report_passed
-from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.refusal import StudentAssertion, graded_call
+from minidist.checks.kit.student_code import is_student_code
 from minidist.checks.kit.stand_ins import stand_in_lab_functions
 from minidist.checks.kit.returned import require_plain
-from minidist.checks.kit.withheld import in_confirmation, left_to_confirmation
+from minidist.checks.kit.withheld import HiddenTestsInGrader, in_confirmation, left_to_confirmation
 from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
+from minidist.runtime.rank_process import format_frame
 
 class OnRank(NamedTuple):
     """Where a ``"groups"`` answer runs: this rank's place ``r`` in its group of ``t`` ranks, and the group."""
@@ -49,13 +51,19 @@ class RankCase(NamedTuple):
 
 def run(check, fn, **params) -> None:
     """Grade ``fn`` (the graded object, or a tuple of them) with ``check`` on the cases ``params``
-    give; raise AssertionError with the first problem; print the ✓ line when all pass."""
+    give; raise AssertionError with the first problem; print the ✓ line when all pass. The kit's frames
+    are hidden from the notebook's traceback (``__tracebackhide__``): a failure shows the test cell's
+    line, then the problem, which names the case and the student's line."""
+    __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     if set(params) != set(check.params):
         raise TypeError(f"check {check.name!r} takes the params {check.params}, got {tuple(params)}")
     if params.get("hidden") and in_confirmation(check.lab):      # a grading kernel: the grader's alone
         left_to_confirmation(check.shown)
         return
-    cases = check.cases(**params)
+    try:
+        cases = check.cases(**params)
+    except HiddenTestsInGrader as err:        # the student package: one line, no frame of the kit's
+        raise HiddenTestsInGrader(str(err)) from None
     refusal, stand_ins = check.refusal, check.stand_ins or {}
     if check.prepare is not None:
         check.prepare()
@@ -92,6 +100,7 @@ def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict
 
 def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
     """Every answer of ``check`` on ``cases``, each filed and judged; ``record``: the device check's."""
+    __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     if check.where == "here":
         for i, case in enumerate(cases):
             _require(check, params, i, case, _here(record, refusal, check, fn, case))
@@ -124,19 +133,53 @@ def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, 
 def _here(record, refusal, check, fn, case):
     """A ``"here"`` answer, under the device check's default device when there is one (restored after);
     with the ``reference`` option, ``answer(fn, case, reference=reference(case))``, the reference made
-    before, outside the refusal (what the case starts from, built with the library the refusal refuses)."""
+    before, outside the refusal (what the case starts from, built with the library the refusal refuses).
+    An exception of the student's code becomes an AssertionError naming the case and the student's lines."""
+    __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     options = check.launch(case) if callable(check.launch) else check.launch or {}
     before = {"reference": options["reference"](case)} if "reference" in options else {}
-    if record is None:
-        return graded_call(refusal, check.shown, check.answer, fn, case, **before)
-    with default_device(record.device, record.here):
-        return graded_call(refusal, check.shown, check.answer, fn, case, **before)
+    try:
+        with default_device(record.device, record.here) if record is not None else contextlib.nullcontext():
+            return graded_call(refusal, check.shown, check.answer, fn, case, **before)
+    except AssertionError:
+        raise
+    except Exception as err:     # noqa: BLE001  the student's code raised: say in which case, and where
+        raise AssertionError(student_raised(check.shown, case, err)) from None
+
+
+def student_raised(shown: str, case, err: BaseException) -> str:
+    """"fn (case): your code raised IndexError: ...", then the student's frames of ``err`` (innermost
+    last; none of the kit's, torch's or minidist's): what an exception of graded code tells a student."""
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if is_student_code(code.co_filename):
+            frames.append(format_frame(code.co_filename, tb.tb_lineno, code.co_name))
+        tb = tb.tb_next
+    said = str(err) if isinstance(err, StudentAssertion) else f"your code raised {type(err).__name__}: {err}"
+    where = "".join("\n  " + f.replace("\n", "\n  ") for f in frames[-3:])
+    return f"{shown} ({shown_case(case)}): {said}{where}"
+
+
+def shown_case(case) -> str:
+    """A case in a few words: its settings, a tensor by its shape and dtype, a long value cut short."""
+    def one(v) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"a {str(v.dtype).replace('torch.', '')} tensor of shape {tuple(v.shape)}"
+        if isinstance(v, (list, tuple)) and v and any(isinstance(x, torch.Tensor) for x in v):
+            return f"{len(v)} tensors"
+        text = getattr(v, "__name__", None) or repr(v).replace("torch.", "")
+        return text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(case, dict):
+        return ", ".join(f"{k}={one(v)}" for k, v in case.items()) or "default sizes"
+    return one(case)
 
 
 def _require(check, params: dict, index: int, case, answer) -> None:
     """File the answer to case ``index`` and raise AssertionError with its verdict's problem, given on
     the answer after its round trip through plain data (the value the judge reads). An object of the
     student's own (a float subclass) is refused before it is read: reading it would run its code."""
+    __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     require_plain(check.shown, answer)
     try:
         data = plain_data.dumps(answer)
