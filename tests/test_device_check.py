@@ -80,7 +80,7 @@ VALUE_BUGS = [
     ("lab3_zero_fsdp", "rs_forgets_to_average", "test_zero_device"),
     ("lab4_pipeline", "executor_no_loss_scaling", "test_run_pipeline_device"),
     ("lab5_tensor_parallel", "ce_local_max", "test_tp_device"),
-    ("lab6_context_parallel", "a2a_dims_swapped", "test_cp_device"),
+    ("lab6_context_parallel", "ring_no_merge", "test_cp_device"),
     ("lab7_3d_parallel", "grads_not_divided_by_dp", "test_train_step_3d_device"),
     ("lab8_memory", "zero1_sum_not_mean", "test_memory_device"),
     ("lab9_expert_parallel", "combine_expert_order_not_undone", "test_ep_device"),
@@ -164,6 +164,10 @@ def triple(x):
 
 def raises(x):
     return x[len(x)]
+
+def stub(x):
+    # YOUR CODE HERE
+    raise NotImplementedError()
 """
 
 
@@ -184,6 +188,15 @@ def test_a_wrong_answer_without_a_tensor_on_meta_passes_the_device_check_and_its
     assert docket.entries() and check.judge({}, docket.entries()) is None
     del docket.entries()[:]
     assert "no answer was filed" in check.judge({}, [])          # the judge passes only what was filed
+
+
+@pytest.mark.parametrize("check", [HERE, ON_RANKS], ids=["here", "launched"])
+def test_a_function_not_written_yet_fails_the_device_check(check):
+    """The release's stub (NotImplementedError) has shown nothing about where it makes tensors: no point."""
+    namespace = {"torch": torch}
+    exec(compile_cell(WRONG, "<cell wrong>"), namespace)
+    with pytest.raises(AssertionError, match=r"not written yet \(.*NotImplementedError"):
+        run(check, namespace["stub"])
 
 
 def test_a_launched_check_on_meta_names_the_line_every_rank_made(capsys):

@@ -14,11 +14,12 @@ says which line made the tensor, not only where it met a real one. Custom ``auto
 backwards run under the same default device as their forward (autograd's engine would run them
 without it, and a ``torch.zeros`` there would pass unseen).
 
-It judges where tensors are made, and nothing else: when the answer fails (a wrong value, an error,
-a hang) and no line of the student's code made a tensor without ``device=``, the device check passes
-(the value is its function's own test's to judge; one mistake costs one test). It fails only when such
-a line exists and the answer failed, and then it leads with those lines, the consequence folded into
-one line ("ranks 0-3 raised RuntimeError: ...").
+It judges where tensors are made, and nothing else: when the answer fails (a wrong value, an error of
+the student's own, a hang) and no line of the student's code made a tensor without ``device=``, the
+device check passes (the answer is its function's own test's to judge; one mistake costs one test).
+When such a line exists and the answer failed, it fails, leading with those lines, the consequence
+folded into one line ("ranks 0-3 raised: RuntimeError: ..."). A function not written yet (the
+release's stub, NotImplementedError) fails it: it has shown nothing.
 
 :func:`on_meta` derives the check from a lab's :class:`~minidist.checks.kit.check.Check`; it goes
 through the lab's registry like any check, so the grader's judge gives its verdict again: the base

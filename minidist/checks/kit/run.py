@@ -12,6 +12,7 @@ and the verdict on the round-tripped copy, the value the grader's judge reads
 from __future__ import annotations
 
 import contextlib
+import re
 import tempfile
 from functools import partial
 from typing import Any, NamedTuple
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit import docket
-from minidist.checks.kit.device_check import MADE_NONE, Record, default_device
+from minidist.checks.kit.device_check import MADE_NONE, Record, consequence, default_device
 from minidist.checks.kit.groups import consecutive_groups, describe_case
 from minidist.checks.kit.launch import launch_named, mark_case, one_thread, report_passed
 from minidist.checks.kit.refusal import StudentAssertion, graded_call
@@ -31,6 +32,18 @@ from minidist.checks.kit.withheld import HiddenTestsInGrader, in_confirmation, l
 from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
 from minidist.runtime.rank_process import format_frame
+
+class WrongAnswer(AssertionError):
+    """An answer the student's code made, which its verdict found wrong (the code ran to its end)."""
+
+
+class StudentRaised(AssertionError):
+    """The student's code raised ``raised`` (its type's name) while a check made here called it."""
+
+    def __init__(self, message: str, raised: str):
+        super().__init__(message)
+        self.raised = raised
+
 
 class OnRank(NamedTuple):
     """Where a ``"groups"`` answer runs: this rank's place ``r`` in its group of ``t`` ranks, and the group."""
@@ -77,9 +90,11 @@ def run(check, fn, **params) -> None:
 
 def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict) -> None:
     """The device check (:mod:`minidist.checks.kit.device_check`): the answers made under its default
-    device. It fails only when an answer failed and a line of the student's made a tensor without a
-    device, leading with that line; an answer that failed otherwise (a wrong value, an error, a hang)
-    is its function's own test's to judge: the record :data:`MADE_NONE` is filed in its place."""
+    device. When an answer failed and a line of the student's made a tensor without a device, it fails,
+    leading with that line; an answer that failed with no such line (a wrong value, an error of the
+    student's own, a hang) is its function's own test's to judge, and the record :data:`MADE_NONE` is
+    filed in its place. A function not written yet (the release's stub raises NotImplementedError) has
+    shown nothing about its tensors: it fails, saying so."""
     __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
         record = Record(check.default_device, folder)
@@ -91,11 +106,21 @@ def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict
         explained = record.explain(check.shown, failure)
     if explained is not None:
         raise AssertionError(explained) from None
+    if _not_written(failure):
+        raise AssertionError(f"{check.shown}: not written yet ({consequence(failure)}); the device check "
+                             f"runs it once it is") from None
     for i, item in enumerate(check.judged_cases(params)):
         made = [MADE_NONE] * check.world(item) if check.where == "launch" else MADE_NONE
         problem = docket.file(check.key, params, i, plain_data.dumps(made), check.shown)
         if problem:
             raise AssertionError(problem)
+
+
+def _not_written(failure: BaseException) -> bool:
+    """Whether the student's code raised NotImplementedError (a stub of the release), here or on a rank."""
+    raised = [getattr(failure, "raised", None)] + [m for text in (getattr(failure, "failures", None) or {}).values()
+                                                   for m in re.findall(r"raised: (\w+)", text)]
+    return "NotImplementedError" in raised
 
 
 def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
@@ -127,7 +152,7 @@ def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, 
                 sizes.setdefault(item.t, []).append(problem is None)
             failed = failed or (check.stated(item, problem) if problem else None)
         if failed:
-            raise AssertionError(failed + by_group_size(sizes))
+            raise WrongAnswer(failed + by_group_size(sizes))
 
 
 def _here(record, refusal, check, fn, case):
@@ -144,7 +169,7 @@ def _here(record, refusal, check, fn, case):
     except AssertionError:
         raise
     except Exception as err:     # noqa: BLE001  the student's code raised: say in which case, and where
-        raise AssertionError(student_raised(check.shown, case, err)) from None
+        raise StudentRaised(student_raised(check.shown, case, err), type(err).__name__) from None
 
 
 def student_raised(shown: str, case, err: BaseException) -> str:
@@ -185,7 +210,10 @@ def _require(check, params: dict, index: int, case, answer) -> None:
         data = plain_data.dumps(answer)
     except TypeError as err:
         raise AssertionError(f"{check.shown} returned something that is not plain data ({err})") from None
-    problem = check.problem(case, plain_data.loads(data)) or docket.file(check.key, params, index, data, check.shown)
+    problem = check.problem(case, plain_data.loads(data))
+    if problem:
+        raise WrongAnswer(problem)
+    problem = docket.file(check.key, params, index, data, check.shown)
     if problem:
         raise AssertionError(problem)
 
