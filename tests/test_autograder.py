@@ -481,6 +481,30 @@ def test_kernel_is_pinned_and_has_minidist():
     r = subprocess.run([argv[0], "-c", "import minidist; print(minidist.__file__)"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "minidist" in r.stdout
+    assert os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+
+
+def test_a_user_kernelspec_named_minidist_changes_nothing(course, tmp_path, monkeypatch):
+    """A student README followed on the grading machine (``ipykernel install --user --name minidist``
+    from another environment) must not decide which interpreter grades: the solution gets full marks."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    from autograder.grading.grade import grade
+    data = tmp_path / "jupyter"
+    spec = data / "kernels" / "minidist"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/nonexistent/other-env/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (minidist)", "language": "python"}))
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
+    monkeypatch.setenv("JUPYTER_PREFER_ENV_PATH", "0")      # the user's folder first, as outside a venv
+    assert KernelSpecManager().get_kernel_spec("minidist").argv[0].startswith("/nonexistent")   # it is found
+    subs = write_class(tmp_path / "subs", {"solution": course["solution"]})
+    out = tmp_path / "out"
+    grade(subs, out, jobs=1, labs=[LAB], cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
+    grades = {row["student_id"]: row for row in csv.DictReader(open(out / "grades.csv"))}
+    assert float(grades["solution"]["score"]) == 3.0, (out / "results.json").read_text()[:2000]
 
 
 def test_cell_timeout_exceeds_launch_timeouts():

@@ -177,3 +177,22 @@ def test_the_checks_define_no_exercise_but_thin_adapters_over_the_library():
                 found[node.name] = path.name
     assert found == {name: "stand_ins.py" for name in ADAPTED}, found
     assert inspect.getmodule(stand_ins.STAND_INS.table["AllToAllRows"][0]).__name__ == "minidist.expert_parallel.exchange"
+
+
+def test_rows_left_in_expert_order_are_named_as_such():
+    """Issue 60: ep_combine sending its rows back in expert order is told so, not only which rows differ."""
+    from minidist.checks.kit.run import RankCase
+    from minidist.checks.lab9_expert_parallel import verdicts
+    from minidist.checks.lab9_expert_parallel.cases import combine_inputs
+    check = lab9.CHECKS.checks["ep_combine"]
+    item = next(i for i in check.judged_cases({"hidden": False}) if i.t > 1)
+    sim, outs, ws, _ = combine_inputs(item.case, item.t)
+    moved = [o.detach()[d.plan.order] for o, d in zip(outs, sim)]
+    given = [outs[item.r].detach(), ws[item.r].detach()]
+    wrong = verdicts._combined(sim, moved, [w.detach() for w in ws], item.case["k"], item.r)
+    problem = verdicts.combine(item, {"y": wrong, "given": given})
+    assert problem and "sent back in expert order" in problem and "rows are wrong" not in problem, problem
+    right = verdicts._combined(sim, [o.detach() for o in outs], [w.detach() for w in ws], item.case["k"], item.r)
+    other = verdicts.combine(item, {"y": right * 2, "given": given})       # another mistake: no such cause
+    assert other and "expert order" not in other, other
+    assert isinstance(item, RankCase)

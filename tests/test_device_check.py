@@ -75,6 +75,19 @@ def device_cell(lab: str, bug_name: str | None, test_id: str) -> str | None:
     return None
 
 
+VALUE_BUGS = [
+    # (lab, bank bug that computes a wrong value and makes every tensor on its inputs' device, the device test cell)
+    ("lab1_collectives", "naive_recv_overwrites_sum", "test_collectives_device"),
+    ("lab2_data_parallel", "avg_forgets_to_average", "test_data_parallel_device"),
+    ("lab3_zero_fsdp", "rs_forgets_to_average", "test_zero_device"),
+    ("lab4_pipeline", "executor_no_loss_scaling", "test_run_pipeline_device"),
+    ("lab5_tensor_parallel", "ce_local_max", "test_tp_device"),
+    ("lab6_context_parallel", "ring_no_merge", "test_cp_device"),
+    ("lab7_3d_parallel", "grads_not_divided_by_dp", "test_train_step_3d_device"),
+    ("lab8_memory", "zero1_sum_not_mean", "test_memory_device"),
+    ("lab9_expert_parallel", "combine_expert_order_not_undone", "test_ep_device"),
+]
+
 #: a lab's rows run its notebook and its launches: they belong to the course's stage (``make test-course``)
 ROWS = [pytest.param(*row, id=row[0], marks=pytest.mark.course) for row in LABS]
 
@@ -87,6 +100,15 @@ def test_a_tensor_made_without_a_device_fails_the_device_check_naming_its_line(l
     made = message.split("without device=", 1)[1]
     # the cell is named after its first definition (lab 5's sp_gather cell: "SPGather")
     assert re.search(r'notebook cell "\w+", line \d+, in \w+\n\s+' + re.escape(line), made), message
+
+
+@pytest.mark.parametrize("lab, bug, test", [pytest.param(*row, id=row[0], marks=pytest.mark.course)
+                                             for row in VALUE_BUGS])
+def test_a_wrong_value_made_on_the_right_devices_passes_the_device_check(lab, bug, test):
+    """One mistake costs one test: the bug fails its function's test (the bank says so), not the device
+    test, which judges where tensors are made and nothing else."""
+    assert bug in [b["name"] for b in load_bank(lab)["BUGS"] if test not in b["catches"]]
+    assert device_cell(lab, bug, test) is None
 
 
 @pytest.mark.parametrize("lab, bug, test, line", ROWS)
@@ -138,6 +160,47 @@ def test_a_here_check_on_meta_names_the_line_and_restores_the_default_device(cap
     assert HERE.cases() == [1] and HERE.params == ()
 
 
+WRONG = """
+def triple(x):
+    return x * 3
+
+def raises(x):
+    return x[len(x)]
+
+def stub(x):
+    # YOUR CODE HERE
+    raise NotImplementedError()
+"""
+
+
+@pytest.mark.parametrize("check", [HERE, ON_RANKS], ids=["here", "launched"])
+@pytest.mark.parametrize("name", ["triple", "raises"])
+def test_a_wrong_answer_without_a_tensor_on_meta_passes_the_device_check_and_its_judge(check, name, capsys,
+                                                                                     monkeypatch):
+    """The device check judges where tensors are made: a wrong value or an error of the student's own
+    (no tensor made without device=) passes it, in the notebook and in the grader's judge, which reads
+    the record filed in the answer's place."""
+    from minidist.checks.kit import docket
+    namespace = {"torch": torch}
+    exec(compile_cell(WRONG, "<cell wrong>"), namespace)
+    monkeypatch.setattr(docket, "ON", True)
+    del docket.entries()[:]
+    run(check, namespace[name])
+    assert "(device check): one visible case" in capsys.readouterr().out
+    assert docket.entries() and check.judge({}, docket.entries()) is None
+    del docket.entries()[:]
+    assert "no answer was filed" in check.judge({}, [])          # the judge passes only what was filed
+
+
+@pytest.mark.parametrize("check", [HERE, ON_RANKS], ids=["here", "launched"])
+def test_a_function_not_written_yet_fails_the_device_check(check):
+    """The release's stub (NotImplementedError) has shown nothing about where it makes tensors: no point."""
+    namespace = {"torch": torch}
+    exec(compile_cell(WRONG, "<cell wrong>"), namespace)
+    with pytest.raises(AssertionError, match=r"not written yet \(.*NotImplementedError"):
+        run(check, namespace["stub"])
+
+
 def test_a_launched_check_on_meta_names_the_line_every_rank_made(capsys):
     namespace = {"torch": torch}
     exec(compile_cell(STUDENT, "<cell double>"), namespace)
@@ -146,7 +209,9 @@ def test_a_launched_check_on_meta_names_the_line_every_rank_made(capsys):
     with pytest.raises(AssertionError) as info:
         run(ON_RANKS, namespace["double_with_a_new_tensor"])
     message = str(info.value)
-    assert "2 of 2 ranks failed" in message and message.count("two = torch.full") == 1, message
+    assert message.startswith("double on ranks (device check): your code made a tensor without device="), message
+    assert "ranks 0-1 raised: RuntimeError" in message and "rank 0" not in message, message    # folded
+    assert message.count("two = torch.full") == 1, message
     assert re.search(r'notebook cell "double_with_a_new_tensor", line 6, in double_with_a_new_tensor\n\s+'
                      r'two = torch\.full\(\(len\(x\),\), 2\.0\)', message) and GPU_NODE in message, message
     assert torch.get_default_device() == torch.device("cpu")

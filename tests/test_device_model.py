@@ -156,6 +156,22 @@ def test_doctor_skips_what_cannot_run_here_and_says_why(capsys, monkeypatch):
         assert rows[name]["status"] == "SKIP" and rows[name]["detail"], rows[name]
     assert "needs 4 GPU(s), 0 visible" in rows["GPU suite, 4 GPUs"]["detail"]
     assert "make test-gpu" in rows["GPU suite, 1 GPU"]["detail"]
+    assert "docs/VERIFICATION.md: Time per lab" in rows["lab speed"]["detail"]
+
+
+def test_doctor_names_only_what_a_students_folder_has(capsys, monkeypatch):
+    """Installed from the student wheel (no checkout beside it): no GPU suite, no make target, and the
+    lab speed row points at the student README's "Time per lab" section (which it has)."""
+    from autograder.handout.student_dist import README
+    from minidist.cli import doctor, main
+    monkeypatch.setattr(device_model, "visible_gpus", lambda: 0)
+    monkeypatch.setattr(doctor, "in_checkout", lambda: False)
+    assert main(["doctor", "--json"]) == 0
+    rows = {r["check"]: r for r in json.loads(capsys.readouterr().out)}
+    assert not [name for name in rows if "GPU suite" in name]
+    assert not [r for r in rows.values() if "make " in r["detail"]], rows
+    assert "the labs folder's README.md: Time per lab" in rows["lab speed"]["detail"]
+    assert "\n## Time per lab\n" in README
 
 
 def test_nccl_environment_makes_hangs_raise_and_keeps_what_the_user_set(monkeypatch):

@@ -102,8 +102,11 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
     assert not leaks, f"bug bank names in the distribution: {leaks[:5]}"
     assert len(bank_files()) >= 10 and bank_in(out, public) == []       # nor a bank's file, wheel included
     readme = dist["readme"].read_text()
-    for said in (f"pip install wheels/{dist['wheel'].name}", "minidist doctor", "minidist lab copy", "grader"):
+    for said in (f"pip install wheels/{dist['wheel'].name}", "minidist doctor", "minidist lab copy", "grader",
+                 "pip install --no-index --find-links DIR torch", "## Time per lab"):
         assert said in readme
+    for lab in dist["labs"]:      # each lab's run time, measured (student_dist.RUN_ALL)
+        assert f"| {lab} | " in readme and f"| {lab} | not measured" not in readme, lab
 
 
 def test_the_distribution_holds_no_solution_body_and_no_exercise_but_the_librarys(dist):

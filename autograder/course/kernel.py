@@ -1,42 +1,54 @@
-"""The pinned grading kernel, ``minidist``: installed into this interpreter's prefix when missing."""
+"""The grading kernel, ``minidist``: always the grader's own interpreter, whatever kernelspecs exist.
+
+Notebooks name their kernel ``minidist``, and so may a kernelspec a user installed with
+``ipykernel install --user`` from another environment; Jupyter's search path puts the user's folder
+before this interpreter's prefix, so looking the name up would start that other interpreter (which the
+sandbox does not hold). The grader therefore never looks kernels up: :class:`OwnKernelSpecManager`
+answers every name with this interpreter's ``ipykernel_launcher``, and :class:`OwnKernelManager` (the
+base of the sandbox's manager, and the selftest's) uses it.
+"""
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from traitlets import default
 
 KERNEL_NAME = "minidist"
 
 
+def own_argv() -> list[str]:
+    """The kernel command: this interpreter's ipykernel (``{connection_file}`` filled in by Jupyter)."""
+    return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+
+class OwnKernelSpecManager(KernelSpecManager):
+    """Every kernel name resolves to this interpreter's kernel; no kernelspec folder is read."""
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return KernelSpec(argv=own_argv(), display_name="Python (minidist)", language="python",
+                          metadata={"debugger": False}, resource_dir="")
+
+    def find_kernel_specs(self) -> dict[str, str]:
+        return {KERNEL_NAME: ""}
+
+
+class OwnKernelManager(AsyncKernelManager):
+    """nbclient's kernel manager, starting this interpreter's kernel whatever the notebook names."""
+
+    @default("kernel_spec_manager")
+    def _kernel_spec_manager_default(self) -> KernelSpecManager:
+        return OwnKernelSpecManager(data_dir=self.data_dir)
+
+
 def kernel_argv() -> list[str]:
-    """Make sure the pinned kernel exists and can import minidist; return its argv.
-
-    Installs it into this interpreter's prefix when missing, i.e. runs
-    ``python -m ipykernel install --sys-prefix --name minidist``.
-    """
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    ksm = KernelSpecManager()
-    try:
-        spec = ksm.get_kernel_spec(KERNEL_NAME)
-    except NoSuchKernel:
-        spec = None
-    if spec is None or not _kernel_ok(spec.argv):
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix",
-                        "--name", KERNEL_NAME, "--display-name", "Python (minidist)"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        ksm = KernelSpecManager()
-        spec = ksm.get_kernel_spec(KERNEL_NAME)
-        if not _kernel_ok(spec.argv):
-            raise RuntimeError(f"kernel {KERNEL_NAME!r} ({spec.argv[0]}) cannot import minidist")
-    return spec.argv
-
-
-def _kernel_ok(argv) -> bool:
-    exe = shutil.which(argv[0]) if argv else None
-    if not exe:
-        return False
+    """The grading kernel's argv (this interpreter's), once it is known to import minidist and
+    ipykernel; a clear error otherwise (the grader was installed without them)."""
     probe = ("import importlib.util as u, sys; "
              "sys.exit(0 if u.find_spec('minidist') and u.find_spec('ipykernel') else 1)")
-    r = subprocess.run([exe, "-c", probe], capture_output=True)
-    return r.returncode == 0
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode != 0:
+        raise RuntimeError(f"the grader's interpreter ({sys.executable}) cannot import minidist and "
+                           "ipykernel: install the grader with `make install`")
+    return own_argv()

@@ -62,9 +62,15 @@ def build(out: Path) -> dict:
     wheel = out / "wheels" / wheel.name
     # by number, not by name: "lab10_..." sorts before "lab1_..."
     number, first = min((int(p.name[3:].split("_")[0]), p.name) for p in labs)
-    (out / "README.md").write_text(README.format(wheel=wheel.name, number=number, first=first))
+    times = "\n".join(f"| {p.name} | {RUN_ALL.get(int(p.name[3:].split('_')[0]), 'not measured yet')} |"
+                      for p in sorted(labs, key=lambda p: int(p.name[3:].split("_")[0])))
+    (out / "README.md").write_text(README.format(wheel=wheel.name, number=number, first=first, times=times))
     return {"labs": [p.name for p in labs], "wheel": wheel, "readme": out / "README.md"}
 
+
+#: each lab's solution notebook run top to bottom, rounded (docs/VERIFICATION.md, "Time per lab")
+RUN_ALL = {1: "70 s", 2: "30 s", 3: "50 s", 4: "30 s", 5: "35 s", 6: "15 s", 7: "20 s (8 ranks)",
+           8: "1 min (2 min on a heavily loaded machine)", 9: "1 min", 10: "1 min"}
 
 WHEEL_README = """\
 # minidist
@@ -95,6 +101,15 @@ pip also installs what the library needs (torch, numpy, matplotlib, cloudpickle,
 machine without a GPU, install a CPU build of torch first (`pip install torch --index-url
 https://download.pytorch.org/whl/cpu`) so pip does not fetch the much larger CUDA one.
 
+Without network access, install from a folder of wheels instead of an index. Fetch them on a
+machine that has one, for your Python version and platform, and copy the folder over: the CPU build
+of torch (a file named like `torch-<version>+cpu-cp311-cp311-manylinux_2_28_x86_64.whl`) and, for
+the second command, the wheels of everything the first line of the install above pulls in (`pip
+download wheels/{wheel} jupyterlab ipykernel -d DIR` fetches them). Then, with `DIR` that folder:
+
+    pip install --no-index --find-links DIR torch
+    pip install --no-index --find-links DIR wheels/{wheel} jupyterlab ipykernel
+
 On a JupyterHub, the same `pip install wheels/{wheel}` goes into the image your course uses (or
 your own environment on the hub); the notebooks run on the "Python (minidist)" kernel.
 
@@ -115,6 +130,18 @@ In this folder (the one that holds `labs/`):
 `lab copy` copies a lab into a folder of your own and never overwrites anything, so `labs/` stays as
 handed out. Fill in the answer cells and run the test cells: a test cell that finishes without an
 error has passed.
+
+## Time per lab
+
+How long each finished lab notebook takes to run top to bottom (every answer cell and test cell),
+measured on a 2-core machine busy with other work: approximate, and an upper bound for a quiet
+laptop with 2 cores or more. It is the machine's time for one "run all", not the time the lab takes
+you to work through; `minidist doctor` says how fast rank launches are on your machine, and the labs
+run slower or faster in proportion.
+
+| lab | run all, about |
+| --- | --- |
+{times}
 
 ## Hidden tests
 

@@ -10,10 +10,7 @@ from dataclasses import dataclass, field
 from autograder.sandbox.backend import Backend, command, give
 from autograder.sandbox.home import inner_env, outer_env
 
-try:
-    from jupyter_client.manager import AsyncKernelManager as KernelManager
-except ImportError:          # pragma: no cover  (jupyter is a dev dependency)
-    KernelManager = object
+from autograder.course.kernel import OwnKernelManager
 
 
 @dataclass(frozen=True)
@@ -40,9 +37,9 @@ def kernel_manager(job: KernelJob) -> type:
     return type("JobKernelManager", (SandboxKernelManager,), {"job": job})
 
 
-class SandboxKernelManager(KernelManager):
-    """nbclient's kernel manager, with the kernel started inside the sandbox (:func:`kernel_manager`
-    makes one per job). The kernel talks to nbclient over Unix sockets in its private home
+class SandboxKernelManager(OwnKernelManager):
+    """nbclient's kernel manager, with the grader's own kernel (:class:`OwnKernelManager`, whatever
+    kernelspecs the user has) started inside the sandbox (:func:`kernel_manager` makes one per job). The kernel talks to nbclient over Unix sockets in its private home
     (``transport="ipc"``), because it has no network; its working folder and its home are the only
     writable places it sees."""
 

@@ -28,7 +28,7 @@ from nbgrader.utils import determine_grade
 from minidist.protocol import CHECK_TIMEOUT_ENV, TIMEOUT_SCALE_ENV
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from autograder.course.config import cell_timeout
-from autograder.course.kernel import KERNEL_NAME, kernel_argv
+from autograder.course.kernel import KERNEL_NAME, OwnKernelManager, kernel_argv
 from autograder.grading.worker.retry import RETRY_TIMEOUT_SCALE
 
 # Deadlock bugs fail through the checks' launch timeout, which the kernels shorten: a few
@@ -73,7 +73,8 @@ class _Kernel:
         self.base_scale = float(os.environ.get(TIMEOUT_SCALE_ENV) or 1)
         # nbclient writes executed cells back into the notebook it holds: give it its own copy,
         # so bugs are injected into, and cells restored from, the untouched one.
-        self.client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, timeout=cell_timeout(),
+        self.client = NotebookClient(copy.deepcopy(nb), kernel_name=KERNEL_NAME, kernel_manager_class=OwnKernelManager,
+                                     timeout=cell_timeout(),
                                      allow_errors=True, resources={"metadata": {"path": workdir}},
                                      extra_arguments=["--IPKernelApp.capture_fd_output=False"])
 
@@ -172,7 +173,7 @@ def check_bugs(name: str, nb, bugs: list[dict], inject, workdir: str, baseline_d
     that did not fail / pass as they should, seconds)}). ``baseline_done`` is set once the first
     kernel has loaded the notebook. ``meta_env``: variables a correct alternative runs with (the
     selftest's device discipline; bugs never)."""
-    kernel_argv()   # installs the pinned kernel if it is missing
+    kernel_argv()   # the grader's interpreter can run the kernel
     nb = skip_demos(copy.deepcopy(nb))
     index = {grade_id(c): i for i, c in enumerate(nb.cells) if grade_id(c)}
     env = {**os.environ, "NBGRADER_EXECUTION": "autograde", CHECK_TIMEOUT_ENV: QUICK_CHECK_TIMEOUT}

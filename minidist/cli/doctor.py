@@ -22,6 +22,18 @@ KERNEL = "minidist"                      # the kernel `make install` registers a
 JUPYTER_FIX = f"{sys.executable} -m pip install jupyterlab ipykernel (in a checkout of minidist: make install)"
 
 
+def in_checkout() -> bool:
+    """Whether this minidist is a checkout of the repository (its Makefile beside the package, with the
+    GPU suite), not the wheel a student installed: the doctor names only what the student has."""
+    from pathlib import Path
+    import minidist
+    makefile = Path(minidist.__file__).resolve().parents[1] / "Makefile"
+    try:
+        return "test-gpu:" in makefile.read_text()
+    except OSError:
+        return False
+
+
 class Skip(Exception):
     """A doctor check that cannot run on this machine; its message says why."""
 
@@ -82,11 +94,12 @@ def _doctor_checks():
         seconds = launched.get((4, "cpu", "fork"))
         if seconds is None:
             raise Skip("the 4-rank CPU launch above did not run")
+        where = "docs/VERIFICATION.md" if checkout else "the labs folder's README.md"
         return (f"a 4-rank launch (start, all-reduce, exit) took {seconds:.1f} s here; every lab test "
                 f"launches ranks like this, so the labs run slower or faster in proportion "
-                f"(README: time per lab)")
+                f"({where}: Time per lab)")
 
-    gpus, launched = visible_gpus(), {}
+    gpus, launched, checkout = visible_gpus(), {}, in_checkout()
     return [
         ("python", lambda: platform.python_version()),
         ("torch", lambda: f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})"),
@@ -102,7 +115,8 @@ def _doctor_checks():
         ("lab speed", lab_speed_row),
         ("jupyter", jupyter_row),
         ("kernel Python (minidist)", kernel_row),
-    ] + [(f"GPU suite, {n} GPU{'s' if n > 1 else ''}", suite_row(n, what)) for n, what in GPU_SUITE_LEVELS]
+    ] + [(f"GPU suite, {n} GPU{'s' if n > 1 else ''}", suite_row(n, what)) for n, what in GPU_SUITE_LEVELS
+         if checkout]           # the GPU suite is the repository's tests: a student's install has none
 
 
 def _jupyter() -> str | None:

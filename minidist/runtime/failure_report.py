@@ -68,6 +68,50 @@ def missing_call(failures: dict[int, str], world_size: int) -> str:
             f"called{at}: every rank of the group must make the same collective calls, in the same order")
 
 
+_RANK = re.compile(r"^rank (\d+)(?=[: ])")
+
+
+def ranks_named(ranks) -> str:
+    """"rank 3", "ranks 0-7", "ranks 0-2, 5": ranks as a failure names them."""
+    ranks = sorted(ranks)
+    runs, start = [], None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            runs.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
+def _folded(texts: dict[int, str], order) -> list[str]:
+    """``texts`` ({rank: text starting "rank r"}) with the ranks whose texts are the same but for their
+    number said once, as "ranks 0-7 ...", in ``order`` of their first rank."""
+    groups: dict[str, list[int]] = {}
+    for rank in order:
+        text = texts[rank]
+        m = _RANK.match(text)
+        key = text[m.end():] if m and int(m.group(1)) == rank else f"\0{rank}\0{text}"   # not foldable
+        groups.setdefault(key, []).append(rank)
+    out = []
+    for key, ranks in groups.items():
+        out.append(texts[ranks[0]] if key.startswith("\0") else ranks_named(ranks) + key)
+    return out
+
+
+def fold_reports(failures: dict[int, str], order) -> str:
+    """The launch's failure body: every rank's report, those alike but for the rank said once
+    ("ranks 0-7 raised: RuntimeError: ...", its frames once)."""
+    return "\n".join(_folded(failures, order))
+
+
+def fold_first_lines(failures: dict[int, str]) -> str:
+    """One line for a launch's failure: each distinct first line of the ranks' reports, the ranks
+    alike said once ("ranks 0-3 raised: RuntimeError: ..."; a second kind after "; ")."""
+    firsts = {rank: (text.splitlines() or [""])[0] for rank, text in failures.items()}
+    order = sorted(firsts, key=lambda k: ("PeerGone" in firsts[k], k))
+    return "; ".join(_folded(firsts, order))
+
+
 def flight_recorder_dump(r) -> str | None:
     """The file NCCL's flight recorder wrote for this rank on a timeout, if it wrote one."""
     dump_dir = getattr(r, "dump_dir", None)

@@ -55,7 +55,7 @@ import torch
 from minidist.protocol import LAUNCH_PREFIX, TIMEOUT_SCALE_ENV
 from minidist.runtime import plain_data
 from minidist.runtime.device import parent_initialised_cuda, resolve_device
-from minidist.runtime.failure_report import crash_details, failure_report, missing_call
+from minidist.runtime.failure_report import crash_details, failure_report, fold_reports, missing_call
 from minidist.runtime.rank_handle import RankHandle
 from minidist.runtime.rank_process import STARTUP_TIMEOUT, indent, rank_main
 from minidist.runtime.torchrun import launch_under_torchrun
@@ -262,7 +262,7 @@ def _supervise(ranks: list[RankHandle], timeout: float, grace: float = WATCHDOG_
     else:
         n_failed = sum(1 for r in ranks if r not in stuck and r.exit != ("code", 0))
         head = f"{n_failed} of {len(ranks)} ranks failed" + (f"; {len(stuck)} still running were stopped" if stuck else "")
-    body = "\n".join(failures[k] for k in order)
+    body = fold_reports(failures, order)        # ranks that failed alike said once: "ranks 0-7 raised: ..."
     head += "".join(f"\n{cause}" for cause in [missing_call(failures, len(ranks))] if cause)
     # The summary comes first; what the crashed ranks printed as they died comes last, trimmed.
     details = "".join(f"\n\ndetails: rank {r.rank}'s crash output (folded above)\n" + indent(crash_details(r.crash_output))

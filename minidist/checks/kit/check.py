@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from minidist.checks.kit import docket
 from minidist.checks.kit.device_check import on_meta
+from minidist.checks.kit.failure import renders_itself
 from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.launch import TIMEOUT
 from minidist.checks.kit.quiet import passes_quietly
@@ -243,8 +244,12 @@ class Registry:
 
             @passes_quietly
             def call(*args, **kwargs):
-                for check, params, graded in self.resolve(stub.__name__, args, kwargs):
-                    run(check, graded, **params)
+                __tracebackhide__ = True        # noqa: F841  (IPython: the test cell's line, then the problem)
+                try:
+                    for check, params, graded in self.resolve(stub.__name__, args, kwargs):
+                        run(check, graded, **params)
+                except Exception as err:
+                    raise renders_itself(err)       # the student's frames and the message, no frame of ours
             call.__name__, call.__qualname__, call.__doc__ = stub.__name__, stub.__qualname__, stub.__doc__
             call.__signature__ = inspect.signature(stub)
             call.__wrapped_stub__ = stub

@@ -14,9 +14,17 @@ says which line made the tensor, not only where it met a real one. Custom ``auto
 backwards run under the same default device as their forward (autograd's engine would run them
 without it, and a ``torch.zeros`` there would pass unseen).
 
+It judges where tensors are made, and nothing else: when the answer fails (a wrong value, an error of
+the student's own, a hang) and no line of the student's code made a tensor without ``device=``, the
+device check passes (the answer is its function's own test's to judge; one mistake costs one test).
+When such a line exists and the answer failed, it fails, leading with those lines, the consequence
+folded into one line ("ranks 0-3 raised: RuntimeError: ..."). A function not written yet (the
+release's stub, NotImplementedError) fails it: it has shown nothing.
+
 :func:`on_meta` derives the check from a lab's :class:`~minidist.checks.kit.check.Check`; it goes
 through the lab's registry like any check, so the grader's judge gives its verdict again: the base
-check's verdict on the answer made under ``meta``.
+check's verdict on the answer made under ``meta``, or, where no tensor was made on ``meta``, the
+record :data:`MADE_NONE` filed in the answer's place (:func:`device_verdict` accepts it).
 """
 from __future__ import annotations
 
@@ -40,6 +48,24 @@ GPU_NODE = ("On a GPU node that tensor would be on the CPU next to CUDA tensors:
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
+#: what a device check files in the docket for an answer that failed while no line of the student's
+#: made a tensor on the default device (per rank for a launched check): its verdict passes it
+MADE_NONE = {"device check": "no tensor made on the default device"}
+
+
+def made_none(answer) -> bool:
+    """Whether ``answer`` is the device check's record that no tensor was made on the default device."""
+    return answer == MADE_NONE or (isinstance(answer, list) and bool(answer) and all(a == MADE_NONE for a in answer))
+
+
+def device_verdict(verdict):
+    """The device check's verdict: ``verdict`` (the base check's) on an answer made under ``meta``, and
+    nothing to say on :data:`MADE_NONE` (where tensors are made was right; the value is not its to judge)."""
+    def judged(case, answer):
+        return None if made_none(answer) else verdict(case, answer)
+    return judged
+
+
 def on_meta(check, **params):
     """The device check of ``check``: its first case for ``params`` (default: the visible ones), run with
     torch's default device ``meta`` where the answer is made (the launched ranks, or this process for a
@@ -49,6 +75,7 @@ def on_meta(check, **params):
     first_case = lambda: check.cases(**given)[:1]       # noqa: E731
     return dataclasses.replace(check, name=f"{check.name} device", title=f"{check.shown} (device check)",
                                cases=first_case, params=(), default_device=META, stop_at_first_failure=False,
+                               verdict=device_verdict(check.verdict),
                                covered=lambda: "one visible case with torch's default device meta, as a GPU "
                                                "node sees it: every tensor it made is on its inputs' device")
 
@@ -144,15 +171,28 @@ class Record:
                 out += [line for line in f.read().split("\0") if line and line not in out]
         return out
 
-    def explain(self, problem: str) -> str:
-        """The device check's failure: the base check's problem, then the lines that made a tensor
-        without a device and what that would do on a GPU node."""
+    def explain(self, shown: str, failure: BaseException) -> str | None:
+        """The device check's failure, or None when it passes: it fails when the answer ``failed`` and a
+        line of the student's code made a tensor without a device. The lines first, then what the
+        tensor did here, folded into one line, then what it would do on a GPU node."""
         lines = self.lines()
-        if lines:
-            made = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
-            why = (f"Your code made {'a tensor' if len(lines) == 1 else 'tensors'} without device= "
-                   f"(here on 'meta', the default device of this check):\n{made}\n{GPU_NODE}")
-        else:
-            why = ("This check ran with torch's default device 'meta'; no line of your code made a tensor "
-                   "without device=, so look at the line named above. " + GPU_NODE)
-        return f"{problem}\n\n{why}"
+        if not lines:
+            return None
+        made = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
+        return (f"{shown}: your code made {'a tensor' if len(lines) == 1 else 'tensors'} without device= "
+                f"(here on 'meta', the default device of this check):\n{made}\n"
+                f"What it did here: {consequence(failure)}\n{GPU_NODE}")
+
+
+def consequence(failure: BaseException) -> str:
+    """One line for what a tensor on ``meta`` did: the ranks that raised the same error folded
+    ("ranks 0-3 raised RuntimeError: ..."), else the first line of the failure."""
+    from minidist.runtime.failure_report import fold_first_lines
+    failures = getattr(failure, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return fold_first_lines(failures)
+    text = str(failure).strip().splitlines()
+    first = text[0] if text else ""
+    if isinstance(failure, AssertionError):
+        return first
+    return f"raised {type(failure).__name__}: {first}"

@@ -88,6 +88,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
     were running.
     """
+    __tracebackhide__ = True        # noqa: F841  (IPython: the test cell's line, then the ranks' report)
     progress = tempfile.mkdtemp(prefix="minidist-check-")
     if refuse is not None:
         resolve(refuse)          # once, here: forked ranks inherit it instead of compiling the library each

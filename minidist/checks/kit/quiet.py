@@ -25,6 +25,7 @@ def passes_quietly(check):
     """Decorator for a lab check: warnings and stderr writes go to stdout while it runs."""
     @functools.wraps(check)
     def quiet(*args, **kwargs):
+        __tracebackhide__ = True        # noqa: F841  (IPython hides this frame from a failing cell's traceback)
         with warnings.catch_warnings():
             warnings.showwarning = _to_stdout          # restored by catch_warnings on exit
             with contextlib.redirect_stderr(sys.stdout):

@@ -311,6 +311,7 @@ class refusing:
 def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` in this process with library answers refused (a pure check's
     call of the student's function); a library answer becomes an ``AssertionError``."""
+    __tracebackhide__ = True        # noqa: F841  (IPython hides the kit's frames)
     try:
         with refusing(refusal, name):
             return fn(*args, **kwargs)

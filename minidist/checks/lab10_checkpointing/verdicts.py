@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -153,6 +154,9 @@ def chosen(case, answer) -> str | None:
         return f"{label}: returned a {answer['returned_type']}; return the checkpoint's path (a str) or None"
     got, want = answer["returned"], case["want"]
     if got is not None and not answer.get("inside_root"):
+        if isinstance(got, str) and os.sep not in got and got in dict(case["dirs"]):     # a name, not a path
+            return (f"{label}: returned the bare name {got!r}, not a path: return the directory's path, "
+                    f"os.path.join(root, {got!r})")
         return f"{label}: returned {got!r}, which is not a directory of the root"
     if got != want:
         why = dict(case["dirs"]).get(got)

@@ -55,9 +55,10 @@ def function_cases(name: str, hidden: bool) -> list[dict]:
     return [dict(t=t) for t in ts] + VISIBLE_MORE.get(name, []) + (h.MORE[name] if hidden else [])
 
 
-#: visible cases after one per t: attention's ValueError before any message, where the 12 query heads
+#: visible cases after one per t: grouped-query attention (2 kv heads for 12 query heads: the fused QKV
+#: output splits into unequal parts), attention's ValueError before any message, where the 12 query heads
 #: split over t = 4 and the 6 kv heads do not (a check of the query heads alone passes it)
-VISIBLE_MORE = {"tp_attention": [dict(t=4, cfg=dict(n_kv_heads=6), raises=True)]}
+VISIBLE_MORE = {"tp_attention": [dict(t=2, cfg=dict(n_kv_heads=2)), dict(t=4, cfg=dict(n_kv_heads=6), raises=True)]}
 
 
 def covered(name: str, hidden: bool) -> str:
@@ -69,6 +70,8 @@ def covered(name: str, hidden: bool) -> str:
     what = "output and gradients vs one process, traffic vs the cost model, inputs untouched"
     if name in MODULES:
         what += ", two calls per module"
+    if any(c.get("cfg", {}).get("n_kv_heads") and not c.get("raises") for c in cases):
+        what += ", grouped-query attention"
     if any(c.get("raises") for c in cases):
         what += ", ValueError before any message when heads do not split"
     return f"t = {ts}, {dtypes}: {what}"

@@ -73,7 +73,8 @@ class MemoryConfig:
 
 
 MEMORY_CASES = [MemoryConfig(CFG, 2, 2, 2, s, 8, 2) for s in (0, 1)] + \
-               [MemoryConfig(CFG, 1, 2, 4, s, 8, 2, "gpipe") for s in (0, 1)]
+               [MemoryConfig(CFG, 1, 2, 4, s, 8, 2, "gpipe") for s in (0, 1)] + \
+               [MemoryConfig(CFG, 2, 2, 2, 0, 8, 2, zero_stage=1)]        # ZeRO-1 over DP: optimizer states sharded
 PARTS = ("params", "grads", "optimizer", "activations")
 
 

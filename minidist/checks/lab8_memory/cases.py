@@ -65,7 +65,9 @@ def step_cases(hidden: bool) -> list[dict]:
     """Either step on groups of t ranks (the same table for both)."""
     if hidden:
         return hidden_cases(__package__, "mixed_precision_step / zero1_mixed_precision_step").STEPS
+    # an inf in the last rank's gradient at the second step: every rank skips it (ZeRO-1: whatever shard holds it)
     return ([dict(t=t, dtype="fp16", scaler=True, opt="sgd") for t in (2, 4)]
+            + [dict(t=2, dtype="fp16", scaler=True, opt="sgd", steps=2, overflow=(1, 1))]
             + [dict(t=t, dtype="bf16", scaler=False, opt="adam") for t in (2, 4)])
 
 
@@ -78,8 +80,10 @@ def recompute_cases(hidden: bool) -> list[dict]:
 COVERED = {
     "DynamicLossScaler": ("scale, update's history, unscale_ in place on t=2,4 with an inf on one rank, "
                           "and an inf in one group only (the other group must not skip)"),
-    "mixed_precision_step": "t=2,4: fp16+scaler+SGD, bf16+Adam vs the fp32 shadow; bytes 2+2+12 / 2+12",
-    "zero1_mixed_precision_step": "t=2,4, uneven shards: fp16+scaler+SGD, bf16+Adam; bytes 2+2+12/N / 2+12/N",
+    "mixed_precision_step": ("t=2,4: fp16+scaler+SGD (an inf on one rank: skipped on every rank), bf16+Adam vs "
+                             "the fp32 shadow; bytes 2+2+12 / 2+12"),
+    "zero1_mixed_precision_step": ("t=2,4, uneven shards: fp16+scaler+SGD (an inf on one rank: skipped on every "
+                                   "rank), bf16+Adam; bytes 2+2+12/N / 2+12/N"),
     "recompute_blocks": "full, selective with dropout: output, grads, RNG, saved bytes = formula",
 }
 

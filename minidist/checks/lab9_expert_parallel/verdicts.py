@@ -144,20 +144,43 @@ def dispatch(item, answer) -> str | None:
     return first(errs)
 
 
+def _combined(sim, outs, ws, k: int, s: int):
+    """Group rank s's combined output, in one process: every rank d's expert outputs ``outs[d]`` (rows
+    in expert order, as ``sim[d]``'s source and pair) sent back to s and added with s's weights."""
+    y = outs[s].new_zeros(tokens_of(s), HID)
+    for d in range(len(sim)):
+        mine = sim[d].source == s
+        pairs = sim[d].pair[mine]
+        y = y.index_add(0, pairs // k, outs[d][mine] * ws[s].reshape(-1)[pairs, None])
+    return y
+
+
+def _left_in_expert_order(got, sim, outs, ws, k: int, r: int) -> str:
+    """": the rows were ..." when ``got`` is what rank r receives if every rank sends its rows back in
+    expert order (not put back in the order they arrived: by source rank, then token), else ""."""
+    moved = [o.detach()[d.plan.order] for o, d in zip(outs, sim)]      # what the receiver then reads
+    if all(torch.equal(m, o.detach()) for m, o in zip(moved, outs)) or not isinstance(got, torch.Tensor):
+        return ""
+    wrong = _combined(sim, moved, [w.detach() for w in ws], k, r)
+    if got.shape == wrong.shape and torch.allclose(got.double(), wrong.double(), rtol=TOL, atol=TOL):
+        return (": the rows were sent back in expert order, never put back in the order they "
+                "arrived (by source rank, then token), so each lands on another token: undo the expert sort "
+                "before the all-to-all")
+    return ""
+
+
 def combine(item, answer) -> str | None:
     case, r, t = item.case, item.r, item.t
     sim, outs, ws, ups = combine_inputs(case, t)
     k, total = case["k"], 0
     for s in range(t):               # the reference: every rank's tokens, in one process
-        y = outs[s].new_zeros(tokens_of(s), HID)
-        for d in range(t):
-            mine = sim[d].source == s
-            pairs = sim[d].pair[mine]
-            y = y.index_add(0, pairs // k, outs[d][mine] * ws[s].reshape(-1)[pairs, None])
+        y = _combined(sim, outs, ws, k, s)
         if s == r:
             want_y = y.detach()
         total = total + (y * ups[s]).sum()
-    errs = [close("the output", answer["y"], want_y),
+    problem = close("the output", answer["y"], want_y)
+    cause = problem and _left_in_expert_order(answer["y"], sim, outs, ws, k, r)
+    errs = [problem.split("; ")[0] + cause if cause else problem,       # the cause, not which rows differ
             unchanged("expert_outputs", answer["given"][0], outs[r].detach()),
             unchanged("weights", answer["given"][1], ws[r].detach())]
     if any(errs) or "backward" not in answer:
