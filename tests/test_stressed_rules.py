@@ -86,6 +86,13 @@ RULES = {
         ("complete and intact", "latest_metadata_only", "test_latest_checkpoint"),
         ("largest `n`", "latest_sorted_by_name", "test_latest_checkpoint"),
     ],
+    "lab11_overlap": [
+        ("exposed communication", "exposed_sums_without_union", "test_exposed_time"),
+        ("blocked on communication", "exposed_forgets_issuing", "test_exposed_time"),
+        ("FSDP's forward prefetch", "prefetch_after_compute", "test_prefetch_forward"),
+        ("decomposed all-gather + matmul", "ag_waits_before_matmul", "test_all_gather_matmul"),
+        ("decomposed matmul + reduce-scatter", "rs_waits_before_matmul", "test_matmul_reduce_scatter"),
+    ],
 }
 ROWS = [pytest.param(lab, rule, bug, test, id=f"{lab.split('_')[0]}-{bug}", marks=pytest.mark.course)
         for lab, rows in RULES.items() for rule, bug, test in rows]
