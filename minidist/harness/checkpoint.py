@@ -13,16 +13,18 @@ there is one (model, optimizer, the loss scaler's state and the sampler's positi
 ``extra``, and every random state of the rank, :func:`minidist.checkpoint.rng_state`), trains
 to ``steps``, saves every ``every`` steps and at the end, and can crash on purpose
 (``crash_at``: a rank dies mid-step, or mid-save after writing its file). ``noise > 0`` adds
-Gaussian noise to each rank's inputs, drawn from torch's generator of the rank's device (seeded
-per rank), so a resume that lost the random state would diverge. It returns where it started,
+Gaussian noise to each rank's inputs, drawn from torch's generator of the rank's device (every
+generator is seeded per rank), so a resume that lost the random states would diverge. It returns where it started,
 so a restarted job can report what was lost. :func:`full_state` loads a checkpoint into one
 process (no process group): how runs under different layouts compare.
 """
 from __future__ import annotations
 
 import os
+import random
 import time
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -46,7 +48,7 @@ MLP_DIMS = dict(d_in=6, d_out=5)
 # fp16's largest number is 65504: the scaled loss (about 1 here) overflows from about 2^16, so
 # a scale that starts at 2^17 and grows after every clean step keeps backing off and growing.
 FP16_SCALER = dict(init_scale=2.0 ** 17, growth_interval=1)
-SEED = 1234         # + rank: each rank's generators, when the run draws noise
+SEED = 1234         # + rank: each rank's generators
 
 
 def dataset(spec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,8 +127,11 @@ def train(spec, root: str, steps: int, every: int = 2, crash_at: tuple | None = 
     inputs. Returns {"start", "resumed_from", "seconds", "restarts"} (``restarts``: torchrun's
     restart count, 0 elsewhere)."""
     t0, device, me = time.perf_counter(), rank_device(), dist.get_rank()
-    if noise:
-        torch.manual_seed(SEED + me)        # every generator of the rank, CUDA's included
+    # Every generator of the rank from SEED + rank (torch's CPU and CUDA ones, Python's, numpy's),
+    # not from whatever the launching process held: two runs then hold the same random states.
+    torch.manual_seed(SEED + me)
+    random.seed(SEED + me)
+    np.random.seed(SEED + me)
     run = Run(spec)
     sampler = ResumableSampler(N_EXAMPLES, BATCH, seed=3)
     xs, ys = dataset(spec)
