@@ -64,7 +64,7 @@ slides: $(STAMP)
 release: $(STAMP)
 	$(BIN)/python -m autograder release
 
-# What students get (autograder/student_dist.py): the released labs, a wheel of minidist without the
+# What students get (autograder/handout/student_dist.py): the released labs, a wheel of minidist without the
 # hidden cases, a README. Hand out $(STUDENT_DIST); the repository itself is the instructor's.
 STUDENT_DIST ?= dist/student
 student-dist: $(STAMP)

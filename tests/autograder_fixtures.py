@@ -9,7 +9,6 @@ from nbformat.v4 import new_code_cell
 
 FIXTURE = Path(__file__).parent / "fixtures" / "course"
 SOLUTIONS = FIXTURE / "solutions"
-BUGBANK = FIXTURE / "bugbank"
 LAB = "toylab"
 
 # grading limits used by the tests: the fixture's launch timeout is 4 s

@@ -12,18 +12,23 @@ Two searches, each over every file of a folder (a wheel's members and a zip's to
   implementation (a module of the library the lab's refusal refuses while graded code runs: calling it earns
   nothing, and a pasted copy is what the similarity report flags) or as a thin adapter over it (a few lines
   that call refused code: given or pasted as the answer, it earns nothing).
+
+And one search for the bug banks (``solutions/<lab>/bugbank.py``), which hold working answers (every correct
+alternative) and the mistakes the tests look for: no file named like a bank, no bank entry's name quoted, no
+distinctive line of an entry's code (:func:`bank_in`).
 """
 from __future__ import annotations
 
 import ast
 import importlib
 import io
+import runpy
 import zipfile
 from pathlib import Path
 
 import nbformat
 
-from autograder.course import BEGIN_SOLUTION, END_SOLUTION, grade_id, nbg
+from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION, grade_id, nbg
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -196,3 +201,58 @@ def exercises_defined_in(folder: Path) -> list[tuple[str, str, str]]:
                         and not thin_adapter(node, imported, lab):
                     found.append((name, lab, node.name))
     return found
+
+
+# --------------------------------------------------------------------------- the bug banks
+def fingerprint_lines(text: str) -> set[str]:
+    """The lines of ``text`` distinctive enough to be a fingerprint (code and data, not punctuation)."""
+    return {s for s in (line.strip() for line in text.splitlines())
+            if len(s) >= 24 and not s.startswith(("#", '"""', "import ", "from ", "def ", "return "))}
+
+
+def bank_files() -> list[Path]:
+    """Every lab's bug bank, beside its solution."""
+    return sorted((ROOT / "solutions").glob("*/bugbank.py"))
+
+
+def bank_entries() -> tuple[set[str], set[str]]:
+    """(the banks' bug and alternative names, their code's distinctive lines)."""
+    names, lines = set(), set()
+    for path in bank_files():
+        bank = runpy.run_path(str(path))
+        for entry in bank.get("BUGS", []) + bank.get("ALTERNATIVES", []):
+            names.add(entry["name"])
+            lines |= fingerprint_lines(entry.get("code") or "")
+    return names, lines
+
+
+def bank_in(folder: Path, public: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """(file, what) for every trace of a bug bank in ``folder``: a file named like one, a line of an entry's code
+    (but the lines of ``public``, which students or the grader are meant to have), an entry's name quoted."""
+    names, code = bank_entries()
+    code = code - public
+    found = []
+    for name, data in files(folder).items():
+        if name.rsplit("/", 1)[-1] == "bugbank.py" or "/bugbank/" in f"/{name}":
+            found.append((name, "a bug bank's file"))
+        text = _text(name, data)
+        have = {line.strip() for line in text.splitlines()}
+        found += [(name, f"a bank entry's line: {line}") for line in sorted(code & have)]
+        found += [(name, f"a bank entry's name: {n}") for n in sorted(names) if f'"{n}"' in text or f"'{n}'" in text]
+    return found
+
+
+def public_lines() -> set[str]:
+    """Every line something handed out may hold on purpose: the library (its hidden tables too, which a bundle's
+    grader carries), the grader, the released labs, and the lab notebooks as a bundle carries them (without their
+    solutions)."""
+    from autograder.handout.platforms.bundle import without_solutions
+    lines = set()
+    for path in sorted((ROOT / "minidist").rglob("*.py")) + sorted((ROOT / "autograder").rglob("*.py")):
+        lines |= {line.strip() for line in path.read_text().splitlines()}
+    notebooks = [nbformat.read(str(p), as_version=4) for p in sorted((ROOT / "labs").glob("*/*.ipynb"))]
+    notebooks += [without_solutions(nbformat.read(str(p), as_version=4))
+                  for p in sorted((ROOT / "solutions").glob("*/*.ipynb"))]
+    for nb in notebooks:
+        lines |= {line.strip() for c in nb.cells for line in c.source.splitlines()}
+    return lines

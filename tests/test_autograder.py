@@ -13,6 +13,7 @@ import csv
 import html
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import pytest
 from nbformat.v4 import new_code_cell
 
 from attack_bank import attack_bank, misjudged
-from autograder_fixtures import (BUGBANK, CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
+from autograder_fixtures import (CELL_TIMEOUT, LAB, SOLUTIONS, WALL, broken_class,
                                  set_code, write_class)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,9 +38,8 @@ ATTACKS = ("walk_stack", "exec_library")
 
 @pytest.fixture(scope="module", autouse=True)
 def fixture_course(tmp_path_factory):
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_LABS")}
     os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
-    os.environ["MINIDIST_BUGBANK"] = str(BUGBANK)
     os.environ["MINIDIST_LABS"] = str(tmp_path_factory.mktemp("labs"))
     yield
     for k, v in old.items():
@@ -51,7 +51,8 @@ def fixture_course(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory, fixture_course):
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     root = build_course([LAB], tmp_path_factory.mktemp("course"))
     src = read_nb(root / "source" / LAB / f"{LAB}.ipynb")
     rel = read_nb(root / "release" / LAB / f"{LAB}.ipynb")
@@ -60,7 +61,7 @@ def course(tmp_path_factory, fixture_course):
 
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     attacks = {s: a for s, a in attack_bank(course["solution"], course["release"]).items() if s in ATTACKS}
     assert all(not files for _, files, _, _ in attacks.values())
     subs = write_class(tmp_path_factory.mktemp("subs"),
@@ -146,7 +147,7 @@ def test_regrade_some_students_merges(graded, course, tmp_path):
     """grade --student: the release student hands in the solution and is re-graded alone; everyone
     else keeps their row, in results and in grades.csv."""
     import shutil
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     out = tmp_path / "out"
     shutil.copytree(graded["out"], out)
     subs = tmp_path / "subs"
@@ -272,7 +273,7 @@ def test_parallel_batch_is_fast_enough(graded):
 
 # ---------------------------------------------------------------- feedback
 def test_feedback_per_student_hides_hidden_tests(graded, course):
-    from autograder.course import hidden_test_lines
+    from autograder.course.hidden_tests import hidden_test_lines
     hidden = hidden_test_lines(course["source"])
     assert hidden, "fixture must have hidden tests"
     files = sorted((graded["out"] / "feedback").glob(f"*/{LAB}/{LAB}.html"))
@@ -289,14 +290,14 @@ def test_feedback_per_student_hides_hidden_tests(graded, course):
 
 
 def test_feedback_command_finds_no_leak(graded, tmp_path):
-    from autograder.feedback import collect
+    from autograder.reports.feedback import collect
     made, leaks = collect(graded["out"], tmp_path / "handback")
     assert not leaks and made
     assert (tmp_path / "handback" / "sol1" / LAB / f"{LAB}.html").is_file()
 
 
 def test_export_reproduces_grades_csv(graded, tmp_path):
-    from autograder.gradebook import export_csv
+    from autograder.grading.gradebook import export_csv
     export_csv(graded["out"] / "gradebook.db", tmp_path / "g.csv")
     assert (tmp_path / "g.csv").read_text() == (graded["out"] / "grades.csv").read_text()
 
@@ -308,7 +309,7 @@ def test_parallel_jobs_get_disjoint_gpus_and_their_own_environment(tmp_path, mon
     for the GPUs is an error before anything is graded."""
     import threading
     from types import SimpleNamespace
-    from autograder.grade import grade, gpu_slots, run_all, visible_gpu_ids
+    from autograder.grading.grade import gpu_slots, grade, run_all, visible_gpu_ids
     lock, running, seen = threading.Lock(), {}, []
 
     def fake_run(job, env):
@@ -353,7 +354,7 @@ def _processes_with(marker: str) -> list[int]:
 
 def test_wall_clock_limit_kills_everything(course, tmp_path):
     # the orphans are found by their command line (a sandboxed kernel cannot write outside its folder)
-    from autograder.grade import grade
+    from autograder.grading.grade import grade
     marker = f"{300 + (os.getpid() % 1000) / 1000:.3f}"
     spawn = ("import subprocess\n"
              f"p = subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n")
@@ -412,7 +413,7 @@ def test_a_stopped_grader_stops_every_job_and_writes_nothing(course, tmp_path):
 
 # ---------------------------------------------------------------- release
 def test_release_check_detects_stale_labs(tmp_path):
-    from autograder import release
+    from autograder.handout import release
     labs = tmp_path / "labs"
     release.release(labs_dir=labs)
     assert release.check(labs) == []
@@ -424,8 +425,8 @@ def test_release_check_detects_stale_labs(tmp_path):
 
 
 def test_release_has_no_hidden_tests_or_solutions(tmp_path, course):
-    from autograder import release
-    from autograder.course import hidden_test_lines
+    from autograder.course.hidden_tests import hidden_test_lines
+    from autograder.handout import release
     labs = tmp_path / "labs"
     release.release(labs_dir=labs)
     text = (labs / LAB / f"{LAB}.ipynb").read_text()
@@ -443,7 +444,8 @@ def test_repo_labs_match_fresh_release():
 
 
 def test_repo_labs_contain_no_hidden_tests():
-    from autograder.course import hidden_test_lines, read_nb
+    from autograder.course.cells import read_nb
+    from autograder.course.hidden_tests import hidden_test_lines
     for src in sorted((REPO / "solutions").glob("*/*.ipynb")):
         rel = REPO / "labs" / src.parent.name / src.name
         if not rel.exists():
@@ -472,7 +474,8 @@ def test_a_new_gradebook_is_stamped_with_nbgrader_s_newest_migration(course):
 
 # ---------------------------------------------------------------- kernel
 def test_kernel_is_pinned_and_has_minidist():
-    from autograder.course import kernel_argv, load_config
+    from autograder.course.config import load_config
+    from autograder.course.kernel import kernel_argv
     assert load_config().Execute.kernel_name == "minidist"
     argv = kernel_argv()
     r = subprocess.run([argv[0], "-c", "import minidist; print(minidist.__file__)"],
@@ -481,9 +484,10 @@ def test_kernel_is_pinned_and_has_minidist():
 
 
 def test_cell_timeout_exceeds_launch_timeouts():
-    from autograder.course import cell_timeout
+    from autograder.course.config import cell_timeout
     assert cell_timeout() > 30            # tests use launch timeouts <= 30 s
-    assert CELL_TIMEOUT > 4               # the fixture's LAUNCH_TIMEOUT
+    from minidist.checks import toylab
+    assert CELL_TIMEOUT > toylab.ALLSUM.timeout       # the fixture's launch
 
 
 # ---------------------------------------------------------------- selftest
@@ -491,7 +495,9 @@ def test_cell_timeout_exceeds_launch_timeouts():
 def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, capsys, course):
     """A bank with one real bug, one bug no test can see, a correct alternative, a wrong one,
     and too few bugs and alternatives per function: graded as submissions, and in a kernel."""
-    (tmp_path / f"{LAB}.py").write_text(
+    solutions = tmp_path / "solutions"           # the fixture course, with this bank beside the solution
+    shutil.copytree(SOLUTIONS, solutions)
+    (solutions / LAB / "bugbank.py").write_text(
         "BUGS = [\n"
         "  dict(name='subtracts', cell='add', replace=[('return a + b', 'return a - b')],\n"
         "       catches=['test_add']),\n"
@@ -502,8 +508,8 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
         "  dict(name='commuted', cell='add', code='def add(a, b):\\n    return b + a'),\n"
         "  dict(name='not_really', cell='add', code='def add(a, b):\\n    return int(a + b)'),\n"
         "]\n")
-    monkeypatch.setenv("MINIDIST_BUGBANK", str(tmp_path))
-    from autograder.selftest import selftest
+    monkeypatch.setenv("MINIDIST_SOLUTIONS", str(solutions))
+    from autograder.selftest.selftest import selftest
     ok = selftest(labs=[LAB], jobs=2, cell_timeout_s=CELL_TIMEOUT, wall_s=WALL, progress=False)
     out = capsys.readouterr().out
     assert not ok
@@ -518,7 +524,8 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
     assert "'allsum' has 0 correct alternatives" in out and "'add' has 2 correct" not in out, out
 
     # in a kernel (selftest --quick's bank check): the same bug and alternatives
-    from autograder.selftest import _quick_bug_rows, alternative_tests, load_bank
+    from autograder.selftest.bank import alternative_tests, load_bank
+    from autograder.selftest.selftest import _quick_bug_rows
     bank = load_bank(LAB)
     assert alternative_tests(bank, bank["ALTERNATIVES"][0]) == ["test_add"]     # what the cell's bugs must fail
     # ... and a "release" whose stubs are the solution's code: it must be reported, not pass
@@ -547,7 +554,7 @@ def test_selftest_reports_uncaught_bugs_and_thin_banks(tmp_path, monkeypatch, ca
 
 
 def test_bugbank_injection_rules(course):
-    from autograder.selftest import BankError, inject
+    from autograder.selftest.bank import BankError, inject
     sol = {LAB: course["solution"]}
     nbs = inject(dict(name="x", cell="add", replace=[("return a + b", "return a * b")], catches=[]), sol)
     from autograder_fixtures import cell
@@ -596,8 +603,8 @@ def test_the_confirmation_audit_lets_a_solution_import_torch_and_still_refuses_t
 
 
 def test_a_lab_is_named_by_its_number_or_prefix_and_an_unknown_one_lists_the_labs():
-    from autograder.__main__ import main, resolve_lab
-    from autograder.course import all_labs
+    from autograder.__main__ import main
+    from autograder.course.labs import all_labs, resolve_lab
     labs = all_labs(REPO / "solutions")
     assert [resolve_lab(n, labs) for n in ("1", "lab1", "lab1_collectives")] == ["lab1_collectives"] * 3
     assert resolve_lab("9", labs) == "lab9_expert_parallel"

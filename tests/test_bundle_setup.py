@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder.platforms import bundle
+from autograder.handout.platforms import bundle
 
 REAL = os.path.realpath(sys._base_executable)       # this machine's Python (>= 3.11: the project needs it)
 BUILT = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -3,7 +3,7 @@ activations counted as GPipe's; library answers (minidist.mesh's own mesh_groups
 cost model inside predict_memory) are refused. The correct alternatives the lab allows (a mesh built
 by reshaping torch.arange, a step that all-reduces gradients one parameter at a time and reports the
 loss by broadcast, a memory model that rounds ZeRO's shards up, ...) live in the bug bank
-(autograder/bugbank/lab7_3d_parallel.py, ALTERNATIVES), where the selftest grades them as submissions;
+(solutions/lab7_3d_parallel/bugbank.py, ALTERNATIVES), where the selftest grades them as submissions;
 the helpers below build the mistakes from them."""
 import math
 
@@ -108,7 +108,7 @@ def step_always_1f1b(stage, optimizer, ids, targets, mesh, micro_batches, schedu
 
 def test_train_step_runs_the_schedule_it_was_given():
     with pytest.raises(AssertionError, match=r"gpipe.*F0 F1 B0 B1"):
-        lab7.check_train_step(step_always_1f1b)
+        lab7.check_train_step_3d(step_always_1f1b)
 
 
 def test_predict_memory_gpipe_count_fails():
@@ -118,7 +118,7 @@ def test_predict_memory_gpipe_count_fails():
 
 def test_train_step_without_dividing_by_dp_fails():
     with pytest.raises(AssertionError, match=r"dp=2 x pp=2 x tp=2.*(loss at step 1|weights differ)"):
-        lab7.check_train_step(step_sum_not_mean)
+        lab7.check_train_step_3d(step_sum_not_mean)
 
 
 def test_library_answers_are_refused():
@@ -126,7 +126,7 @@ def test_library_answers_are_refused():
     with pytest.raises(AssertionError, match="called minidist's own implementation"):
         lab7.check_mesh_groups(mesh_groups)
     with pytest.raises(AssertionError, match="Trainer3D.reduce_gradients"):
-        lab7.check_train_step(step_library)
+        lab7.check_train_step_3d(step_library)
 
 
 def test_predict_memory_refuses_the_cost_model_but_not_the_handed_out_helper():

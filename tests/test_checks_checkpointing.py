@@ -4,7 +4,7 @@ an answer built on minidist's checkpointing, or on the checkpoints the checks wr
 nothing, whether it calls them or pastes the adapter into a notebook cell (code compiled there is
 never refused by its text: the adapter's body calls the library, which is); and nothing in the
 checks defines an exercise or a writer of its own. (The bug bank and the correct alternatives are
-in autograder/bugbank/lab10_checkpointing.py, run by the selftest.)"""
+in solutions/lab10_checkpointing/bugbank.py, run by the selftest.)"""
 import ast
 import inspect
 import linecache
@@ -14,10 +14,9 @@ import re
 import nbformat
 import pytest
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from minidist.checks import lab10_checkpointing as lab10
-from minidist.checks.kit.refused_code import resolve
+from minidist.checks.kit.refusal import resolve
 from minidist.checks.lab10_checkpointing import cases, checkpoints
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,7 +155,7 @@ def test_an_answer_on_the_library_or_the_checks_writer_earns_nothing(name, how, 
     exec(compile_cell(source, f"<cell {name}-{how}>"), namespace)
     for hidden in (False, True):
         with pytest.raises(AssertionError, match=REFUSED) as info:
-            lab10.check_function(name, namespace[name], hidden=hidden)
+            getattr(lab10, f"check_{name}")(namespace[name], hidden=hidden)
         assert target in str(info.value) and "notebook cell" in str(info.value), str(info.value)
 
 

@@ -9,8 +9,24 @@ import torch.distributed as dist
 
 import minidist
 from minidist import collectives as C
-from minidist.checks.kit import collectives as checks
 from minidist.checks import lab1_collectives as lab1
+from minidist.checks.kit import collectives as checks
+from minidist.checks.kit.check import Registry
+from minidist.checks.kit.run import run
+
+TESTS = Registry(__name__)       # the kit's collective checks, on other cases than lab 1's
+
+
+def check_collective(fn, kind, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13),
+                     dtypes=(torch.float32, torch.float64), roots=None, pattern=None, allow=checks.P2P_ONLY,
+                     timeout=15.0):
+    """``fn`` as a ``kind`` collective on every world size x length x dtype (x root), through a kit Check
+    (library answers not refused here), and its traced ``pattern``."""
+    launches = checks.collective_cases(kind, world_sizes, lengths, dtypes, roots, name=fn.__name__, pattern=pattern,
+                                       allow=allow)
+    check = checks.check(TESTS, f"{fn.__name__} {len(TESTS.checks)}", lambda: launches, params=(),
+                         function=fn.__name__, timeout=timeout)
+    run(check, fn)
 
 
 def sendrecv(send, dst, recv, src):
@@ -148,13 +164,13 @@ def broadcast_from_zero(tensor, src):
 
 # ----------------------------------------------------------------------------- passing
 def test_correct_student_functions_pass_the_lab1_checks():
-    lab1.check_function("ring_all_reduce", ring_all_reduce, hidden=True)
-    lab1.check_pattern("ring_all_reduce", ring_all_reduce)
-    lab1.check_function("recursive_halving_all_reduce", halving_all_reduce, hidden=True)
-    lab1.check_pattern("recursive_halving_all_reduce", halving_all_reduce)
-    lab1.check_function("ring_reduce_scatter", ring_reduce_scatter)
-    lab1.check_pattern("ring_reduce_scatter", ring_reduce_scatter)
-    lab1.check_function("broadcast", broadcast)
+    lab1.check_ring_all_reduce(ring_all_reduce, hidden=True)
+    lab1.check_ring_all_reduce_pattern(ring_all_reduce)
+    run(lab1.FUNCTIONS["recursive_halving_all_reduce"], halving_all_reduce, hidden=True)
+    lab1.check_recursive_halving_all_reduce_pattern(halving_all_reduce)
+    lab1.check_ring_reduce_scatter(ring_reduce_scatter)
+    lab1.check_ring_reduce_scatter_pattern(ring_reduce_scatter)
+    lab1.check_broadcast(broadcast)
 
 
 def test_lab1_refuses_the_library_however_it_is_reached():
@@ -162,9 +178,9 @@ def test_lab1_refuses_the_library_however_it_is_reached():
     for fn, what in ((halving_via_wrapped, "minidist.collectives.allreduce.recursive_halving_all_reduce"),
                      (ring_via_inner_helper, "minidist.collectives.primitives.ring_reduce_scatter_into"),
                      (ring_swallowing_the_refusal, "minidist.collectives.allreduce.ring_all_reduce")):
-        name = "recursive_halving_all_reduce" if fn is halving_via_wrapped else "ring_all_reduce"
+        check = lab1.check_recursive_halving_all_reduce if fn is halving_via_wrapped else lab1.check_ring_all_reduce
         with pytest.raises(AssertionError, match="called minidist's own implementation") as info:
-            lab1.check_function(name, fn)
+            check(fn)
         assert what in str(info.value) and "minidist.checks.lab1_collectives" in str(info.value)
 
 
@@ -185,16 +201,16 @@ def ring_swallowing_the_refusal(tensor):
 
 def test_library_passes_when_its_own_api_is_allowed():
     allow = checks.P2P_ONLY | {"minidist.naive_all_reduce", "minidist.all_gather"}
-    checks.check_all_reduce(C.naive_all_reduce, world_sizes=(1, 3), pattern="naive", allow=allow)
-    checks.check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_all_gather", allow=allow)
+    check_collective(C.naive_all_reduce, "all_reduce", world_sizes=(1, 3), pattern="naive", allow=allow)
+    check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_all_gather", allow=allow)
     with pytest.raises(AssertionError, match="rank 0"):          # an all-gather is not a reduce-scatter
-        checks.check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_reduce_scatter", allow=allow)
+        check_collective(C.all_gather, "all_gather", world_sizes=(3,), pattern="ring_reduce_scatter", allow=allow)
 
 
 # ----------------------------------------------------------------------------- failing
 def _fails(fn, match, kind="all_reduce", world_sizes=(3,), pattern=None, exc=AssertionError, **kw):
     with pytest.raises(exc) as info:
-        checks.check_collective(fn, kind, world_sizes, lengths=(7,), dtypes=(torch.float32,), pattern=pattern, **kw)
+        check_collective(fn, kind, world_sizes, lengths=(7,), dtypes=(torch.float32,), pattern=pattern, **kw)
     message = str(info.value)
     for text in match:
         assert text in message, f"{text!r} not in:\n{message}"
@@ -203,7 +219,7 @@ def _fails(fn, match, kind="all_reduce", world_sizes=(3,), pattern=None, exc=Ass
 
 def test_off_by_one_chunk_index_is_a_wrong_result_with_the_input_and_rank():
     with pytest.raises(AssertionError) as info:     # equal chunks: the sizes match, the sums do not
-        checks.check_all_reduce(ring_off_by_one, world_sizes=(3,), lengths=(9,), dtypes=(torch.float64,))
+        check_collective(ring_off_by_one, "all_reduce", world_sizes=(3,), lengths=(9,), dtypes=(torch.float64,))
     for text in ["ring_off_by_one", "world_size=3, length=9, float64", "rank 0", "wrong result",
                  "expected (torch on the same inputs)", "got:", "chunk(s) [", "max |error|"]:
         assert text in str(info.value), str(info.value)
@@ -218,7 +234,7 @@ def test_missing_all_gather_is_a_wrong_result():
 
 
 def test_whole_tensor_each_step_fails_the_bytes_check():
-    checks.check_all_reduce(ring_whole_tensor, world_sizes=(3,), lengths=(7,))     # the answer is right ...
+    check_collective(ring_whole_tensor, "all_reduce", world_sizes=(3,), lengths=(7,))     # the answer is right ...
     _fails(ring_whole_tensor, ["communication pattern", "2(N-1)/N·S", "56 bytes sent", "whole tensor"],
            pattern="ring")                                                          # ... the traffic is not
 
@@ -245,14 +261,14 @@ def test_pattern_checks_catch_right_answers_computed_the_wrong_way():
 
 def test_broadcast_root_is_checked():
     with pytest.raises(AssertionError, match=r"broadcast_from_zero \(world_size=3, length=3, float32, root=1\): rank 0"):
-        checks.check_broadcast(broadcast_from_zero, world_sizes=(3,), lengths=(3,))
+        check_collective(broadcast_from_zero, "broadcast", world_sizes=(3,), lengths=(3,), dtypes=(torch.float32,))
 
 
 def test_bad_arguments_to_the_checks():
     with pytest.raises(ValueError, match="unknown kind"):
-        checks.check_collective(ring_all_reduce, "allreduce")
+        check_collective(ring_all_reduce, "allreduce")
     with pytest.raises(ValueError, match="unknown pattern"):
-        checks.check_all_reduce(ring_all_reduce, pattern="tree")
+        check_collective(ring_all_reduce, "all_reduce", pattern="tree")
 
 
 def test_lab1_halving_must_raise_value_error_on_non_power_of_two_world_sizes():
@@ -262,10 +278,11 @@ def test_lab1_halving_must_raise_value_error_on_non_power_of_two_world_sizes():
             raise ValueError(f"recursive halving needs a power-of-two world size, got {n}")
         return halving_all_reduce(tensor)
 
-    lab1.check_rejects_world_size("recursive_halving_all_reduce", strict)
+    rejects = lab1.REJECTS["recursive_halving_all_reduce"]
+    run(rejects, strict, hidden=True)                                            # N = 6
     with pytest.raises(AssertionError, match=r"world_size=3\): ranks \[0, 1, 2\] returned instead of raising"):
-        lab1.check_rejects_world_size("recursive_halving_all_reduce", lambda t: t.clone())
-    lab1.check_function("recursive_halving_all_reduce", strict, hidden=True)      # N = 1 among the hidden sizes
+        run(rejects, lambda t: t.clone(), hidden=False)
+    lab1.check_recursive_halving_all_reduce(strict, hidden=True)      # N = 1 among the hidden sizes; N = 3 and 6 refused
 
 
 # ----------------------------------------------------------------------------- diagnoses (issue 28 item 5)
@@ -353,11 +370,11 @@ def test_notebook_frames_are_named_by_cell_title_and_minidists_frames_are_hidden
     source = "import torch\n\ndef ring_all_reduce(t):\n    x = t.clone()\n    return x\n"
     linecache.cache[cell] = (len(source), None, source.splitlines(True), cell)
     test_cell = "/tmp/ipykernel_123/789.py"
-    linecache.cache[test_cell] = (20, None, ["checks.check_function('ring', ring)\n"], test_cell)
+    linecache.cache[test_cell] = (20, None, ["checks.check_ring_all_reduce(ring)\n"], test_cell)
     try:
         assert cell_title(cell, 4) == 'notebook cell "ring_all_reduce"'
         assert format_frame(cell, 4, "ring_all_reduce").startswith('notebook cell "ring_all_reduce", line 4, in')
-        assert cell_title(test_cell, 1) == 'notebook cell "checks.check_function(\'ring\', ring)"'
+        assert cell_title(test_cell, 1) == 'notebook cell "checks.check_ring_all_reduce(ring)"'
     finally:
         del linecache.cache[cell], linecache.cache[test_cell]
     import minidist.tensor_parallel

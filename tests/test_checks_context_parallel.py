@@ -1,9 +1,10 @@
 """Lab 6's checks reject a few realistic bugs (on the property that catches each), and refuse
 minidist's own context parallelism while standing it in for the lab's other functions. (The
-correct alternatives the lab promises are in autograder/bugbank/lab6_context_parallel.py's
+correct alternatives the lab promises are in solutions/lab6_context_parallel/bugbank.py's
 ALTERNATIVES, checked by the selftest.) The functions below are written on top of the notebook's
 other functions, which the checks replace by minidist's own inside the ranks (the names below
 are placeholders)."""
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from minidist.checks import lab6_context_parallel as lab6
+from minidist.checks.kit.run import run
 
 
 def all_to_all(x, scatter_dim, gather_dim, group=None):        # stood in by minidist's
@@ -118,20 +120,21 @@ def ring_waits_before_compute(q, k, v, causal=False, group=None):
 
 def test_lab6_catches_bugs_on_the_property_that_shows_them(capsys):
     with pytest.raises(AssertionError, match="exp overflow"):
-        lab6.check_function("merge_partial_attention", merge_without_max, hidden=True)
-    lab6.check_function("merge_partial_attention", merge_without_max)        # fine on small scores
+        lab6.check_merge_partial_attention(merge_without_max, hidden=True)
+    lab6.check_merge_partial_attention(merge_without_max)        # fine on small scores
     assert "\u2713 merge_partial_attention: " in capsys.readouterr().out    # the ✓ line a passing cell prints
     with pytest.raises(AssertionError, match="float64.*differs"):            # fp64 held to fp64's precision
-        lab6.check_function("merge_partial_attention", merge_in_float32, hidden=True)
+        lab6.check_merge_partial_attention(merge_in_float32, hidden=True)
     with pytest.raises(AssertionError, match="isend/irecv"):
-        lab6.check_function("ring_attention_forward", ring_via_all_gather)
+        lab6.check_ring_attention_forward(ring_via_all_gather)
     with pytest.raises(Exception, match="blocking=True"):     # gloo's isend does not block, NCCL's may: visible
-        lab6.check_function("ring_attention_forward", ring_everyone_sends_first, timeout=6)
+        run(dataclasses.replace(lab6.FUNCTIONS["ring_attention_forward"], timeout=6), ring_everyone_sends_first,
+            hidden=False)
 
 
 def test_lab6_measures_the_rings_overlap_with_a_late_peer():
     with pytest.raises(AssertionError, match="late=True.*pass must travel while you compute"):
-        lab6.check_function("ring_attention_forward", ring_waits_before_compute, hidden=True)
+        lab6.check_ring_attention_forward(ring_waits_before_compute, hidden=True)
 
 
 # ------------------------------------------------------------------ library answers
@@ -160,7 +163,7 @@ def test_lab6_refuses_the_library_but_stands_it_in_for_other_functions():
                            ("merge_partial_attention", lambda *a: __import__("minidist.context_parallel").context_parallel
                             .merge_partial_attention(*a), "merge")):
         with pytest.raises(AssertionError, match="called minidist's own implementation") as info:
-            lab6.check_function(name, fn)
+            getattr(lab6, f"check_{name}")(fn)
         assert what in str(info.value), str(info.value)
     # Ulysses on an unfinished all_to_all passes: minidist's all-to-all stands in inside the ranks
-    lab6.check_function("ulysses_attention", ulysses_on_the_notebooks_all_to_all)
+    lab6.check_ulysses_attention(ulysses_on_the_notebooks_all_to_all)

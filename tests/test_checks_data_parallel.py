@@ -107,7 +107,7 @@ def test_bucketed_checks_accept_the_library_ddp():
     # the library's BucketedDDP syncs at the end of backward; its finish_gradient_sync() is then a no-op
     lab2.check_bucketed_ddp(BucketedDDP, hidden=True)
     lab2.check_bucketed_ddp_traffic(BucketedDDP)
-    lab2.check_overlap(BucketedDDP)
+    lab2.check_bucketed_ddp_overlap(BucketedDDP)
 
 
 class SyncAfterBackward:
@@ -138,7 +138,7 @@ def test_overlap_check_rejects_sync_after_backward_but_equality_accepts_it():
     lab2.check_bucketed_ddp(SyncAfterBackward)
     lab2.check_bucketed_ddp_traffic(SyncAfterBackward)
     with pytest.raises(AssertionError, match="before backward produced its last gradient"):
-        lab2.check_overlap(SyncAfterBackward)
+        lab2.check_bucketed_ddp_overlap(SyncAfterBackward)
 
 
 def test_step_time_rows():
@@ -195,25 +195,25 @@ class LibZero:
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_checks_accept_the_library(stage):
-    lab3.check_zero(LibZero, stage)
-    lab3.check_zero_traffic(LibZero, stage)
+    lab3.check_zero(LibZero, stage=stage)
+    lab3.check_zero_traffic(LibZero, stage=stage)
     if stage > 1:
-        lab3.check_zero_memory(LibZero, stage)
+        lab3.check_zero_memory(LibZero, stage=stage)
         return
     # The library's ZeRO-1 keeps one flat full-gradient buffer per bucket from step to step (backward
     # accumulates into it in place); the lab's Zero drops every full gradient once reduce-scattered. Next
     # to the lab's reference measured on the same rank, that buffer is the model-sized copy the rule catches.
     with pytest.raises(AssertionError, match=r"rank \d: throughout a training step .* holds \d+ bytes more than "
                                              r"the lab's reference \([01]\.\d\d× the parameters'"):
-        lab3.check_zero_memory(LibZero, stage)
+        lab3.check_zero_memory(LibZero, stage=stage)
 
 
 def test_zero_memory_check_rejects_an_unsharded_stage():
     unsharded = lambda model, stage, **kw: LibZero(model, 1, **kw)     # noqa: E731  (claims 3, is 1)
     with pytest.raises(AssertionError, match="Full gradients must be dropped"):
-        lab3.check_zero_memory(unsharded, 3)
+        lab3.check_zero_memory(unsharded, stage=3)
     with pytest.raises(AssertionError, match="1.5x|2× the parameters|expected 2×"):
-        lab3.check_zero_traffic(unsharded, 3)
+        lab3.check_zero_traffic(unsharded, stage=3)
 
 
 def test_the_reference_zero_is_the_notebooks_given_classes():
@@ -304,4 +304,5 @@ def test_a_students_own_assert_reads_as_theirs():
 
 # ----------------------------------------------------------------------------- correct alternatives
 # Other implementations the labs' contracts allow live in the bug banks (ALTERNATIVES in
-# autograder/bugbank/lab2_data_parallel.py and lab3_zero_fsdp.py), where the selftest grades them as submissions.
+# solutions/lab2_data_parallel/bugbank.py and solutions/lab3_zero_fsdp/bugbank.py), where the selftest
+# grades them as submissions.

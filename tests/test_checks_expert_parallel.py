@@ -1,6 +1,6 @@
 """Lab 9's checks refuse minidist's own expert parallelism, stand thin adapters over the library in
 for the notebook's other functions, and reject a bug on the property that shows it. (The bug bank and
-the correct alternatives are in autograder/bugbank/lab9_expert_parallel.py, run by the selftest.) The
+the correct alternatives are in solutions/lab9_expert_parallel/bugbank.py, run by the selftest.) The
 placeholders below stand for the notebook's other functions, which the checks replace inside the
 ranks. An adapter given, or pasted into a notebook cell, as the answer for the function it stands in
 for earns nothing; the checks' package holds no other function named like one of the lab's."""
@@ -65,14 +65,14 @@ def router_without_renormalising(logits, k, capacity_factor=None):
 
 def test_lab9_refuses_the_library_and_stands_it_in_for_the_other_functions():
     with pytest.raises(AssertionError, match=REFUSED) as info:
-        lab9.check_function("top_k_router", router_from_library)
+        lab9.check_top_k_router(router_from_library)
     assert "minidist.expert_parallel" in str(info.value)
     with pytest.raises(AssertionError, match=REFUSED):
-        lab9.check_function("moe_layer", moe_from_library)
+        lab9.check_moe_layer(moe_from_library)
     with pytest.raises(AssertionError, match="weights differs from the reference"):
-        lab9.check_function("top_k_router", router_without_renormalising)
+        lab9.check_top_k_router(router_without_renormalising)
     # a layer written on the notebook's unfinished functions passes: the adapters stand in inside the ranks
-    lab9.check_function("moe_layer", moe_on_the_notebooks_functions)
+    lab9.check_moe_layer(moe_on_the_notebooks_functions)
 
 
 def router_with_an_integer_keep(logits, k, capacity_factor=None):
@@ -88,9 +88,9 @@ def router_scribbling_on_the_callers_logits(logits, k, capacity_factor=None):
 
 def test_lab9_compares_with_the_kits_one_comparison():
     with pytest.raises(AssertionError, match="keep is int64, expected bool"):
-        lab9.check_function("top_k_router", router_with_an_integer_keep)
+        lab9.check_top_k_router(router_with_an_integer_keep)
     with pytest.raises(AssertionError, match="the caller's logits changed during the call"):
-        lab9.check_function("top_k_router", router_scribbling_on_the_callers_logits)
+        lab9.check_top_k_router(router_scribbling_on_the_callers_logits)
 
 
 # ------------------------------------------------------------------ the stand-ins are no answers
@@ -107,11 +107,11 @@ def _pasted() -> dict:
 
 @pytest.mark.parametrize("name", ADAPTED)
 def test_a_stand_in_given_or_pasted_as_its_own_answer_earns_nothing(name):
-    called, pasted = stand_ins.STAND_INS[name][0], _pasted()[name]
+    called, pasted = stand_ins.STAND_INS.table[name][0], _pasted()[name]
     assert called.__name__ == pasted.__name__ == name and called is not pasted
     for answer in (called, pasted):
         with pytest.raises(AssertionError, match=REFUSED) as info:
-            lab9.check_function(name, answer)
+            getattr(lab9, f"check_{name}")(answer)
         assert "minidist.expert_parallel" in str(info.value)
 
 
@@ -133,19 +133,20 @@ def dispatch_on_the_librarys_exchange(tokens, expert_indices, num_experts, group
 
 
 def test_each_test_allows_only_the_library_code_of_the_stand_ins_its_function_calls():
-    assert lab9.refusal("ep_dispatch").allow == lab9.refusal("top_k_router").allow == ()
-    assert set(lab9.refusal("ep_combine").allow) == {"minidist.expert_parallel.exchange.all_to_all_rows",
-                                                     "minidist.expert_parallel.exchange.AllToAllRows"}
+    allow = {name: check.refusal.allow for name, check in lab9.FUNCTIONS.items()}
+    assert allow["ep_dispatch"] == allow["top_k_router"] == ()
+    assert set(allow["ep_combine"]) == {"minidist.expert_parallel.exchange.all_to_all_rows",
+                                        "minidist.expert_parallel.exchange.AllToAllRows"}
     for name in stand_ins.CALLS:           # never the graded function's own library code
-        assert not [a for a in lab9.refusal(name).allow if a.endswith("." + name)], name
-    assert not [a for a in lab9.refusal("moe_layer").allow if ".layer." in a]
+        assert not [a for a in allow[name] if a.endswith("." + name)], name
+    assert not [a for a in allow["moe_layer"] if ".layer." in a]
     with pytest.raises(AssertionError, match=REFUSED + ": minidist.expert_parallel.exchange"):
-        lab9.check_function("ep_dispatch", dispatch_on_the_librarys_exchange)
+        lab9.check_ep_dispatch(dispatch_on_the_librarys_exchange)
 
 
 def _exercise_names() -> set:
     """Every function and class the solution notebook's answer cells define (the lab's exercises)."""
-    from autograder.course import nbg, read_nb, strip_solution_markers
+    from autograder.course.cells import nbg, read_nb, strip_solution_markers
     nb = read_nb(ROOT / "solutions/lab9_expert_parallel/lab9_expert_parallel.ipynb")
     names = set()
     for cell in nb.cells:
@@ -175,4 +176,4 @@ def test_the_checks_define_no_exercise_but_thin_adapters_over_the_library():
                 assert thin, f"{path.name} defines {node.name}, named like the lab's exercise, and it is no thin adapter"
                 found[node.name] = path.name
     assert found == {name: "stand_ins.py" for name in ADAPTED}, found
-    assert inspect.getmodule(stand_ins.STAND_INS["AllToAllRows"][0]).__name__ == "minidist.expert_parallel.exchange"
+    assert inspect.getmodule(stand_ins.STAND_INS.table["AllToAllRows"][0]).__name__ == "minidist.expert_parallel.exchange"

@@ -1,6 +1,6 @@
-"""The grading kit's layout rules (issue 42), read from the code: a folder per lab with the same files,
-verdicts that never read answers, no private name taken from another module, no re-exports, one
-notebook-cell regex, one tensor comparison, and every public check registered."""
+"""The grading kit's layout rules (issues 42 and 61), read from the code: a folder per lab with the same
+kinds of files, verdicts that never read answers, no private name taken from another module, no re-exports,
+one notebook-cell regex, one tensor comparison, and every public check registered."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHECKS = ROOT / "minidist" / "checks"
 LABS = sorted(p.name for p in CHECKS.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name != "kit")
-FILES = {"__init__.py", "cases.py", "answers.py", "verdicts.py"}
+# the lab-wide files (a lab of exercises written one module each, the toy lab, has none of them)
+FILES = {"cases.py", "answers.py", "verdicts.py"}
 # hidden.py: the grader's hidden cases (kit/withheld.py); stand_ins.py: thin adapters over the library that stand
 # in for the functions a test does not grade (labs 3, 9); given.py: lab 3's given classes;
 # route.py: lab 9's Route, the type its notebook's dispatch returns; helpers.py, checkpoints.py: lab 10's, what it
@@ -43,19 +44,36 @@ def test_every_lab_has_moved_into_a_folder():
     assert {f"lab{n}" for n in range(1, 10)} <= {lab.split("_")[0] for lab in LABS}, LABS
 
 
+def exercises(lab: str) -> list[str]:
+    """The lab's exercise modules (docs/AUTHORING.md): one exercise's ``cases`` and its ``verdict`` (or the kit's:
+    the toy lab's ``allsum`` is graded by kit/collectives.py) in one file."""
+    out = []
+    for path in sorted((CHECKS / lab).glob("*.py")):
+        defined = {n.name for n in _tree(path).body if isinstance(n, ast.FunctionDef)}
+        if path.name not in FILES | OPTIONAL | {"__init__.py"} and "cases" in defined:
+            out.append(path.name)
+    return out
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_a_labs_folder_holds_the_same_files(lab):
+    """``__init__.py``; the lab-wide cases, answers and verdicts all three or none; the optional files named
+    above; and exercise modules."""
     names = {p.name for p in (CHECKS / lab).glob("*.py")}
-    assert FILES <= names and not names - FILES - OPTIONAL, sorted(names)
+    assert "__init__.py" in names and (FILES <= names or not FILES & names), sorted(names)
+    assert not names - FILES - OPTIONAL - {"__init__.py"} - set(exercises(lab)), sorted(names)
+    assert FILES <= names or exercises(lab), f"{lab} has neither cases.py, answers.py, verdicts.py nor exercises"
 
 
 @pytest.mark.parametrize("lab", LABS)
 def test_verdicts_never_read_answers(lab):
-    for module, names in _imported(CHECKS / lab / "verdicts.py"):
-        bad = [f"{module}.{n}" if n else module for n in names or [""]
-               if re.search(rf"{lab}\.(answers|demo)\b|^{lab}$", f"{module}.{n}" if n else module)
-               or (module == f"minidist.checks.{lab}" and n in ("answers", "demo"))]
-        assert not bad, f"{lab}/verdicts.py imports {bad}"
+    for name in ["verdicts.py"] * ("verdicts.py" in FILES & {p.name for p in (CHECKS / lab).glob("*.py")}) + \
+            exercises(lab):
+        for module, names in _imported(CHECKS / lab / name):
+            bad = [f"{module}.{n}" if n else module for n in names or [""]
+                   if re.search(rf"{lab}\.(answers|demo)\b|^{lab}$", f"{module}.{n}" if n else module)
+                   or (module == f"minidist.checks.{lab}" and n in ("answers", "demo"))]
+            assert not bad, f"{lab}/{name} imports {bad}"
 
 
 def _modules():

@@ -1,10 +1,11 @@
 """Lab 8's checks refuse minidist's own memory techniques, in the checks that run in this process
 (no launch: these cost well under a second each). The bugs the checks catch and the correct
-alternatives they accept are in autograder/bugbank/lab8_memory.py, checked by the selftest."""
+alternatives they accept are in solutions/lab8_memory/bugbank.py, checked by the selftest."""
 import pytest
 
 from minidist import memory_techniques as library
 from minidist.checks import lab8_memory as lab8
+from minidist.checks.kit.check import snake
 
 
 def recompute_via_library(blocks, x, policy="none"):
@@ -23,13 +24,16 @@ class ScalerSubclass(library.DynamicLossScaler):
 ])
 def test_lab8_refuses_the_library(name, fn, what):
     with pytest.raises(AssertionError, match="called minidist's own implementation") as err:
-        lab8.check_function(name, fn)
+        getattr(lab8, f"check_{snake(name)}")(fn)
     assert what in str(err.value) and "minidist.checks.lab8_memory" in str(err.value)
 
 
-def test_lab8_names_its_graded_functions():
-    with pytest.raises(ValueError, match="graded: DynamicLossScaler, mixed_precision_step"):
-        lab8.check_function("zero2_step", lambda *a: None)
+def test_lab8_names_the_functions_it_checks_where_tensors_live():
+    def recompute_blocks(*args):
+        return None
+    with pytest.raises(ValueError, match="no check of 'recompute_blocks'; it checks DynamicLossScaler, "
+                                         "zero1_mixed_precision_step"):
+        lab8.check_device(recompute_blocks)
 
 
 class OwnNumber(float):
@@ -47,14 +51,12 @@ class ScalerWithItsOwnNumber:
 
 def test_lab8_answers_carry_no_object_of_the_students():
     with pytest.raises(AssertionError, match="DynamicLossScaler.loss_scale returned a OwnNumber: return plain values"):
-        lab8.check_function("DynamicLossScaler", ScalerWithItsOwnNumber)
+        lab8.check_dynamic_loss_scaler(ScalerWithItsOwnNumber)
 
 
 def test_lab8_checks_run_where_the_registry_says():
     """The scaler in two parts (its bookkeeping here, unscale_ on groups of ranks), recompute_blocks here."""
-    _, functions, by = lab8.CHECKS.entries["check_function"]
     where = {name: [c.where for c in (checks if isinstance(checks, tuple) else (checks,))]
-             for name, checks in functions.items()}
-    assert by == "name"
-    assert where == {"DynamicLossScaler": ["here", "groups"], "mixed_precision_step": ["groups"],
-                     "zero1_mixed_precision_step": ["groups"], "recompute_blocks": ["here"]}
+             for name, (_, checks, by) in lab8.CHECKS.entries.items() if name != "check_device"}
+    assert where == {"check_dynamic_loss_scaler": ["here", "groups"], "check_mixed_precision_step": ["groups"],
+                     "check_zero1_mixed_precision_step": ["groups"], "check_recompute_blocks": ["here"]}

@@ -39,6 +39,6 @@ def test_a_real_check_whose_student_code_warns_passes_quietly(capsys):
         warnings.warn("a student's leftover warning")
         return built[p, m]
 
-    lab4_pipeline.check_schedule(gpipe_schedule, "gpipe")
+    lab4_pipeline.check_gpipe_schedule(gpipe_schedule)
     out, err = capsys.readouterr()
     assert err == "" and "leftover warning" in out

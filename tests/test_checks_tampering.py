@@ -20,7 +20,7 @@ import minidist.checks.lab7_3d_parallel as lab7
 from minidist import cost
 from minidist.checks.kit.bindings import Snapshot
 from minidist.checks.kit.refusal import graded_call
-from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.refusal import Refusal
 from minidist.checks.kit.returned import foreign_part
 from minidist.pipeline import Schedule, gpipe
 
@@ -36,11 +36,11 @@ def guarded(monkeypatch):
 
 def rebinds_the_comparisons(x, group=None):
     """reduce_from_tp that does not reduce, and switches off lab 5's comparisons instead."""
-    import minidist.checks.kit.run as run
+    import minidist.checks.kit.compare as compare
     import minidist.checks.lab5_tensor_parallel.verdicts as verdicts
     verdicts.compared = lambda *a, **k: None
     verdicts.compare_traffic = lambda *a, **k: None
-    run.first = lambda problems: None
+    compare.first = lambda problems: None
     return x.clone()
 
 
@@ -71,7 +71,7 @@ def restores_itself(x, group=None):
 def test_a_rank_check_fails_graded_code_that_rebinds_its_comparisons(fn, rebound):
     # the forgery scored every test of labs 4-9 whose check compares inside the rank before
     with pytest.raises(AssertionError, match=f"rebound .*{rebound}.*as it found them"):
-        lab5.check_function("reduce_from_tp", fn)
+        lab5.check_reduce_from_tp(fn)
 
 
 def test_a_pure_check_puts_the_bindings_back_before_comparing():
@@ -104,7 +104,7 @@ def test_a_rank_check_fails_graded_code_that_loosens_a_tolerance():
         return x.clone()
     with pytest.raises(AssertionError, match=r"rebound module minidist\.checks\.kit\.compare\.TOLERANCE, contents of a "
                                              r"minidist table"):
-        lab5.check_function("reduce_from_tp", loosens)
+        lab5.check_reduce_from_tp(loosens)
 
 
 def test_the_snapshot_of_code_ignores_data_and_submodules():
@@ -157,7 +157,7 @@ def returns_its_own_tensor(x, group=None):
 
 def test_a_rank_check_fails_a_tensor_subclass_of_the_students():
     with pytest.raises(AssertionError, match="returned a Liar, a torch.Tensor subclass of its own"):
-        lab5.check_function("reduce_from_tp", returns_its_own_tensor)
+        lab5.check_reduce_from_tp(returns_its_own_tensor)
 
 
 class Agrees(float):
@@ -193,7 +193,7 @@ def test_a_schedule_must_be_minidists_own_not_a_subclass():
         s = ready[p, m]
         return MySchedule(**{f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
     with pytest.raises(AssertionError, match="returned a MySchedule"):
-        lab4.check_schedule(gpipe_schedule, "gpipe")
+        lab4.check_gpipe_schedule(gpipe_schedule)
 
 
 def test_plain_data_is_plain_and_nothing_else_is():
@@ -233,4 +233,4 @@ def never_differs(x, group=None):
 def test_a_rank_check_compares_plain_tensors_only():
     # a judged runner's answer travels as plain data, which a NoDifference is not
     with pytest.raises(AssertionError, match=r"the graded code returned a NoDifference: return plain values"):
-        lab5.check_function("reduce_from_tp", never_differs)
+        lab5.check_reduce_from_tp(never_differs)

@@ -18,8 +18,9 @@ from minidist.tensor_parallel import comm as TPC
 @pytest.fixture(autouse=True)
 def _library_answers_allowed(monkeypatch):
     """The answers below call minidist's own f, g and SP collectives: the refusal is off here."""
-    for name, check in L5.FUNCTIONS.items():
-        monkeypatch.setitem(L5.FUNCTIONS, name, dataclasses.replace(check, refusal=None))
+    for name, (stub, check, by) in list(L5.CHECKS.entries.items()):
+        if by is None:
+            monkeypatch.setitem(L5.CHECKS.entries, name, (stub, dataclasses.replace(check, refusal=None), by))
 
 
 class _InPlaceG(torch.autograd.Function):
@@ -64,20 +65,20 @@ def default_dtype_sp_reduce_scatter(x, group=None):
 def test_g_into_the_callers_tensor_fails_naming_case_and_rank():
     with pytest.raises(AssertionError, match=r"reduce_from_tp \(t=2, shape=\(2, 12, 24\), dtype=float32\), rank 0 "
                                              r"\(rank 0 of its group\): the caller's x changed during the forward"):
-        L5.check_function("reduce_from_tp", in_place_g)
+        L5.check_reduce_from_tp(in_place_g)
 
 
 def test_hooks_added_at_every_call_fail_on_the_second_call():
     with pytest.raises(AssertionError, match=r"sp_mlp_block \(t=2, default sizes\), rank 0 .*ln\.weight\.grad differs.*"
                                              r"\(second call on the same module\)"):
-        L5.check_function("sp_mlp_block", hooked_sp_block)
+        L5.check_sp_mlp_block(hooked_sp_block)
 
 
 def test_dtypes_are_exact_and_a_pass_prints_its_line(capsys):
-    L5.check_function("sp_gather", lambda x, group=None: TPC.gather_along_dim(x, 1, group))
+    L5.check_sp_gather(lambda x, group=None: TPC.gather_along_dim(x, 1, group))
     assert "\u2713 sp_gather: t = 2, 4, fp32" in capsys.readouterr().out
     with pytest.raises(Exception, match=r"sp_reduce_scatter.*t=2: dtype=float64"):
-        L5.check_function("sp_reduce_scatter", default_dtype_sp_reduce_scatter, hidden=True)
+        L5.check_sp_reduce_scatter(default_dtype_sp_reduce_scatter, hidden=True)
 
 
 class _WorldG(torch.autograd.Function):
@@ -95,7 +96,7 @@ class _WorldG(torch.autograd.Function):
 def test_g_over_the_world_in_a_group_of_two_is_diagnosed_as_a_missing_group():
     with pytest.raises(AssertionError, match=r"reduce_from_tp \(t=2, .*\), rank 0 .*the output differs.*\. It equals "
                                              r"the sum over all 4 ranks \(the world\), not over the 2 ranks of its group"):
-        L5.check_function("reduce_from_tp", lambda x, group=None: _WorldG.apply(x, group))
+        L5.check_reduce_from_tp(lambda x, group=None: _WorldG.apply(x, group))
 
 
 def test_a_traffic_problem_names_the_call_it_was_found_in():
@@ -104,10 +105,10 @@ def test_a_traffic_problem_names_the_call_it_was_found_in():
     want = {"forward": Counter(), "backward": Counter({("all-reduce", 64): 1})}
     good = {"forward": [], "backward": [["all-reduce", 64]]}
     bad = {"forward": [["all-reduce", 64]], "backward": [["all-reduce", 64]]}
-    assert with_traffic([None], 2, [good, good], want) == [None]
+    assert with_traffic([None], 2, [good, good], want) is None
     first = with_traffic([None], 2, [bad, bad], want)
-    assert first == ["forward communicated 1 x all-reduce of 64 B; expected nothing"]
+    assert first == "forward communicated 1 x all-reduce of 64 B; expected nothing"
     second = with_traffic([None], 2, [good, bad], want)
-    assert second == [first[0] + " (second call on the same module)"]
-    assert with_traffic(["wrong output"], 2, [bad], want) == ["wrong output"]     # values first
-    assert with_traffic([None], 1, [bad], want) == [None]                         # no traffic in a group of one
+    assert second == first + " (second call on the same module)"
+    assert with_traffic(["wrong output"], 2, [bad], want) == "wrong output"     # values first
+    assert with_traffic([None], 1, [bad], want) is None                         # no traffic in a group of one

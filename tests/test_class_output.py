@@ -10,9 +10,9 @@ import io
 import json
 from pathlib import Path
 
-from autograder.course import grade_id, read_nb
-from autograder.notebooks import FROM_SOURCE, load, repair
-from autograder.records import Job
+from autograder.course.cells import grade_id, read_nb
+from autograder.grading.records import Job
+from autograder.grading.worker.notebooks import FROM_SOURCE, load, repair
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = "lab1_collectives"
@@ -20,7 +20,7 @@ SANDBOX = "bubblewrap 0.8.0: user, pid, ipc, uts, cgroup and network namespaces,
 
 
 def test_results_rows_leave_the_batch_s_facts_to_batch_json(tmp_path):
-    from autograder.report import write_results
+    from autograder.grading.results import write_results
     jobs = []
     for student in ("ann", "ben"):
         j = Job(student, LAB, None, tmp_path / student)
@@ -56,7 +56,7 @@ def test_a_notebook_from_the_source_gets_one_note_and_a_tampered_one_its_flags()
 
 
 def test_progress_shows_an_eta():
-    from autograder.grade import Progress
+    from autograder.grading.grade import Progress
     stream = io.StringIO()
     bar = Progress(4, stream=stream)
     assert "ETA" not in stream.getvalue()                     # nothing finished: no rate yet

@@ -16,9 +16,8 @@ import nbformat
 import pytest
 import torch
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
-from autograder.selftest import inject, load_bank
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
+from autograder.selftest.bank import inject, load_bank
 from minidist.checks.kit.check import Registry
 from minidist.checks.kit.device_check import GPU_NODE, on_meta
 from minidist.checks.kit.run import run
@@ -111,7 +110,7 @@ def _times_two_on_every_rank(case, got):
 
 HERE = on_meta(Registry(__name__).check("double", lambda hidden: [1, 3], _scaled, _times_two))
 ON_RANKS = on_meta(Registry(__name__).check("double on ranks", lambda hidden: [2], _scaled, _times_two_on_every_rank,
-                                            where="launch", world=lambda case: 2))
+                                            where="launch", world=lambda case: 2, timeout=60.0))
 STUDENT = """
 def double(x):
     return x + x
@@ -140,10 +139,10 @@ def test_a_here_check_on_meta_names_the_line_and_restores_the_default_device(cap
 def test_a_launched_check_on_meta_names_the_line_every_rank_made(capsys):
     namespace = {"torch": torch}
     exec(compile_cell(STUDENT, "<cell double>"), namespace)
-    run(ON_RANKS, namespace["double"], timeout=60)
+    run(ON_RANKS, namespace["double"])
     assert "double on ranks (device check): one visible case" in capsys.readouterr().out
     with pytest.raises(AssertionError) as info:
-        run(ON_RANKS, namespace["double_with_a_new_tensor"], timeout=60)
+        run(ON_RANKS, namespace["double_with_a_new_tensor"])
     message = str(info.value)
     assert "2 of 2 ranks failed" in message and message.count("two = torch.full") == 1, message
     assert re.search(r'notebook cell "double_with_a_new_tensor", line 6, in double_with_a_new_tensor\n\s+'

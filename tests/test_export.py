@@ -1,7 +1,7 @@
 """``python -m autograder export DIR --format canvas|moodle|csv``: the column layouts an LMS imports.
 
 A batch's gradebook is made the way ``grade`` makes it (the fixture lab's template course, the
-scores merged by :func:`autograder.gradebook.merge_gradebook`), without grading anything.
+scores merged by :func:`autograder.grading.gradebook.merge_gradebook`), without grading anything.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
-    from autograder.course import build_course, lab_cells
-    from autograder.gradebook import merge_gradebook
-    from autograder.records import Job
+    from autograder.course.template import build_course, lab_cells
+    from autograder.grading.gradebook import merge_gradebook
+    from autograder.grading.records import Job
     old = os.environ.get("MINIDIST_SOLUTIONS")
     os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
     tmp = tmp_path_factory.mktemp("export")
@@ -46,7 +46,7 @@ def batch(tmp_path_factory):
 
 
 def export(out: Path, fmt: str, **kw) -> list[list[str]]:
-    from autograder.export import export as run
+    from autograder.reports.export import export as run
     with open(run(out, fmt, **kw), newline="") as f:
         return list(csv.reader(f))
 
@@ -159,7 +159,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_malformed_roster_is_refused_with_a_clear_message(case, tmp_path):
-    from autograder.roster import read_roster
+    from autograder.grading.roster import read_roster
     text, message = MALFORMED[case]
     with pytest.raises(SystemExit) as err:
         read_roster(roster_file(tmp_path, text))
@@ -174,7 +174,7 @@ def test_a_malformed_roster_stops_grade_before_anything_is_graded(tmp_path, caps
         main(["grade", str(subs), "--out", str(out), "--roster", str(roster_file(tmp_path, "name\nAlice\n"))])
     assert "no login column" in str(err.value) and not out.exists()
     rows = roster_file(tmp_path, "\ufeffLOGIN,Name\nalice,Alice\n", "bom.csv")       # a spreadsheet's UTF-8
-    from autograder.roster import read_roster
+    from autograder.grading.roster import read_roster
     assert read_roster(rows)["alice"].name == "Alice"
 
 
@@ -190,7 +190,7 @@ def test_a_lab_goes_into_an_existing_canvas_column(batch, tmp_path):
     assert {r[3]: r[-1] for r in rows[2:]} == {"alice": "3", "bob": "1", "carol": "0", "dave": ""}
     mapping = tmp_path / "columns.txt"
     mapping.write_text(f"# lab = Canvas column\n{LAB}=Toy lab, part 1 (99)\n")
-    from autograder.export import canvas_columns
+    from autograder.reports.export import canvas_columns
     rows = export(batch, "canvas", to=dest, columns=canvas_columns(file=mapping))
     assert rows[0][-1] == "Toy lab, part 1 (99)"
 

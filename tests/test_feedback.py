@@ -1,6 +1,6 @@
 """Feedback that teaches: a bank bug's failure message names the likely cause (issue 43).
 
-Each row takes a realistic mistake from a lab's bug bank (``autograder/bugbank``), runs the
+Each row takes a realistic mistake from a lab's bug bank (``solutions/<lab>/bugbank.py``), runs the
 solution notebook's cells with that one cell broken, in this process, then the test cell that
 must catch it, and asserts the words of the diagnosis (:mod:`minidist.checks.kit.diagnosis`):
 the numbers a classic mistake leaves (a factor of the group's size, of k, rows in the wrong
@@ -11,9 +11,8 @@ import re
 import nbformat
 import pytest
 
-from autograder.course import grade_id, nbg, strip_solution_markers
-from autograder.notebooks import skip_demos
-from autograder.selftest import inject, load_bank
+from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
+from autograder.selftest.bank import inject, load_bank
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -305,7 +305,7 @@ def test_gpu_memory_is_given_back_after_a_launch():
 
 # ------------------------------------------------------------------------------ the grader on GPUs
 def _labs():
-    """The labs, as autograder.course.all_labs finds them, read without importing the grader: on a
+    """The labs, as autograder.course.labs.all_labs finds them, read without importing the grader: on a
     GPU node without the dev extras (nbformat, nbgrader) the CUDA tests above still collect and run."""
     solutions = os.path.join(ROOT, "solutions")
     return sorted(d for d in os.listdir(solutions) if os.path.isfile(os.path.join(solutions, d, f"{d}.ipynb")))
@@ -353,15 +353,15 @@ def test_grade_gives_each_parallel_job_gpus_of_its_own_end_to_end(tmp_path):
     /dev/shm, runs NCCL across its K GPUs, and the honest solution keeps full marks with the
     confirmation on (which runs on the same GPUs)."""
     import csv
-    from autograder.course import build_course, read_nb, solution_submission, write_nb
+    from autograder.course.cells import read_nb, solution_submission, write_nb
+    from autograder.course.template import build_course
+    from autograder.grading.grade import visible_gpu_ids
     from autograder.sandbox.backend import shm_bytes
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, with_cell
-    from autograder.grade import visible_gpu_ids
+    from autograder_fixtures import LAB, SOLUTIONS, with_cell
     ids = visible_gpu_ids()             # the grader's CUDA_VISIBLE_DEVICES (a scheduler's), else every GPU
     per = min(4, len(ids) // 2)
-    env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
-               MINIDIST_LABS=str(tmp_path / "labs"))
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK", "MINIDIST_LABS")}
+    env = dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_LABS=str(tmp_path / "labs"))
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_LABS")}
     os.environ.update({k: env[k] for k in old})
     try:
         course = build_course([LAB], tmp_path / "course")

@@ -1,11 +1,11 @@
-"""What the grader accepts from a worker (autograder/records.py), without grading anything:
+"""What the grader accepts from a worker (autograder/grading/records.py), without grading anything:
 points clamped to the template, unknown statuses and missing tests refused (that submission
 only), and a killed worker's notebook points kept only as far as its confirmation confirmed."""
 from pathlib import Path
 
 import pytest
 
-from autograder.records import Job, checked_confirmation, checked_result, confirmed_only, fallback_cells
+from autograder.grading.records import Job, checked_confirmation, checked_result, confirmed_only, fallback_cells
 
 META = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test", "hidden": 0.0},
                {"name": "t2", "max_score": 1.0, "kind": "test", "hidden": 0.0},
@@ -58,7 +58,8 @@ def test_a_killed_worker_keeps_only_confirmed_points():
 def test_a_killed_workers_hidden_part_scores_what_the_confirmation_reported():
     """A test cell with hidden tests is scored in two parts: the visible one as far as the notebook and
     the confirmation both give it, the hidden one from the confirmation alone (the kernel had no
-    hidden cases); a hidden part that fails costs its share only, and is no tampering."""
+    hidden cases) once the visible one has its points; a hidden part that fails costs its share only,
+    and is no tampering."""
     meta = {"nb": [{"name": "t1", "max_score": 2.0, "kind": "test", "hidden": 1.0}]}
     records = [{"event": "done", "index": 3, "grade_id": "t1", "points": 2.0, "status": "pass", "reason": "ok"}]
     cells = fallback_cells(meta, records, {}, "killed")
@@ -70,7 +71,8 @@ def test_a_killed_workers_hidden_part_scores_what_the_confirmation_reported():
     cells = fallback_cells(meta, records, {}, "killed")
     confirmed_only(cells, {"nb": {"t1": 0.0, "t1/hidden": 1.0}}, meta)    # visible not confirmed: flagged
     row = cells["nb"]["t1"]
-    assert row["points"] == 1.0 and row["parts"]["visible"]["points"] == 0.0
+    assert row["points"] == 0.0 and row["parts"]["visible"]["points"] == 0.0
+    assert row["parts"]["hidden"]["reason"] == "hidden tests: not scored (the visible tests did not pass)"
     assert any("not confirmed" in f for f in row["flags"])
     checked = checked_result({"cells": {"nb": {"t1": row}}}, JOB, meta)["cells"]["nb"]["t1"]
     assert checked["parts"] == row["parts"]
@@ -86,8 +88,9 @@ def test_points_awaiting_manual_grading_are_shown_as_such_in_grades_csv(tmp_path
 
     import nbformat
 
-    from autograder.course import build_course, lab_cells, read_nb, write_nb
-    from autograder.gradebook import export_csv, merge_gradebook
+    from autograder.course.cells import read_nb, write_nb
+    from autograder.course.template import build_course, lab_cells
+    from autograder.grading.gradebook import export_csv, merge_gradebook
     from autograder_fixtures import LAB, SOLUTIONS
     shutil.copytree(SOLUTIONS, tmp_path / "solutions")
     path = tmp_path / "solutions" / LAB / f"{LAB}.ipynb"

@@ -1,11 +1,12 @@
 """What leaves the instructor's machine holds no answer (issue 58).
 
-* The grading files a platform's bundle carries for each lab (``autograder.platforms.bundle.grading_files``):
+* The grading files a platform's bundle carries for each lab (``autograder.handout.platforms.bundle.grading_files``):
   the lab's source notebook with its solutions emptied, from which nbgrader makes exactly the release in
   ``labs/`` (checked for every lab), and no solution body; the hidden tables of the checks it imports.
 * The Gradescope zip and the PrairieLearn image, built (``make test-e2e``): no solution body and no function
   named like an exercise outside the library's refused implementation or a thin adapter over it
-  (:mod:`handed_out`), no hidden case table in what a job reads (the wheel), no bug bank.
+  (:mod:`handed_out`), no hidden case table in what a job reads (the wheel), no bug bank (no bank's file, no
+  entry's name or code; nor in the grading files, checked by ``make test``).
 * A function of the library that answers an exercise of labs 3, 9 and 10, pasted into the release's cell,
   is flagged by the similarity report against minidist (calling it is refused: the labs' own tests).
 
@@ -21,8 +22,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder.course import all_labs, build_course, grade_id, labs_dir, read_nb, solutions_dir
-from handed_out import exercises_defined_in, files, solution_bodies, solutions_in
+from autograder.course.cells import grade_id, read_nb
+from autograder.course.labs import all_labs, labs_dir, solutions_dir
+from autograder.course.template import build_course
+from handed_out import bank_files, bank_in, exercises_defined_in, files, public_lines, solution_bodies, solutions_in
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def grading(tmp_path_factory):
     """Every lab's grading files, as a bundle carries them."""
-    from autograder.platforms.bundle import grading_files
+    from autograder.handout.platforms.bundle import grading_files
     course = tmp_path_factory.mktemp("grading") / "course"
     for lab in all_labs():
         grading_files(lab, course)
@@ -44,6 +47,12 @@ def test_the_grading_files_hold_no_solution(grading):
     for lab in all_labs():          # the lab's hidden cases, which the bundle's grader alone reads
         assert (grading / "hidden" / lab / "hidden.py").read_text() == \
             (ROOT / "minidist" / "checks" / lab / "hidden.py").read_text()
+
+
+def test_the_grading_files_hold_no_bug_bank(grading):
+    """Every lab's bank sits beside its solution; none of it is in the files a bundle's grader reads."""
+    assert [p.parent.name for p in bank_files()] == all_labs()
+    assert bank_in(grading, public_lines()) == []
 
 
 @pytest.mark.e2e
@@ -61,7 +70,7 @@ def test_nbgrader_makes_the_same_release_from_the_grading_files(grading, tmp_pat
 @pytest.mark.e2e
 @pytest.mark.parametrize("platform, lab", [("gradescope", "lab3_zero_fsdp"), ("prairielearn", "lab9_expert_parallel")])
 def test_a_platform_bundle_holds_no_answer(platform, lab, tmp_path):
-    from autograder.platforms import gradescope, prairielearn
+    from autograder.handout.platforms import gradescope, prairielearn
     if platform == "gradescope":
         built = gradescope.build(lab, tmp_path / "out")
     else:
@@ -73,6 +82,7 @@ def test_a_platform_bundle_holds_no_answer(platform, lab, tmp_path):
     wheel = [m for m in members if ".whl/" in m]
     assert wheel and not [m for m in wheel if m.endswith("hidden.py") or ("/checks/" in m and m.endswith("reference.py"))]
     assert not [m for m in members if "/bugbank/" in m]
+    assert bank_in(folder, public_lines()) == []
     assert [m for m in members if m.endswith(f"hidden/{lab}/hidden.py")]      # the grader's: course/, root's alone
 
 
@@ -112,7 +122,7 @@ def test_a_pasted_library_answer_is_flagged(lab):
     threshold against minidist (what the release gives in the cell does not count)."""
     import importlib
 
-    from autograder.similarity import THRESHOLD, Text, compare, library_text
+    from autograder.reports.similarity import Text, THRESHOLD, compare, library_text
     path = next((solutions_dir() / lab).glob("*.ipynb"))
     released = {grade_id(c): c.source for c in read_nb(labs_dir() / lab / path.name).cells if grade_id(c)}
     found = _library_answers(lab)
@@ -133,8 +143,8 @@ def test_a_pasted_library_answer_is_flagged(lab):
 def test_lab4s_gradescope_results_show_every_visible_test_before_the_due_date():
     """Lab 4's test cells, as Gradescope lists them: each cell's visible part is a test shown at once, its
     hidden part (where it has one) a test shown after the due date, their points adding up to the cell's."""
-    from autograder.platforms.gradescope import results_json
-    from autograder.platforms.graded import Outcome, test_cells
+    from autograder.handout.platforms.graded import Outcome, test_cells
+    from autograder.handout.platforms.gradescope import results_json
     lab = "lab4_pipeline"
     tests = test_cells(lab)
     data = results_json(Outcome(lab, tests))

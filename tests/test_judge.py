@@ -34,7 +34,7 @@ def entries(answers, params=VISIBLE, check=ADD):
 
 
 def right_answers(hidden=False):
-    return [a + b for a, b, _ in ADD.cases(hidden=hidden)]
+    return [sum(case["args"]) for case in ADD.cases(hidden=hidden)]
 
 
 def test_the_judge_passes_right_answers_and_fails_a_wrong_one():
@@ -148,20 +148,20 @@ GROUPS = Registry(__name__).check("times ten", lambda hidden: [dict(t=4), dict(t
 
 
 def test_answers_from_the_ranks_are_indexed_by_case_and_world_rank(monkeypatch):
-    got = [(i, rank, r, t) for i, (case, rank, r, t) in enumerate(GROUPS.judged_cases(VISIBLE))]
+    got = [(i, rank, r, t) for i, (case, rank, r, t, _) in enumerate(GROUPS.judged_cases(VISIBLE))]
     assert got == [(0, 0, 0, 4), (1, 1, 1, 4), (2, 2, 2, 4), (3, 3, 3, 4),
                    (4, 0, 0, 3), (5, 1, 1, 3), (6, 2, 2, 3), (7, 3, 0, 1),       # t = 3 on 4 ranks leaves one of 1
                    (8, 0, 0, 1), (9, 1, 0, 1), (10, 2, 0, 1), (11, 3, 0, 1)]
     monkeypatch.setattr(docket, "ON", True)
     monkeypatch.setattr(docket, "_entries", [])
-    run(GROUPS, lambda r: 10 * r, timeout=30, hidden=False)          # 4 ranks, every case, filed by world rank
+    run(GROUPS, lambda r: 10 * r, hidden=False)          # 4 ranks, every case, filed by world rank
     honest = list(docket.entries())
     assert [e[2] for e in honest] == list(range(12)) and GROUPS.judge(VISIBLE, honest) is None
     key, pk, index, data = honest[5]
     forged = honest[:5] + [(key, pk, index, plain_data.dumps({**plain_data.loads(data), "got": 0}))] + honest[6:]
     assert GROUPS.judge(VISIBLE, forged) == "times ten (t=3, default sizes), rank 1 (rank 1 of its group): got 0, expected 10"
     with pytest.raises(AssertionError, match=r"times ten \(t=4, default sizes\), rank 2 \(rank 2 of its group\): got 0"):
-        run(GROUPS, lambda r: 10 * r if r != 2 else 0, timeout=30, hidden=False)
+        run(GROUPS, lambda r: 10 * r if r != 2 else 0, hidden=False)
 
 
 # ----------------------------------------------------------------------------- end to end

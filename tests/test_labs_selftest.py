@@ -10,8 +10,8 @@ import io
 
 import pytest
 
-from autograder.course import all_labs
-from autograder.selftest import selftest
+from autograder.course.labs import all_labs
+from autograder.selftest.selftest import selftest
 
 # the course's content, not the grader's code: `make test-course` (`.ci/run` runs it after `make test`)
 pytestmark = pytest.mark.course

@@ -17,13 +17,12 @@ import minidist.pipeline as PP
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_zero_fsdp as lab3
 from minidist.checks import lab4_pipeline as lab4
-from minidist.checks.kit.refusal import LibraryAnswer, graded_call, refusing
-from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.refusal import LibraryAnswer, Refusal, graded_call, refusing
 from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
 from minidist.checks.lab3_zero_fsdp import stand_ins as lab3_stand_ins
 
 from attack_bank import PRESTARTED_POOL
-from autograder.course import grade_id, strip_solution_markers
+from autograder.course.cells import grade_id, strip_solution_markers
 from conftest import ROOT
 
 REFUSED_TEXT = "called minidist's own implementation"
@@ -77,19 +76,10 @@ def reduce_scatter_via_library_zero(unit):
     zero.accumulate_shard_grad(unit.shard, torch.zeros_like(unit.shard))      # the library's ZeRO helper
 
 
-class Unit:
-    """Lab 3's given ShardedUnit (the part the checks use)."""
-    def __init__(self, module, world_size, rank, sharded_params=False):
-        self.params = [p for p in module.parameters(recurse=False) if p.requires_grad]
-        self.layout = DP.FlatShard([p.shape for p in self.params], world_size, rank)
-        self.flat = self.layout.flatten([p.detach() for p in self.params])
-        shard = self.layout.my_shard(self.flat)
-        self.shard = shard.clone() if sharded_params else shard
-
-
 def test_lab3_allows_flatshard_and_refuses_the_rest():
-    lab3.check_reduce_scatter_gradients(reduce_scatter_with_flatshard, Unit)
-    _refused(lab3.check_reduce_scatter_gradients, reduce_scatter_via_library_zero, Unit,
+    """The units are the lab's given ShardedUnit (on FlatShard, both handed out)."""
+    lab3.check_reduce_scatter_gradients(reduce_scatter_with_flatshard)
+    _refused(lab3.check_reduce_scatter_gradients, reduce_scatter_via_library_zero,
              what="minidist.data_parallel.shard_ops.accumulate_shard_grad")
 
 
@@ -124,8 +114,7 @@ def _pasted_stand_in(name: str) -> str:
 def _lab3_tests_of(name: str, notebook: dict) -> list:
     """The notebook's test cells that grade ``name`` (cases.GRADED), as calls on ``notebook``."""
     zero = lambda stage: lambda: lab3.check_zero(notebook["Zero"], stage=stage)      # noqa: E731
-    unit = lambda: lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"],  # noqa: E731
-                                                       notebook["ShardedUnit"])
+    unit = lambda: lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"])  # noqa: E731
     stages = [stage for stage, graded in lab3_cases.GRADED.items() if name in graded]
     return ([unit] if name == "reduce_scatter_gradients" else []) + [zero(stage) for stage in stages]
 
@@ -169,7 +158,7 @@ def test_lab3_the_solution_passes_with_the_stand_ins_allowed():
     """With library answers refused, each stage grades the solution's functions while the library's
     stand-ins (allowed there, and only there) replace the others."""
     notebook = _lab3_notebook()
-    lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"], notebook["ShardedUnit"])
+    lab3.check_reduce_scatter_gradients(notebook["reduce_scatter_gradients"])
     for stage in lab3_cases.GRADED:
         lab3.check_zero(notebook["Zero"], stage=stage)
 
@@ -226,9 +215,9 @@ def executor_via_library(s, chunks, x, y, costs=None):
 
 
 def test_lab4_refuses_schedule_builders_and_the_executor():
-    _refused(lab4.check_schedule, gpipe_from_make, "gpipe", what="minidist.pipeline.schedules.make")
-    _refused(lab4.check_schedule, gpipe_from_with_comms, "gpipe", what="with_comms")
-    _refused(lab4.check_executor, executor_via_library, what="minidist.pipeline.executor.run_schedule")
+    _refused(lab4.check_gpipe_schedule, gpipe_from_make, what="minidist.pipeline.schedules.make")
+    _refused(lab4.check_gpipe_schedule, gpipe_from_with_comms, what="with_comms")
+    _refused(lab4.check_run_pipeline, executor_via_library, what="minidist.pipeline.executor.run_schedule")
 
 
 def test_allowed_helpers_and_the_checks_own_calls_pass():
@@ -247,7 +236,7 @@ def test_allowed_helpers_and_the_checks_own_calls_pass():
         s = PP.Schedule("gpipe", p, m, 1, acts)
         s.compute(0)
         return s
-    lab4.check_schedule(gpipe, "gpipe")
+    lab4.check_gpipe_schedule(gpipe)
 
 
 def test_a_swallowed_refusal_or_a_removed_tracer_still_fails():
@@ -296,11 +285,11 @@ def column_on_the_notebooks_f(x, weight, bias=None, group=None):
 def test_lab5_refuses_the_library_but_stands_it_in_for_other_functions():
     from minidist.checks import lab5_tensor_parallel as lab5
     # f's own test refuses minidist's f, even the autograd class the column test needs
-    _refused(lab5.check_function, "copy_to_tp", f_from_library_class, what="CopyToTP")
-    _refused(lab5.check_function, "column_parallel_linear", column_from_library,
+    _refused(lab5.check_copy_to_tp, f_from_library_class, what="CopyToTP")
+    _refused(lab5.check_column_parallel_linear, column_from_library,
              what="minidist.tensor_parallel.layers.column_parallel_linear")
     # a column layer on an unfinished f passes: minidist's f stands in inside the ranks
-    lab5.check_function("column_parallel_linear", column_on_the_notebooks_f)
+    lab5.check_column_parallel_linear(column_on_the_notebooks_f)
 
 
 # ------------------------------------------------------------------ every thread, every name

@@ -39,12 +39,12 @@ def nbgrader(course: Path, *args) -> None:
 def test_plain_nbgrader_scores_like_this_grader(tmp_path):
     from nbgrader.api import Gradebook
 
-    from autograder.course import read_nb, solution_submission, write_nb
-    from autograder.selftest import load_bank
+    from autograder.course.cells import read_nb, solution_submission, write_nb
+    from autograder.selftest.bank import load_bank
 
     course = tmp_path / "course"
     shutil.copytree(REPO / "solutions" / LAB, course / "source" / LAB)
-    (course / "nbgrader_config.py").write_text(CONFIG.format(config=str(REPO / "autograder" / "nbgrader_config.py"),
+    (course / "nbgrader_config.py").write_text(CONFIG.format(config=str(REPO / "autograder" / "course" / "nbgrader_config.py"),
                                                              root=str(course), db=str(course / "gradebook.db")))
     nbgrader(course, "generate_assignment", LAB, "--force")
     src = read_nb(course / "source" / LAB / f"{LAB}.ipynb")
@@ -53,6 +53,9 @@ def test_plain_nbgrader_scores_like_this_grader(tmp_path):
     write_nb(rel, course / "submitted" / "rel" / LAB / f"{LAB}.ipynb")
     nbgrader(course, "autograde", LAB)
     nbgrader(course, "generate_feedback", LAB)
+    # the lab's bug bank, copied into source/ with the lab, reaches neither the release nor a graded folder
+    assert (course / "source" / LAB / "bugbank.py").is_file()
+    assert not list((course / "release").rglob("bugbank.py")) and not list((course / "autograded").rglob("bugbank.py"))
 
     may_pass = set(load_bank(LAB)["RELEASE_MAY_PASS"])
     with Gradebook("sqlite:///" + str(course / "gradebook.db")) as gb:

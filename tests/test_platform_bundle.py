@@ -1,6 +1,6 @@
 """What a bundle is built with, checked when it is built, and which version of the course it grades
-with: the platforms' time limits and image name (autograder/platforms/limits.py), and the bundle's
-record and its check against the course (autograder/platforms/version.py). Nothing is graded here."""
+with: the platforms' time limits and image name (autograder/handout/platforms/limits.py), and the bundle's
+record and its check against the course (autograder/handout/platforms/version.py). Nothing is graded here."""
 from __future__ import annotations
 
 import copy
@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder.__main__ import main as cli
-from autograder.platforms import limits, version
+from autograder.handout.platforms import limits, version
 from autograder_fixtures import LAB, SOLUTIONS
 
 
@@ -86,11 +86,12 @@ def test_record_parts_and_fingerprint(course, tmp_path):
     assert set(rec["parts"]) == set(version.PARTS)
     files = {k: set(v["files"]) for k, v in rec["parts"].items()}
     assert files["notebook"] == {f"solutions/{LAB}/{LAB}.ipynb"}
+    assert (course / LAB / "bugbank.py").is_file()          # beside the notebook, and in no part: no bundle holds it
     assert files["checks"] == {f"minidist/checks/{LAB}/{f}.py" for f in
-                               ("__init__", "answers", "cases", "hidden", "verdicts")}
+                               ("__init__", "add", "allsum", "hidden")}    # the toy lab: an exercise module each
     assert "minidist/checks/kit/__init__.py" in files["kit"] and "minidist/checks/__init__.py" in files["kit"]
     assert not any("/checks/" in f for f in files["library"]) and "minidist/collectives/__init__.py" in files["library"]
-    assert "autograder/platforms/version.py" in files["grader"]
+    assert "autograder/handout/platforms/version.py" in files["grader"]
     assert not any("bugbank" in f or f.endswith(".md") for f in files["grader"])
     assert version.fingerprint(version.parts(LAB)) == rec["fingerprint"]          # the same course, the same
     assert version.describe(rec).startswith(f"bundle: {LAB}, fingerprint {rec['fingerprint'][:12]}, built ")

@@ -16,10 +16,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import core
-from autograder.platforms import gradescope, prairielearn, version
-from autograder.platforms.graded import GraderFailure, grade_folder
-from autograder.records import KERNEL_NOT_STARTED, failure_reason, grader_fault
+from autograder.grading import batch as core
+from autograder.grading.records import KERNEL_NOT_STARTED, grader_fault
+from autograder.grading.worker.autograde import failure_reason
+from autograder.handout.platforms import gradescope, prairielearn, version
+from autograder.handout.platforms.graded import GraderFailure, grade_folder
 from autograder_fixtures import LAB, SOLUTIONS
 
 PLATFORMS = {"gradescope": (gradescope, "submission"), "prairielearn": (prairielearn, "student")}

@@ -36,7 +36,7 @@ import jsonschema
 import nbformat
 import pytest
 
-from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+from autograder_fixtures import LAB, SOLUTIONS
 
 pytestmark = [pytest.mark.timeout(1800),       # all gradings are in the first test's setup
               pytest.mark.e2e]               # about 2 minutes on 2 cores: `make test-e2e`, which `.ci/run` runs
@@ -103,10 +103,11 @@ def add(a, b):
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """The fixture lab's solution, release, a bug and a hostile submission, as notebooks."""
-    from autograder.course import build_course, read_nb, solution_submission
-    from autograder.selftest import inject, load_bank
-    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS", "MINIDIST_BUGBANK")}
-    os.environ["MINIDIST_SOLUTIONS"], os.environ["MINIDIST_BUGBANK"] = str(SOLUTIONS), str(BUGBANK)
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
+    from autograder.selftest.bank import inject, load_bank
+    old = {k: os.environ.get(k) for k in ("MINIDIST_SOLUTIONS",)}
+    os.environ["MINIDIST_SOLUTIONS"] = str(SOLUTIONS)
     course = build_course([LAB], tmp_path_factory.mktemp("course") / "c")
     src = read_nb(course / "source" / LAB / f"{LAB}.ipynb")
     rel = read_nb(course / "release" / LAB / f"{LAB}.ipynb")
@@ -150,8 +151,8 @@ def seed_venv(venv: Path) -> None:
 @pytest.fixture(scope="module")
 def installed(toy, request):
     """Gradescope's zip and PrairieLearn's image folder, built, unpacked and set up (one environment)."""
-    from autograder.platforms import gradescope, prairielearn
-    from autograder.platforms.version import check
+    from autograder.handout.platforms import gradescope, prairielearn
+    from autograder.handout.platforms.version import check
     # a folder every uid may traverse, as Gradescope's /autograder and PrairieLearn's /minidist are: where no
     # sandbox works, a job runs as its own uid and must reach the environment (pytest's folders are 0700)
     tmp = Path(tempfile.mkdtemp(prefix="minidist-platforms-"))
@@ -164,6 +165,7 @@ def installed(toy, request):
     assert {p.name for p in source.iterdir()} >= {"setup.sh", "run_autograder", "wheels", "course", "requirements.txt",
                                                  "bundle.json"}
     assert not (source / "course" / "autograder" / "bugbank").exists()      # the bank's answers stay home
+    assert (SOLUTIONS / LAB / "bugbank.py").is_file() and not list(source.rglob("bugbank.py"))
     pl = prairielearn.build(LAB, tmp / "pl", image="minidist-test/grader-toylab", timeout=300)
     image = pl / "grader-image"
     assert (image / "setup.sh").read_text() == (source / "setup.sh").read_text()    # one environment serves both

@@ -34,7 +34,8 @@ def _backends():
 def _class(box: Path):
     """honest, honest_helper (imports a module it hands in) and root (the root attack) in ``box/subs``."""
     from attack_bank import ROOT
-    from autograder.course import build_course, read_nb, solution_submission
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
     from autograder_fixtures import LAB, SOLUTIONS, set_code, with_cell, write_class
     course = build_course([LAB], box / "course", solutions=SOLUTIONS)
     sol = solution_submission(read_nb(course / "source" / LAB / f"{LAB}.ipynb"),
@@ -83,7 +84,7 @@ def test_a_root_grader_grades_a_course_kept_in_a_private_folder(backend):
         # a root shell's umask on such a server is often 0077: the folders and copies the grader makes
         # for its jobs must not inherit it
         script = (_behind_a_private_folder(keep, box) + f" && cd {REPO} && umask 077 && exec env "
-                  f"MINIDIST_SANDBOX={backend} MINIDIST_SOLUTIONS={fixture}/solutions MINIDIST_BUGBANK={fixture}/bugbank "
+                  f"MINIDIST_SANDBOX={backend} MINIDIST_SOLUTIONS={fixture}/solutions "
                   f"MINIDIST_LABS={box}/labs {sys.executable} -m autograder grade {box}/subs --out {box}/out --jobs 2 "
                   f"--lab {LAB} --cell-timeout 20 --wall-timeout 150 --quiet --sandbox")
         r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
@@ -95,7 +96,7 @@ def test_a_root_grader_grades_a_course_kept_in_a_private_folder(backend):
         assert grades == {"honest": 3.0, "honest_helper": 3.0, "root": 3.0}, (grades, [(k, r["reason"]) for k, r in rows.items()])
         for (student, cell), row in rows.items():
             assert row["confirmed"] == "passed" and "not confirmed" not in row["flags"], row
-        from autograder.course import read_nb
+        from autograder.course.cells import read_nb
         nb = read_nb(box / "out" / "autograded" / "root" / LAB / f"{LAB}.ipynb")
         said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
         assert said.count("refused ") == 6 and "wrote " not in said, said
@@ -111,7 +112,7 @@ def test_a_job_uid_that_cannot_reach_the_interpreter_stops_the_grader_at_once(tm
     folder that blocks it and what to do; nothing is graded and nothing is written."""
     if _backends() == ["none"]:
         pytest.skip("neither bwrap nor unshare is installed")
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+    from autograder_fixtures import LAB, SOLUTIONS
     box = Path(tempfile.mkdtemp(prefix="blocked-venv-"))
     try:
         venv = box / "venv"
@@ -127,7 +128,7 @@ def test_a_job_uid_that_cannot_reach_the_interpreter_stops_the_grader_at_once(tm
         r = subprocess.run([str(venv / "bin" / "python"), "-m", "autograder", "grade", str(box / "subs"),
                             "--out", str(box / "out"), "--lab", LAB, "--quiet"], capture_output=True, text=True,
                            timeout=120, cwd=str(REPO),
-                           env=dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS), MINIDIST_BUGBANK=str(BUGBANK),
+                           env=dict(os.environ, MINIDIST_SOLUTIONS=str(SOLUTIONS),
                                     MINIDIST_LABS=str(tmp_path / "labs"), PYTHONPATH=str(REPO)))
         took = time.time() - t0
         wrote = sorted(p.name for p in (box / "out").glob("*")) if (box / "out").exists() else []
@@ -145,14 +146,14 @@ def test_a_kernel_that_cannot_start_is_reported_in_seconds_as_the_machines_probl
     """A job whose kernel dies before its first cell (here: a sandbox memory cap too small for an
     interpreter to start) is reported within seconds, never after the wall-clock limit, and its reason
     says that nothing of the submission ran."""
-    from autograder.course import build_course, read_nb, solution_submission
-    from autograder.grade import grade
+    from autograder.course.cells import read_nb, solution_submission
+    from autograder.course.template import build_course
+    from autograder.grading.grade import grade
     from autograder.sandbox.probe import probe
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS, write_class
+    from autograder_fixtures import LAB, SOLUTIONS, write_class
     if probe()[0] is None:
         pytest.skip("no sandbox here: nothing caps a kernel's memory")
     monkeypatch.setenv("MINIDIST_SOLUTIONS", str(SOLUTIONS))
-    monkeypatch.setenv("MINIDIST_BUGBANK", str(BUGBANK))
     monkeypatch.setenv("MINIDIST_LABS", str(tmp_path / "labs"))
     root = build_course([LAB], tmp_path / "course")
     write_class(tmp_path / "subs", {"s1": solution_submission(read_nb(root / "source" / LAB / f"{LAB}.ipynb"),

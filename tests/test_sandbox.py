@@ -133,8 +133,9 @@ def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
         pytest.skip("needs root, setpriv and unshare to start the grader as another user")
     from attack_bank import ROOT
     from autograder import REPO
-    from autograder.course import build_course, read_nb, solution_submission, write_nb
-    from autograder_fixtures import BUGBANK, LAB, SOLUTIONS
+    from autograder.course.cells import read_nb, solution_submission, write_nb
+    from autograder.course.template import build_course
+    from autograder_fixtures import LAB, SOLUTIONS
     from nbformat.v4 import new_code_cell
     uid = 1_800_000_000 + os.getpid() % 1000
     box = Path(sandbox.make_area())
@@ -151,7 +152,7 @@ def test_a_grader_started_as_an_ordinary_user_still_works(tmp_path):
             for name in dirs + files + ["."]:
                 os.chown(os.path.join(root, name), uid, uid)
         grade = (f"exec setpriv --reuid={uid} --regid={uid} --clear-groups env HOME={box}/home "
-                 f"MINIDIST_SOLUTIONS={SOLUTIONS} MINIDIST_BUGBANK={BUGBANK} MINIDIST_LABS={box}/labs "
+                 f"MINIDIST_SOLUTIONS={SOLUTIONS} MINIDIST_LABS={box}/labs "
                  f"PATH={os.path.dirname(sys.executable)}:/usr/bin:/bin "
                  f"{sys.executable} -m autograder grade {box}/subs --out {box}/out --jobs 2 --lab {LAB} "
                  f"--cell-timeout 20 --wall-timeout 150 --quiet --sandbox")

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from autograder.course import grade_id, nbg, read_nb, strip_solution_markers, write_nb
-from autograder.report import RESULT_FIELDS
-from autograder.selftest import load_bank
+from autograder.course.cells import grade_id, nbg, read_nb, strip_solution_markers, write_nb
+from autograder.grading.results import RESULT_FIELDS
+from autograder.selftest.bank import load_bank
 
 REPO = Path(__file__).resolve().parent.parent
 LAB1, LAB5 = "lab1_collectives", "lab5_tensor_parallel"
@@ -160,7 +160,7 @@ def batch(tmp_path_factory):
         f"{lab},{s},1.0\n" for s, (lab, _, _) in students.items()))
     (out / "gradebook.db").write_bytes(b"not touched")
     before = {p.relative_to(out): hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
-    from autograder.similarity_report import report
+    from autograder.reports.similarity_report import report
     r = report(out)
     return {"out": out, "before": before, "pairs": r["pairs"], "students": students, "answers": answers,
             "rows": list(csv.DictReader(open(out / "results.csv"))), "old_rows": rows}
@@ -175,12 +175,12 @@ def flagged(batch, a, b) -> list:
 
 
 def test_renamed_copy_of_the_library_ring_is_flagged(batch):
-    from autograder.similarity import THRESHOLD
+    from autograder.reports.similarity import THRESHOLD
     answer = batch["students"]["alice"][2]
     assert "my_" in answer and not re.search(r"\b(acc|me|exchange|chunks)\b", answer)      # it was renamed
     hits = flagged(batch, "alice", "minidist")
     assert len(hits) == 1 and hits[0].library and hits[0].score >= THRESHOLD, [(p.a, p.b, p.score) for p in batch["pairs"]]
-    from autograder.similarity_report import other_name
+    from autograder.reports.similarity_report import other_name
     assert "ring_reduce_scatter_into" in other_name(hits[0].matches[0])
     row = next(r for r in batch["rows"] if r["student"] == "alice" and r["cell"] == "test_ring_all_reduce_correct")
     assert row["similarity"].startswith(f"{hits[0].score:.2f} with minidist (")
@@ -194,7 +194,7 @@ def test_renamed_copy_of_the_library_ring_is_flagged(batch):
 def test_a_renamed_copy_of_a_function_the_checks_ship_is_flagged(batch):
     """The library is all of the installed package: a helper of ``minidist/checks/<lab>/`` (which no lab
     refuses) pasted into an answer and renamed is flagged against minidist, and named."""
-    from autograder.similarity_report import other_name
+    from autograder.reports.similarity_report import other_name
     answer = batch["students"]["frank"][2]
     assert "my_" in answer and "def sp(" not in answer
     hits = flagged(batch, "frank", "minidist")
@@ -221,7 +221,7 @@ def test_one_entry_per_pair_with_every_cell_they_share(batch):
     """dan and erin share three answers (erin's renamed) and wrote naive_all_reduce each their own way:
     one entry, flagged, listing all four cells with their scores, highest first; only the cells from
     the threshold fill results.csv's column."""
-    from autograder.similarity import THRESHOLD
+    from autograder.reports.similarity import THRESHOLD
     entries = pairs_of(batch, "dan", "erin")
     assert len(entries) == 1 and entries[0].flagged
     cells = [m.a.cell for m in entries[0].matches]
@@ -245,8 +245,8 @@ def test_near_misses_are_listed_below_the_flagged_pairs_not_flagged(batch, tmp_p
     """The lab's own reduce_from_tp scores 0.64 against minidist: from NEAR_MISS it is listed after every
     flagged pair, marked as not flagged, and fills no column; a higher --near-miss leaves it out."""
     import shutil
-    from autograder.similarity import NEAR_MISS, THRESHOLD
-    from autograder.similarity_report import report
+    from autograder.reports.similarity import NEAR_MISS, THRESHOLD
+    from autograder.reports.similarity_report import report
     near = [p for p in batch["pairs"] if not p.flagged]
     assert near and all(NEAR_MISS <= p.score < THRESHOLD for p in near)
     assert [p.flagged for p in batch["pairs"]] == sorted((p.flagged for p in batch["pairs"]), reverse=True)
@@ -301,8 +301,8 @@ def test_the_command_gives_the_same_column_again(batch, capsys):
 
 
 def test_report_escapes_names_and_code(tmp_path):
-    from autograder.similarity import Match, Pair, Text
-    from autograder.similarity_report import write_html
+    from autograder.reports.similarity import Match, Pair, Text
+    from autograder.reports.similarity_report import write_html
     evil = Text("<script>x</script>", LAB1, LAB1, "<i>cell</i>", "def f():\n    return '<b>' </i>\n")
     other = Text("<b>bob</b>", LAB1, LAB1, "<i>cell</i>", evil.source)
     write_html(tmp_path / "s.html", [Pair(evil.who, other.who, [Match(1.0, evil, other, ((), ()))])], [evil, other],
@@ -317,9 +317,9 @@ def test_the_release_is_read_from_the_batch_s_gradebook_read_only(tmp_path, monk
     read-only; without one, from labs/."""
     import nbgrader.api
     from nbgrader.api import Gradebook
-    from autograder import course
-    from autograder.similarity import release_cells
-    monkeypatch.setattr(nbgrader.api, "get_alembic_version", course._alembic_head)   # as build_course does
+    from autograder.course import template
+    from autograder.reports.similarity import release_cells
+    monkeypatch.setattr(nbgrader.api, "get_alembic_version", template._alembic_head)   # as build_course does
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
         gb.add_assignment(LAB1)
         gb.add_notebook(LAB1, LAB1)

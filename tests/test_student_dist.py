@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from autograder import student_dist
-from autograder.course import BEGIN_SOLUTION, END_SOLUTION
-from autograder.selftest import load_bank
+from autograder.course.cells import BEGIN_SOLUTION, END_SOLUTION
+from autograder.handout import student_dist, wheel
+from handed_out import bank_entries, bank_files, bank_in, fingerprint_lines
 from test_platforms import seed_venv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,15 +48,9 @@ def _texts(out: Path) -> dict[str, str]:
     return texts
 
 
-def _lines(text: str) -> set[str]:
-    """The lines of ``text`` distinctive enough to be a fingerprint (code and data, not punctuation)."""
-    return {s for s in (line.strip() for line in text.splitlines())
-            if len(s) >= 24 and not s.startswith(("#", '"""', "import ", "from ", "def ", "return "))}
-
-
 def _public_lines() -> set[str]:
     """Every line students are meant to have: the library (less the hidden tables) and the released labs."""
-    hidden = set(student_dist.hidden_tables())
+    hidden = set(wheel.hidden_tables())
     lines = set()
     for path in (ROOT / "minidist").rglob("*.py"):
         if path not in hidden:
@@ -74,19 +68,8 @@ def _solution_lines() -> set[str]:
             for line in cell.source.splitlines():
                 inside = (inside or BEGIN_SOLUTION in line) and END_SOLUTION not in line
                 if inside:
-                    out |= _lines(line)
+                    out |= fingerprint_lines(line)
     return out
-
-
-def _bank_lines() -> tuple[set[str], set[str]]:
-    """(the bank's bug and alternative names, its code's distinctive lines)."""
-    names, lines = set(), set()
-    for path in (ROOT / "autograder" / "bugbank").glob("lab*.py"):
-        bank = load_bank(path.stem)
-        for entry in bank["BUGS"] + bank["ALTERNATIVES"]:
-            names.add(entry["name"])
-            lines |= _lines(entry.get("code", ""))
-    return names, lines
 
 
 def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist):
@@ -102,12 +85,12 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
     described = zipfile.ZipFile(dist["wheel"]).read("minidist-0.1.0.dist-info/METADATA").decode()
     assert student_dist.WHEEL_README in described and "make test" not in described, \
         "the wheel describes itself to students, not as the instructors' repository"
-    assert len(student_dist.hidden_tables()) >= 11          # labs 1-10 and the toy lab: the grader has them
+    assert len(wheel.hidden_tables()) >= 11          # labs 1-10 and the toy lab: the grader has them
 
     texts, public = _texts(out), _public_lines()
-    hidden = set().union(*(_lines(p.read_text()) for p in student_dist.hidden_tables())) - public
+    hidden = set().union(*(fingerprint_lines(p.read_text()) for p in wheel.hidden_tables())) - public
     solution = _solution_lines() - public
-    names, bank = _bank_lines()
+    names, bank = bank_entries()      # every lab's bank: solutions/<lab>/bugbank.py
     bank -= public
     # each fingerprint set is large, so a leak of any of them would be found
     assert len(hidden) > 60 and len(solution) > 200 and len(bank) > 200 and len(names) > 100
@@ -117,6 +100,7 @@ def test_the_distribution_holds_labs_a_wheel_and_a_readme_and_no_answer_key(dist
         assert not leaks, f"{what} lines in the distribution: {leaks[:5]}"
     leaks = [(path, n) for path, text in texts.items() for n in names if f'"{n}"' in text or f"'{n}'" in text]
     assert not leaks, f"bug bank names in the distribution: {leaks[:5]}"
+    assert len(bank_files()) >= 10 and bank_in(out, public) == []       # nor a bank's file, wheel included
     readme = dist["readme"].read_text()
     for said in (f"pip install wheels/{dist['wheel'].name}", "minidist doctor", "minidist lab copy", "grader"):
         assert said in readme
@@ -148,7 +132,7 @@ CHECK = textwrap.dedent("""
             raise AssertionError("a rank was launched")
         run.launch_named = no_launch
         try:
-            checks.check_function("broadcast", ns["broadcast"], hidden=True)
+            checks.check_broadcast(ns["broadcast"], hidden=True)
         except Exception as err:
             print(json.dumps({"type": type(err).__name__, "message": str(err)}))
         sys.exit(0)
@@ -175,7 +159,7 @@ CHECK = textwrap.dedent("""
                             seen += 1
         print(json.dumps({"checks": seen}))
         sys.exit(0)
-    checks.check_function("broadcast", ns["broadcast"])
+    checks.check_broadcast(ns["broadcast"])
 """)
 
 

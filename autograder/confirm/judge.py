@@ -32,7 +32,13 @@ from autograder.confirm import wire  # noqa: E402
 from autograder.confirm.hidden_tables import checks_modules, install  # noqa: E402
 
 class NotConstant:
-    """An argument the test cell does not give as a constant (the student's function, a variable)."""
+    """An argument the test cell does not give as a constant (the student's function, a variable). A bare
+    name keeps the name the cell gives (``__name__``): ``check_device(fn)`` picks its checks by it, as the
+    call in the notebook picks them by the function's own name."""
+
+    def __init__(self, name: str | None = None):
+        if name is not None:
+            self.__name__ = name
 
     def __repr__(self):
         return "<not a constant>"
@@ -42,7 +48,7 @@ def _constant(node):
     try:
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return NotConstant()
+        return NotConstant(node.id if isinstance(node, ast.Name) else None)
 
 
 class Unresolved(Exception):
@@ -81,7 +87,7 @@ def resolve(module: str, name: str, args, kwargs) -> list:
     except (TypeError, ValueError) as err:
         raise Unresolved(f"{name}: the test cell's call does not fit the check ({err})") from None
     out = []
-    for check, params, _graded, _timeout in found:
+    for check, params, _graded in found:
         unread = [p for p, v in params.items() if isinstance(v, NotConstant)]
         if unread:
             raise Unresolved(f"{check.name}: the test cell does not give {', '.join(unread)} as a constant")

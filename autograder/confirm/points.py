@@ -1,16 +1,16 @@
 """The confirmation's points, and the one rule that combines them with the notebook's.
 
-A test cell is scored in two parts (:mod:`autograder.test_parts`). Its **visible** part keeps its
+A test cell is scored in two parts (:mod:`autograder.course.hidden_tests`). Its **visible** part keeps its
 notebook points only as far as the confirmation gives them: ``min(notebook, confirmed)``; a part that
 passed in the notebook and fails here scores the confirmation's points (0 for a failed test) and is
 flagged ``not confirmed: tampering suspected``; honest submissions score the same in both runs, so they
 keep exactly their notebook scores. Its **hidden** part runs in the confirmation only (the kernel has no
-hidden cases) and scores what the confirmation gives it; a failure there is an ordinary failure, with
-the confirmation's reason. :func:`score_row` applies both to one test's row, the only place that does:
+hidden cases) and scores what the confirmation gives it, once the visible part has its points; a failure
+there is an ordinary failure, with the confirmation's reason. :func:`score_row` applies both to one test's row, the only place that does:
 after a finished confirmation (:func:`confirm_cells`), and for a worker killed before it applied one,
-from the points the confirmation reported first (:func:`autograder.records.confirmed_only`). A part the
+from the points the confirmation reported first (:func:`autograder.grading.records.confirmed_only`). A part the
 confirmation lowers (the visible part below the notebook's, a hidden part that timed out) runs once
-more, alone, with the timeouts of :mod:`autograder.retry`, before the verdict.
+more, alone, with the timeouts of :mod:`autograder.grading.worker.retry`, before the verdict.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import time
 
 import nbformat
 
-from autograder.test_parts import HIDDEN_PART, shares
+from autograder.course.hidden_tests import HIDDEN_PART, shares
 
 NOT_CONFIRMED = "not confirmed: tampering suspected"
 
@@ -66,16 +66,19 @@ def said_by_grader(why: str) -> str:
     return why
 
 
-def timed_out(why: str) -> bool:
-    """Whether the confirmation's ``why`` for a part is a timeout (a deadlock, or a loaded machine)."""
-    return why.startswith(("CellTimeoutError", "LaunchError")) and any(
-        w in why for w in ("timed out", "deadlock", "stuck", "still running", "did not finish"))
+def timed_out(outcome: dict | None) -> bool:
+    """Whether the confirmation's outcome of a part is a timeout (a deadlock, or a loaded machine): the cell's
+    own timeout, or a launch that ran out of time (its error says so below its first line, as
+    :func:`autograder.grading.worker.notebooks.classify` reads a notebook's)."""
+    ename, evalue = (list((outcome or {}).get("error") or []) + ["", ""])[:2]
+    return ename == "CellTimeoutError" or (ename == "LaunchError" and any(
+        w in str(evalue) for w in ("timed out", "deadlock", "stuck", "still running")))
 
 
 def score_row(row: dict, meta: dict, confirmed: dict) -> None:
     """The one rule, on one test's row (in place). ``confirmed``: {part: (fraction of its points the
     confirmation gives, why)} for the parts the confirmation ran (``meta``: the test's
-    :func:`autograder.course.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
+    :func:`autograder.course.template.lab_cells` entry). The row's ``points`` are the notebook's on entry (its
     visible part's: the kernel left the hidden tests to the confirmation); on return, the sum of its
     parts', with ``parts``: {part: {points, max_points, status, reason}}."""
     share = shares(meta)
@@ -89,10 +92,15 @@ def score_row(row: dict, meta: dict, confirmed: dict) -> None:
         row["flags"].append(f"{NOT_CONFIRMED} (passed in the notebook; in a fresh interpreter: {shown})")
         visible.update(points=share["visible"] * v_frac, status="fail", reason=f"{NOT_CONFIRMED}: {shown}"[:300])
     parts = {"visible": visible}
-    if "hidden" in share:
+    if "hidden" in share and visible["points"] < share["visible"] - 1e-9:
+        # the hidden cases only count past the visible ones: a cell the notebook never passed (a kernel its own
+        # code killed before the test, a function wrong on the visible cases) earns nothing of its hidden part
+        parts["hidden"] = {"max_points": share["hidden"], "points": 0.0, "status": "fail",
+                           "reason": "hidden tests: not scored (the visible tests did not pass)"}
+    elif "hidden" in share:
         h_frac, h_why = confirmed.get("hidden", (0.0, "the confirmation run did not reach this test"))
         parts["hidden"] = {"max_points": share["hidden"], "points": share["hidden"] * h_frac,
-                           "status": "pass" if h_frac >= 1 else ("timeout" if timed_out(h_why) else "fail"),
+                           "status": "pass" if h_frac >= 1 else "fail",
                            "reason": "passed" if h_frac >= 1 else f"hidden tests: {h_why}"[:300]}
     for part in parts.values():
         part["points"] = round(part["points"], 6)
@@ -106,7 +114,7 @@ def score_row(row: dict, meta: dict, confirmed: dict) -> None:
 def lowered(row: dict, meta: dict, tests: dict, sound: bool) -> list[str]:
     """The confirmation's ids of the parts of one test it lowers (run once more before the verdict): the
     visible part below the notebook's points; a hidden part that timed out (as a notebook's test that
-    timed out runs again, :mod:`autograder.retry`), or failed in a run that was not ``sound`` (the lab's
+    timed out runs again, :mod:`autograder.grading.worker.retry`), or failed in a run that was not ``sound`` (the lab's
     own cells failed there, or it stopped early: a loaded machine's doing, not the submission's)."""
     if row["status"] == "manual":
         return []
@@ -114,9 +122,9 @@ def lowered(row: dict, meta: dict, tests: dict, sound: bool) -> list[str]:
     notebook = float(row["points"] or 0.0) / (float(meta["max_score"]) or 1.0)
     if notebook > confirmed_points(tests.get(cid), 1.0)[0]:
         out.append(cid)
-    if meta.get("hidden"):
-        frac, why = confirmed_points(tests.get(cid + HIDDEN_PART), 1.0)
-        if frac < 1 and (timed_out(why) or not sound):
+    if meta.get("hidden") and notebook >= 1:        # only a hidden part that could count (its visible part passed)
+        outcome = tests.get(cid + HIDDEN_PART)
+        if confirmed_points(outcome, 1.0)[0] < 1 and (timed_out(outcome) or not sound):
             out.append(cid + HIDDEN_PART)
     return out
 

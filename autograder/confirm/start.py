@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 
 from autograder.confirm import hidden_tables
-from autograder.course import grade_id, nbg
-from autograder.notebooks import DEMO_TAG
-from autograder.procs import TAG_VAR
+from autograder.course.cells import DEMO_TAG, grade_id, nbg
+from autograder.course.hidden_tests import HIDDEN_PART, split
 from autograder.sandbox.backend import command
 from autograder.sandbox.home import outer_env
-from autograder.test_parts import HIDDEN_PART, split
+from autograder.sandbox.procs import TAG_VAR
 from minidist.protocol import DOCKET_ENV, GUARD_BINDINGS_ENV
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +34,7 @@ def plan(source_nb, submission_nb) -> list[dict]:
     cells and test cells from the source notebook, the solution cells from the submission
     (the release's stub where the submission has none). A test cell with hidden tests is two tests,
     its visible part (the cell's id) and its hidden part (the id and ``/hidden``), scored apart
-    (:mod:`autograder.test_parts`)."""
+    (:mod:`autograder.course.hidden_tests`)."""
     submitted = {grade_id(c): c for c in submission_nb.cells if grade_id(c) and c.get("cell_type") == "code"}
     cells = []
     for c in source_nb.cells:

@@ -4,8 +4,9 @@ The package, one concept a file: :mod:`.backend` (the backends and the command t
 process in a sandbox, the limits, the per-batch area), :mod:`.probe` (which backend isolates here,
 checked once per batch), :mod:`.reach` (whether a job's uid reaches what it needs, before the first
 job), :mod:`.home` (the environment and private home inside), :mod:`.kernel` (the Jupyter kernel
-manager that starts kernels in it), and the two programs run inside, standard library only:
-:mod:`.drop` (least privilege first) and :mod:`.init` (the file system of an ``unshare`` sandbox).
+manager that starts kernels in it), :mod:`.procs` (every process of a job, tagged, found and killed
+when the job ends), and the two programs run inside, standard library only: :mod:`.drop` (least
+privilege first) and :mod:`.init` (the file system of an ``unshare`` sandbox).
 
 Everything student code runs in (the Jupyter kernel nbgrader drives, and the confirmation run,
 :mod:`autograder.confirm`) is started through :func:`command`. Inside, the process sees:

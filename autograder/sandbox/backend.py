@@ -79,7 +79,7 @@ def gpu_devices() -> list[str]:
     """The GPU device nodes a sandbox gets when asked, the same for both backends: every
     ``/dev/nvidia*`` node (``nvidiactl``, ``nvidia-uvm``, ``nvidia0``...) and folder
     (``nvidia-caps``), ``/dev/dri`` and ``/dev/kfd`` where present. Which GPUs a job *uses* is
-    its ``CUDA_VISIBLE_DEVICES`` (:func:`autograder.grade.gpu_slots`)."""
+    its ``CUDA_VISIBLE_DEVICES`` (:func:`autograder.grading.grade.gpu_slots`)."""
     if not gpus_asked():
         return []
     import glob

@@ -21,7 +21,6 @@ def inner_env(env, home: str, pristine: str, tag_var: str) -> dict:
     path, matplotlib's cache pre-filled, the job's kill tag, and nothing else of the grader's."""
     out = {k: v for k, v in env.items() if k in PASS_ENV or k.startswith(PASS_PREFIX) or k == tag_var}
     out.pop("MINIDIST_SOLUTIONS", None)
-    out.pop("MINIDIST_BUGBANK", None)
     out.pop("MINIDIST_LABS", None)
     out.update(HOME=home, IPYTHONDIR=os.path.join(home, ".ipython"), MPLCONFIGDIR=os.path.join(home, ".mpl"),
                MPLBACKEND="Agg", JUPYTER_RUNTIME_DIR=os.path.join(home, ".runtime"), TMPDIR="/tmp",

@@ -90,7 +90,7 @@ class SandboxKernelManager(KernelManager):
 def _grandchild(pid: int) -> int | None:
     """The sandboxed command: the child of the sandbox's first process, itself the child of ``pid``
     (bwrap or unshare; the drop step execs, it adds no process)."""
-    from autograder.procs import _stat
+    from autograder.sandbox.procs import _stat
     parents = {}
     for d in os.listdir("/proc"):
         if d.isdigit():

@@ -1,27 +1,27 @@
-"""Checks for any collective: one call runs a function on N ranks and tells you, in
-words, what is wrong with it.
+"""Checks of a collective built from send/recv (lab 1's, the toy lab's, the library's own tests): one
+launch per world size runs every case (length x dtype [x root]) on deterministic random inputs inside
+``trace()`` and ``guard()`` (only send/recv/isend/irecv allowed, so calling ``dist.all_reduce`` or
+minidist's own implementation is caught); the verdict compares every rank's result with torch on the
+same inputs, then the traced communication pattern (:mod:`minidist.checks.kit.collective_patterns`).
+Inputs are made on the CPU (reproducible on every machine) and moved to the rank's device
+(``minidist.device()``: its GPU under NCCL); results come back to the CPU, where they are compared
+with torch's sum of the same CPU inputs.
 
-Used by ``tests/`` and by lab 1's checks (:mod:`minidist.checks.lab1_collectives`)::
+A collective is graded by a ``"launch"`` :class:`~minidist.checks.kit.check.Check` (:func:`check`) whose
+cases are :class:`Launch`\\ es (:func:`collective_cases`)::
 
-    check_all_reduce(ring_all_reduce, world_sizes=(2, 3, 4), pattern="ring")
+    check(CHECKS, "ring_all_reduce_correct", lambda hidden: collective_cases("all_reduce", (2, 3, 4), (8, 10),
+          (torch.float32,), name="ring_all_reduce", pattern="ring"), function="ring_all_reduce")
 
-What one check does, for each world size: launch the ranks once (``minidist.launch``),
-run every case (length x dtype [x root]) on deterministic random inputs inside
-``trace()`` and ``guard()`` (only send/recv/isend/irecv allowed, so calling
-``dist.all_reduce`` or minidist's own implementation is caught), compare every rank's
-result with torch on the same inputs, then check the traced communication pattern. Inputs
-are made on the CPU (reproducible on every machine) and moved to the rank's device
-(``minidist.device()``: its GPU under NCCL); results come back to the CPU, where they are
-compared with torch's sum of the same CPU inputs.
-
-Failures raise ``AssertionError`` naming the function, the input (world size, length,
-dtype), the rank, what was expected and what was seen. A function that deadlocks fails
-after ``timeout`` seconds with the launcher's ``LaunchError`` (which rank is blocked in
-which operation, on which line), prefixed with the case that was running.
+Failures name the function, the input (world size, length, dtype), the rank, what was expected and
+what was seen. A function that deadlocks fails after the Check's timeout with the launcher's
+``LaunchError`` (which rank is blocked in which operation, on which line), prefixed with the case that
+was running.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,6 @@ import torch.distributed as dist
 from minidist.checks.kit.collective_patterns import PATTERNS
 from minidist.checks.kit.diagnosis import sum_of_which_inputs
 from minidist.checks.kit.run import mark
-from minidist.checks.kit.launch import COLLECTIVE_CHECK_TIMEOUT, launch_named, mark_case
 from minidist.runtime import device
 from minidist.trace import Trace, guard, merge, trace
 
@@ -78,52 +77,44 @@ SUMS = {"all_reduce", "reduce_scatter", "reduce"}
 
 
 # ----------------------------------------------------------------------------- running
-def _rank_body(progress, fn, kind, cases, seed, allow):
-    return _run_cases(fn, kind, cases, seed, allow, lambda text: mark_case(progress, text))
+class Launch(NamedTuple):
+    """A case of a collective's Check: one launch of ``world_size`` ranks running ``cases`` (all of that
+    world size) of a ``kind`` collective (see ``KINDS``), its failures naming ``name``; the traced
+    ``pattern`` checked too (``PATTERNS``; None: the values only); ``allow``: the operations graded code
+    may call."""
+    world_size: int
+    cases: list
+    kind: str
+    name: str
+    pattern: str | None = None
+    allow: frozenset = P2P_ONLY
 
 
-def _run_cases(fn, kind, cases, seed, allow, mark):
-    """Inside a rank: (result, trace, input unchanged) of ``fn`` on every case, each under the trace and
-    the guard (only ``allow``)."""
-    rank = dist.get_rank()
-    call = KINDS[kind][0]
+def answer(fn, launch: Launch) -> list:
+    """Inside a rank: (result, trace, input unchanged) of ``fn`` on every case of ``launch``, each under the
+    trace and the guard (only ``launch.allow``)."""
+    rank, dev = dist.get_rank(), device()
+    call = KINDS[launch.kind][0]
     out = []
-    dev = device()
-    for case in cases:
+    for case in launch.cases:
         mark(str(case))
-        x = make_input(case, rank, seed).to(dev)       # the rank's device; compared on the CPU after
+        x = make_input(case, rank).to(dev)       # the rank's device; compared on the CPU after
         before = x.clone()
-        with trace() as t, guard(allow, _WHY):
+        with trace() as t, guard(launch.allow, _WHY):
             y = call(fn, x, case)
         out.append((y, Trace(t.comm()), torch.equal(x, before)))
     return out
 
 
-def answer(fn, case, *, kind: str, allow=P2P_ONLY, seed: int = 0) -> list:
-    """A rank's answer to a launch ``case`` = (world size, [Case ...]) of a judged check
-    (:mod:`minidist.checks.kit.check`, ``where="launch"``): (result, trace, input unchanged) per Case."""
-    return _run_cases(fn, kind, case[1], seed, frozenset(allow), mark)
+def verdict(launch: Launch, results: list) -> str | None:
+    """The verdict on every rank's :func:`answer`: the values against torch, then the traced pattern."""
+    return collective_problem(launch.name, launch.kind, launch.cases, results, launch.pattern)
 
 
-def verdict(case, results, *, name: str, kind: str, pattern: str | None = None) -> str | None:
-    """The verdict on every rank's :func:`answer` to a launch ``case``: the values against torch, then
-    (``pattern``) the traced messages."""
-    return collective_problem(name, kind, case[1], results, pattern)
-
-
-def run_collective_cases(fn, kind: str, cases: list[Case], *, name: str | None = None, seed: int = 0,
-                         allow=P2P_ONLY, timeout: float = COLLECTIVE_CHECK_TIMEOUT, refuse=None) -> list:
-    """Run ``fn`` on ``cases`` (all of one world size) in a single launch (``refuse``: a lab's
-    :class:`~minidist.checks.kit.launch.Refusal`, see :func:`~minidist.checks.kit.launch.launch_named`).
-
-    Returns, per rank, a list of (result, trace, input_unchanged) per case.
-    """
-    n = cases[0].world_size
-    if any(c.world_size != n for c in cases):
-        raise ValueError("run_collective_cases: all cases of one launch must have the same world size")
-    return launch_named(_rank_body, n, fn, kind, cases, seed, frozenset(allow),
-                        name=name or getattr(fn, "__name__", "function"), timeout=timeout,
-                        forbidden_hint=FORBIDDEN_HINT, refuse=refuse)
+def check(registry, name: str, launches, **options):
+    """The ``"launch"`` Check ``name`` of ``registry`` whose cases are ``launches(**params)`` (:class:`Launch`\\ es)."""
+    return registry.check(name, launches, answer, verdict, where="launch", world=lambda launch: launch.world_size,
+                          launch={"forbidden_hint": FORBIDDEN_HINT}, **options)
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -179,14 +170,20 @@ def check_results(name, kind, cases, results, seed=0, agree=None):
                                  f"(each chunk should be summed once and then copied)")
 
 
-def collective_cases(kind: str, world_sizes, lengths, dtypes, roots=None) -> list[tuple[int, list[Case]]]:
-    """(world size, its cases) per launch: every length (a callable of the world size, or a number)
-    x dtype (x root: 0, n//2 and n-1 by default for rooted collectives)."""
+def collective_cases(kind: str, world_sizes, lengths, dtypes, roots=None, *, name: str,
+                     pattern: str | None = None, allow=P2P_ONLY) -> list[Launch]:
+    """One :class:`Launch` per world size: every length (a callable of the world size, or a number) x dtype
+    (x root: 0, n//2 and n-1 by default for rooted collectives)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    if pattern is not None and pattern not in PATTERNS:
+        raise ValueError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     out = []
     for n in world_sizes:
         ls = sorted({int(L(n)) if callable(L) else int(L) for L in lengths})
         rs = [None] if kind not in ROOTED else sorted(set(roots if roots is not None else (0, n // 2, n - 1)) & set(range(n)))
-        out.append((n, [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs]))
+        out.append(Launch(n, [Case(n, L, dt, root) for L in ls for dt in dtypes for root in rs], kind, name, pattern,
+                          frozenset(allow)))
     return out
 
 
@@ -205,38 +202,3 @@ def collective_problem(name, kind, cases, results, pattern=None, seed=0) -> str 
     except (TypeError, IndexError, ValueError, AttributeError) as err:    # results of another shape than asked
         return f"{name}: the ranks' results are not (result, trace, unchanged) per case ({type(err).__name__}: {err})"
     return None
-
-
-def check_collective(fn, kind: str, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
-                     roots=None, pattern: str | None = None, name: str | None = None, seed: int = 0,
-                     timeout: float = COLLECTIVE_CHECK_TIMEOUT, allow=P2P_ONLY, refuse=None) -> None:
-    """Run ``fn`` as a ``kind`` collective (see ``KINDS``) on every world size x length x
-    dtype (x root), compare with torch, and, if ``pattern`` is given, check the trace
-    with ``PATTERNS[pattern]`` (on the cases with length >= world size). Lengths may be callables of the world size (``lambda n: n - 1``).
-    Roots default to 0, n//2 and n-1 for rooted collectives. ``refuse``: a lab's
-    :class:`~minidist.checks.kit.launch.Refusal` (library answers fail the check)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
-    if pattern is not None and pattern not in PATTERNS:
-        raise ValueError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
-    name = name or getattr(fn, "__name__", "function")
-    for n, cases in collective_cases(kind, world_sizes, lengths, dtypes, roots):
-        results = run_collective_cases(fn, kind, cases, name=name, seed=seed, allow=allow, timeout=timeout,
-                                       refuse=refuse)
-        problem = collective_problem(name, kind, cases, results, pattern, seed)
-        if problem:
-            raise AssertionError(problem)
-
-
-def check_all_reduce(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
-                     pattern: str | None = None, **kw) -> None:
-    check_collective(fn, "all_reduce", world_sizes, lengths, dtypes, pattern=pattern, **kw)
-
-
-def check_reduce_scatter(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8, 13), dtypes=(torch.float32, torch.float64),
-                         pattern: str | None = None, **kw) -> None:
-    check_collective(fn, "reduce_scatter", world_sizes, lengths, dtypes, pattern=pattern, **kw)
-
-
-def check_broadcast(fn, world_sizes=(1, 2, 3, 4, 5), lengths=(1, 3, 8), dtypes=(torch.float32,), roots=None, **kw) -> None:
-    check_collective(fn, "broadcast", world_sizes, lengths, dtypes, roots=roots, **kw)

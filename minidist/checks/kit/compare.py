@@ -7,8 +7,9 @@
   in (an input) travels in an answer as a digest of its dtype, shape and bytes;
 * :func:`seeded`: an input drawn on the CPU from its seed, the same numbers on every rank and in
   the verdict, and :func:`on_rank`, its copy on the rank's device (where the student's code meets it);
-* :func:`traffic`, :func:`counted` and :func:`show`: the collectives a rank traced, as an answer
-  records them and a failure shows them.
+* :func:`traffic`, :func:`counted`, :func:`show` and :func:`traffic_problem`: the collectives a rank
+  traced, as an answer records them, a verdict compares them with the cost model's and a failure shows them;
+* :func:`first`: a verdict's one problem, the first of the several it computed.
 """
 from __future__ import annotations
 
@@ -121,3 +122,17 @@ def counted(record: list) -> Counter:
 def show(c: Counter) -> str:
     """'2 x all-reduce of 96 B, 1 x all-gather of 48 B' (or 'nothing')."""
     return ", ".join(f"{n} x {k} of {b} B" for (k, b), n in sorted(c.items())) or "nothing"
+
+
+def traffic_problem(phase: str, got, want, accept=None) -> str | None:
+    """"forward communicated 1 x all-reduce of 96 B; expected ..." unless ``got`` (a :func:`traffic` record
+    or a Counter of (kind, bytes)) equals ``want``, or ``accept(got, want)`` (Counters) allows the difference."""
+    got, want = (x if isinstance(x, Counter) else counted(x) for x in (got, want))
+    if got == want or (accept is not None and accept(got, want)):
+        return None
+    return f"{phase} communicated {show(got)}; expected {show(want)}"
+
+
+def first(problems) -> str | None:
+    """The first problem of several (None and "" are none): what a verdict returns."""
+    return next((p for p in problems if p), None)

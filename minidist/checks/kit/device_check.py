@@ -5,7 +5,7 @@ On a GPU node every input of a graded function lives on ``cuda:<rank>``, and a t
 silent copy every step. On a laptop the inputs are on the CPU too, so the mistake passes every test.
 Here the inputs stay where the check puts them (the CPU) while torch's default device is ``meta``: a
 tensor made without ``device=`` has no data, and the first operation that mixes it with a real one
-raises, as on a GPU node. The selftest runs every solution this way already (``autograder/selftest.py``,
+raises, as on a GPU node. The selftest runs every solution this way already (``autograder/selftest/selftest.py``,
 ``META``); :func:`on_meta` gives the student's own answer the same test, as a visible test cell.
 
 While the answer runs, every factory call of the student's code that names no device (torch's list

@@ -1,37 +1,146 @@
-"""Library answers refused while graded code runs (:class:`refusing`, :func:`graded_call`; what a
-lab refuses, and how its code is recognised, is :mod:`minidist.checks.kit.refused_code`);
-:mod:`minidist.checks.kit.launch` launches checks under it and re-exports it.
+"""Library answers refused while graded code runs: what a lab refuses (:class:`Refusal`, minidist's own
+implementation of the technique it grades), how that code is recognised (:func:`resolve`), and the
+guard (:class:`refusing`, :func:`graded_call`), around every answer (:mod:`minidist.checks.kit.run`).
+
+Any entry into the refused code while graded code runs fails the check: a call from the student's
+code, from anything it calls (a wrapper, ``__wrapped__``, an inner helper, another minidist module),
+or the graded object itself being (a subclass of) the library's. Only the helpers a lab hands out
+(``allow``) stay callable, with whatever they call; checks build their references outside the guard.
+The code is recognised by what it is (:func:`fingerprint`), not by where it says it comes from: the
+library's source exec'd under another file name is refused too, unless it comes from a notebook cell
+(a solution may be written as the library writes it) or an installed file. The guard holds on every
+thread the graded code starts, on threads started since the checks were imported
+(:mod:`minidist.checks.kit.threads`), and on autograd's.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import os
+import pkgutil
 import sys
 import threading
+import types
 
 import torch
 
 from minidist.checks.kit.bindings import Snapshot
-from minidist.checks.kit.refused_code import Refusal, fingerprint, resolve
 from minidist.checks.kit.returned import own_tensor_subclass
 from minidist.checks.kit.student_code import is_student_code
+from minidist.checks.kit.threads import THREADS
 from minidist.protocol import GUARD_BINDINGS_ENV, NOTEBOOK_CELL
 from minidist.trace import ForbiddenOperation
 
-# A lab grades the student's own implementation of a technique that minidist also implements.
-# While graded code runs (the body of a check on every rank, or a pure check's call of the
-# student's function), any entry into minidist's implementation of that technique is refused:
-# a call from the student's code, from anything it calls (a wrapper, ``__wrapped__``, an inner
-# helper, another minidist module), or the graded object itself being (a subclass of) the
-# library's. The check fails and says so. Only the helpers a lab hands out (``allow``) stay
-# callable, with whatever they call; checks build their references outside the refused region.
-# The library is recognised by its code (:mod:`minidist.checks.kit.refused_code`).
-#
-# The refusal holds on every thread the graded code starts (``threading``'s trace hook), on every
-# thread started since this module was imported (the lab's setup cell, before any student code),
-# including one already running when the graded code starts (a pool's worker waiting for work:
-# ``_thread``'s function is wrapped for good, see :class:`_Threads`), and on autograd's (backward
-# runs on the calling thread while graded code runs). Threads started before the import (the
-# kernel's own) are out of its reach (Python 3.11 cannot trace a running thread from another).
+#: What students may import from minidist in a lab (each lab adds its own checks module).
+STUDENT_IMPORTS = ("minidist.launch", "minidist.trace", "minidist.models", "minidist.plots")
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """minidist's implementation of the technique a lab grades, refused while graded code runs.
+
+    ``modules``: packages or modules whose code is refused (every file under a package);
+    ``allow``: qualified names of classes or functions inside them that the lab hands out
+    (their code, and whatever they call, stays allowed); ``checks``: the lab's checks module,
+    named in the message.
+    """
+    technique: str
+    modules: tuple[str, ...]
+    allow: tuple[str, ...] = ()
+    checks: str = ""
+
+    def allowing(self, *names: str) -> "Refusal":
+        """This refusal with ``names`` (qualified names of classes or functions) allowed besides."""
+        return dataclasses.replace(self, allow=self.allow + tuple(n for n in names if n not in self.allow))
+
+    def rule(self) -> str:
+        allowed = ", ".join(STUDENT_IMPORTS + ((self.checks,) if self.checks else ()))
+        extra = f" (and the helpers this lab hands out: {', '.join(self.allow)})" if self.allow else ""
+        return (f"graded functions must implement {self.technique} themselves: from minidist they may use "
+                f"{allowed}{extra}; minidist's own implementation ({', '.join(self.modules)}) is refused "
+                f"while a graded function runs")
+
+
+MIN_FINGERPRINT_BYTES = 64
+
+
+def fingerprint(code: types.CodeType) -> tuple:
+    """What a function's code is, wherever it was compiled: the same source gives the same
+    fingerprint under any file name and at any line."""
+    return (code.co_name, code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount)
+
+
+def _codes(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+@functools.lru_cache(maxsize=None)
+def _fingerprints(files: frozenset) -> frozenset:
+    """The fingerprints of every function, class body and comprehension in ``files``."""
+    out = set()
+    for path in files:
+        if f"{os.sep}minidist{os.sep}checks{os.sep}" in path:
+            continue          # a lab's reference is its solution: by content, it is no library answer
+        try:
+            with open(path, encoding="utf-8") as f:
+                top = compile(f.read(), path, "exec", dont_inherit=True)
+        except (OSError, SyntaxError, ValueError):
+            continue
+        # tiny functions (a property, a one-line helper) could match a student's own by chance
+        out |= {fingerprint(c) for c in _codes(top) if c is not top and len(c.co_code) >= MIN_FINGERPRINT_BYTES}
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=None)
+def resolve(refusal: Refusal) -> tuple[frozenset, frozenset, frozenset, frozenset]:
+    """(files whose code is refused, code objects that stay allowed, the refused code's
+    fingerprints, the allowed code's fingerprints)."""
+    files = set()
+    for name in refusal.modules:
+        mod = importlib.import_module(name)
+        mods = [mod]
+        if hasattr(mod, "__path__"):
+            for info in pkgutil.walk_packages(mod.__path__, name + "."):
+                mods.append(importlib.import_module(info.name))
+        files |= {m.__file__ for m in mods if getattr(m, "__file__", None)}
+    allowed = set()
+
+    def add_code(code):
+        allowed.add(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                add_code(const)
+
+    def add_function(fn):
+        while fn is not None:
+            if isinstance(fn, (staticmethod, classmethod)):
+                fn = fn.__func__
+            if isinstance(fn, property):
+                for f in (fn.fget, fn.fset, fn.fdel):
+                    add_function(f)
+                return
+            code = getattr(fn, "__code__", None)
+            if code is not None:
+                add_code(code)
+            fn = getattr(fn, "__wrapped__", None)
+
+    for qualified in refusal.allow:
+        module, _, attr = qualified.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+        if isinstance(obj, type):
+            for klass in obj.__mro__:
+                if klass.__module__.startswith("minidist"):
+                    for value in vars(klass).values():
+                        add_function(value)
+        else:
+            add_function(obj)
+    files = frozenset(files)
+    allowed_prints = frozenset(fingerprint(c) for c in allowed)
+    return files, frozenset(allowed), _fingerprints(files) - allowed_prints, allowed_prints
 
 
 class LibraryAnswer(ForbiddenOperation):
@@ -94,7 +203,7 @@ class refusing:
         self.top = sys._getframe(1)
         self.previous = sys.gettrace()
         # a thread of _Threads already traces every call for the active refusals: do not chain to that
-        self.chain = None if self.previous is _threads.ambient else self.previous
+        self.chain = None if self.previous is THREADS.ambient else self.previous
         self.previous_threads = threading.gettrace() if hasattr(threading, "gettrace") else None
         self.tracer = self._trace          # one bound method, so that `is` recognises it
         self.bindings = present_bindings()
@@ -103,7 +212,7 @@ class refusing:
         threading.settrace(self.tracer)
         self.autograd_threads = torch._C._is_multithreading_enabled()
         torch._C._set_multithreading_enabled(False)      # backward on this (traced) thread
-        _threads.enter(self)
+        THREADS.enter(self)
         return self
 
     def _known(self, frame) -> tuple:
@@ -181,7 +290,7 @@ class refusing:
         sys.settrace(self.previous)
         threading.settrace(self.previous_threads)
         torch._C._set_multithreading_enabled(self.autograd_threads)
-        _threads.exit(self)
+        THREADS.exit(self)
         if self.violation is not None and not isinstance(err, LibraryAnswer):
             raise LibraryAnswer(self.violation)
         if self.rebound and not isinstance(err, LibraryAnswer):
@@ -197,49 +306,6 @@ class refusing:
         return False
 
 
-class _Threads:
-    """Every thread started after this module's import traces its calls for the refusals active
-    at the time (:meth:`ambient`; none active: one cheap call per function call): ``_thread``'s
-    ``start_new_thread`` (and ``threading``'s reference to it) are wrapped for good, so a thread
-    started before the graded code ran (a ``ThreadPoolExecutor``'s worker waiting for work, a
-    ``_thread`` taken early) is refused library answers too once graded code runs. ``threading``
-    threads started while graded code runs get the refusal's own tracer (``threading.settrace``)."""
-
-    def __init__(self):
-        self.active: list = []
-        self.original = None
-        self.ambient = self._ambient       # one bound method, so that `is` recognises it
-
-    def install(self):
-        import _thread
-        if self.original is None:
-            self.original = _thread.start_new_thread
-            _thread.start_new_thread = self._start
-            if getattr(threading, "_start_new_thread", None) is self.original:
-                threading._start_new_thread = self._start
-
-    def enter(self, refusing_):
-        self.active.append(refusing_)
-
-    def exit(self, refusing_):
-        if refusing_ in self.active:
-            self.active.remove(refusing_)
-
-    def _ambient(self, frame, event, arg):
-        active = self.active
-        return active[-1]._trace(frame, event, arg) if active else None
-
-    def _start(self, function, args, kwargs=None):
-        ambient = self.ambient
-
-        def traced(*a, **k):
-            sys.settrace(ambient)
-            return function(*a, **k)
-        return self.original(traced, args, kwargs or {})
-
-
-_threads = _Threads()
-_threads.install()
 
 
 def graded_call(refusal: Refusal | None, name: str, fn, *args, **kwargs):

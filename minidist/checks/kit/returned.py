@@ -14,7 +14,8 @@ refusal kept out of the graded call (the "always equal" trick of autograders).
   shape): the comparison helpers of labs 5, 6, 8 and 9 ask it before their own tolerance;
 * :func:`foreign_part` finds anything that is not plain (numbers, strings, plain tensors,
   torch's dtypes and sizes, lists, tuples, dicts, and objects of minidist's own classes made of
-  those); a pure check whose answer is such a value calls :func:`require_plain`.
+  those); a pure check whose answer is such a value calls :func:`require_plain`, or records it with
+  :func:`returned` for its verdict to ask :func:`returned_problem`.
 """
 from __future__ import annotations
 
@@ -80,12 +81,31 @@ def foreign_part(value) -> str | None:
     return None
 
 
+def _not_plain(label: str, part: str) -> str:
+    return (f"{label} returned {part}: return plain values (numbers, tensors, lists, tuples, dicts), not objects "
+            f"of your own (the check compares them outside the graded call)")
+
+
 def require_plain(label: str, value) -> None:
     """AssertionError unless ``value`` is plain data (see :func:`foreign_part`)."""
     part = foreign_part(value)
     if part is not None:
-        raise AssertionError(f"{label} returned {part}: return plain values (numbers, tensors, lists, tuples, "
-                             f"dicts), not objects of your own (the check compares them outside the graded call)")
+        raise AssertionError(_not_plain(label, part))
+
+
+def returned(value, call: str) -> dict:
+    """An answer's record of the value ``call`` (as a failure names the call) returned: ``{"returned": value}``,
+    or ``{"foreign": what in it is not plain data, "call": call}`` (its code would run in the verdict)."""
+    part = foreign_part(value)
+    return {"returned": value} if part is None else {"foreign": part, "call": call}
+
+
+def returned_problem(answer) -> str | None:
+    """The verdict on a :func:`returned` record before its value is read: what was not plain data, or that the
+    answer is no such record; None when ``answer["returned"]`` is the value."""
+    if not isinstance(answer, dict) or not ("returned" in answer or "foreign" in answer):
+        return f"the answer is not the function's result ({type(answer).__name__})"
+    return _not_plain(str(answer.get("call")), answer["foreign"]) if "foreign" in answer else None
 
 
 def not_plain_tensor(what: str, got, shape=None) -> str | None:

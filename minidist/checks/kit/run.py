@@ -22,16 +22,13 @@ import torch.distributed as dist
 from minidist.checks.kit import docket
 from minidist.checks.kit.device_check import Record, default_device
 from minidist.checks.kit.groups import consecutive_groups, describe_case
-from minidist.checks.kit.launch import (TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread, report_passed,
-                                        stand_in_lab_functions)
+from minidist.checks.kit.launch import launch_named, mark_case, one_thread, report_passed
 from minidist.checks.kit.refusal import graded_call
+from minidist.checks.kit.stand_ins import stand_in_lab_functions
 from minidist.checks.kit.returned import require_plain
 from minidist.checks.kit.withheld import in_confirmation, left_to_confirmation
 from minidist.runtime import LaunchError, plain_data
 from minidist.runtime.device import device as rank_device
-
-DEFAULT_TIMEOUT = TRAINING_CHECK_TIMEOUT        # a launch's, where the test cell gives none
-
 
 class OnRank(NamedTuple):
     """Where a ``"groups"`` answer runs: this rank's place ``r`` in its group of ``t`` ranks, and the group."""
@@ -41,41 +38,34 @@ class OnRank(NamedTuple):
 
 
 class RankCase(NamedTuple):
-    """What a ``"groups"`` verdict judges: ``case`` as answered by world rank ``rank``, rank ``r`` of its group of ``t``."""
+    """What a ``"groups"`` verdict judges: ``case`` as answered by world rank ``rank``, rank ``r`` of its group
+    of ``t``, in a test of the graded ``function`` (the Check's)."""
     case: Any
     rank: int
     r: int
     t: int
+    function: str = ""
 
 
-def first(problems) -> str | None:
-    """A verdict's problem: itself, or the first of a list."""
-    if isinstance(problems, (list, tuple)):
-        return next((p for p in problems if p), None)
-    return problems or None
-
-
-def run(check, fn, *, timeout: float | None = None, **params) -> None:
+def run(check, fn, **params) -> None:
     """Grade ``fn`` (the graded object, or a tuple of them) with ``check`` on the cases ``params``
     give; raise AssertionError with the first problem; print the ✓ line when all pass."""
     if set(params) != set(check.params):
         raise TypeError(f"check {check.name!r} takes the params {check.params}, got {tuple(params)}")
-    timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if params.get("hidden") and in_confirmation(check.lab):      # a grading kernel: the grader's alone
         left_to_confirmation(check.shown)
         return
     cases = check.cases(**params)
-    refusal = check.refusal(params) if callable(check.refusal) else check.refusal
-    stand_ins = check.stand_ins(params) if check.stand_ins is not None else {}
+    refusal, stand_ins = check.refusal, check.stand_ins or {}
     if check.prepare is not None:
         check.prepare()
     if check.default_device is None:
-        _answer_all(check, fn, timeout, params, cases, refusal, stand_ins, None)
+        _answer_all(check, fn, params, cases, refusal, stand_ins, None)
     else:       # the device check: a failure says which line made a tensor without a device
         with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
             record = Record(check.default_device, folder)
             try:
-                _answer_all(check, fn, timeout, params, cases, refusal, stand_ins, record)
+                _answer_all(check, fn, params, cases, refusal, stand_ins, record)
             except (AssertionError, LaunchError) as err:
                 raise AssertionError(record.explain(str(err))) from None
             except Exception as err:     # noqa: BLE001  a "here" answer raised: the chained traceback shows where
@@ -84,7 +74,7 @@ def run(check, fn, *, timeout: float | None = None, **params) -> None:
         report_passed(check.shown, check.covered(**params), bool(params.get("hidden")))
 
 
-def _answer_all(check, fn, timeout: float, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
+def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, record) -> None:
     """Every answer of ``check`` on ``cases``, each filed and judged; ``record``: the device check's."""
     if check.where == "here":
         for i, case in enumerate(cases):
@@ -95,13 +85,13 @@ def _answer_all(check, fn, timeout: float, params: dict, cases: list, refusal, s
             if "reference" in options:      # reference(case), on the rank before the answer, outside the refusal
                 options["reference"] = partial(_reference, options["reference"])
             results = launch_named(_launch_answer, check.world(case), check.answer, fn, case, stand_ins,
-                                   name=check.shown, timeout=timeout * options.pop("timeout_factor", 1),
+                                   name=check.shown, timeout=check.timeout * options.pop("timeout_factor", 1),
                                    refuse=refusal, device=record and record.launched, **options)
             _require(check, params, i, case, results)
     else:
         options = dict(check.launch or {})
         out = launch_named(_group_answers, check.world, check, fn, cases, stand_ins, name=check.shown,
-                           timeout=timeout * options.pop("timeout_factor", 1), refuse=refusal,
+                           timeout=check.timeout * options.pop("timeout_factor", 1), refuse=refusal,
                            device=record and record.launched, **options)
         failed, sizes = None, {}
         for i, item in enumerate(check.judged_cases(params)):
@@ -176,7 +166,7 @@ def _group_answers(progress, check, fn, cases: list, stand_ins: dict) -> list:
             except TypeError as err:
                 out.append((f"returned something that is not plain data ({err})", None))
             else:
-                out.append((check.found(RankCase(case, rank, r, t), plain_data.loads(data)), data))
+                out.append((check.found(RankCase(case, rank, r, t, check.function), plain_data.loads(data)), data))
             if check.stop_at_first_failure and not every_rank_passed(out[-1][0] is None):
                 break
     return out + [("not run: an earlier case failed", None)] * (len(cases) - len(out))

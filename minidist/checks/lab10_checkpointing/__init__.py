@@ -2,8 +2,8 @@
 function against the lab's format (the library's portable one, :mod:`minidist.checkpoint.portable`),
 in this process, in a temporary directory of its own. A lab test cell is a one-liner::
 
-    checks.check_function("save_sharded", save_sharded)
-    checks.check_function("save_sharded", save_sharded, hidden=True)
+    checks.check_save_sharded(save_sharded)
+    checks.check_save_sharded(save_sharded, hidden=True)
 
 ``save_sharded`` is checked on what it leaves on disk: the shards each rank writes (the layout's
 boxes, bit-exact: the bytes per rank are the formula's), the metadata (shapes, dtypes, offsets,
@@ -21,7 +21,7 @@ helpers the notebook hands out in ``helpers.py``.
 from __future__ import annotations
 
 from minidist.checks.kit.check import Registry
-from minidist.checks.kit.refused_code import Refusal
+from minidist.checks.kit.refusal import Refusal
 from minidist.checks.lab10_checkpointing import answers, cases, checkpoints, verdicts
 from minidist.checks.lab10_checkpointing.checkpoints import damage
 from minidist.checks.lab10_checkpointing.helpers import box, sha256_of, split_range
@@ -30,7 +30,7 @@ from minidist.checks.lab10_checkpointing.helpers import box, sha256_of, split_ra
 #: checks write with it (:mod:`.checkpoints`); the lab hands out no helper from them.
 REFUSED = Refusal("distributed checkpointing",
                   ("minidist.checkpoint", "torch.distributed.checkpoint", checkpoints.__name__), checks=__name__)
-CHECKS = Registry(__name__)
+CHECKS = Registry(__name__, refusal=REFUSED)
 
 _TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, cases.save_covered,
                            checkpoints.before_save),
@@ -40,16 +40,28 @@ _TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, case
                                 cases.latest_covered, checkpoints.before_latest)}
 #: graded name -> its check, in the notebook's order; each case's root is built (``reference``) before the
 #: student's code runs, outside the refusal
-FUNCTIONS = {name: CHECKS.check(name, c, a, v, refusal=REFUSED, covered=cov, launch={"reference": root})
+FUNCTIONS = {name: CHECKS.check(name, c, a, v, covered=cov, launch={"reference": root})
              for name, (c, a, v, cov, root) in _TABLE.items()}
 
 #: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
-__all__ = ["CHECKS", "REFUSED", "box", "check_function", "damage", "sha256_of", "split_range"]
+__all__ = ["CHECKS", "REFUSED", "box", "check_latest_checkpoint", "check_load_resharded", "check_save_sharded",
+           "damage", "sha256_of", "split_range"]
 
 
-@CHECKS.entry(FUNCTIONS, by="name")
-def check_function(name: str, fn, hidden: bool = False) -> None:
-    """Lab 10's graded function ``name``, in this process: ``save_sharded`` (each rank's shards, the
-    metadata, a crash mid-save), ``load_resharded`` (another layout, bit-exact; a torn checkpoint
-    refused), ``latest_checkpoint`` (the newest good one). Hidden cases: uneven splits, a rank with
-    nothing, fp64, three ranks, corrupted and garbled checkpoints, step_99 against step_100."""
+@CHECKS.entry(FUNCTIONS["save_sharded"])
+def check_save_sharded(fn, *, hidden: bool = False) -> None:
+    """``save_sharded``: each rank's shards (the layout's boxes, bit-exact), the metadata (shapes, dtypes,
+    offsets, sizes, checksums), and a crash mid-save (no torn directory, the error reaches the caller, the
+    previous checkpoint untouched). Hidden: uneven splits, a rank with nothing, fp64, three ranks."""
+
+
+@CHECKS.entry(FUNCTIONS["load_resharded"])
+def check_load_resharded(fn, *, hidden: bool = False) -> None:
+    """``load_resharded``: a checkpoint the library saved under one layout, loaded into another (fewer ranks,
+    rows to columns, replicated to sharded), bit-exact; a checkpoint without its metadata refused."""
+
+
+@CHECKS.entry(FUNCTIONS["latest_checkpoint"])
+def check_latest_checkpoint(fn, *, hidden: bool = False) -> None:
+    """``latest_checkpoint``: the newest good checkpoint among good, torn, truncated, corrupted and garbled
+    ones (hidden: step_99 against step_100)."""

@@ -1,23 +1,18 @@
-"""Lab 1's answers: what the student's collective did on every rank (the only code of this lab's
-checks that calls student code; the collectives' own runner is the kit's)."""
+"""Lab 1's answers beside the kit's collectives (:func:`minidist.checks.kit.collectives.answer` runs the
+student's collective on every rank): recursive halving on a world size it must refuse. The only code of
+this lab's checks that calls student code."""
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from minidist.checks.kit import collectives
 from minidist.checks.kit.run import mark
-from minidist.checks.lab1_collectives.cases import GRADED
 from minidist.runtime import device
 from minidist.trace import guard
 
-#: per graded function: a rank's (result, trace, input unchanged) on every case of a launch
-COLLECTIVE = {name: partial(collectives.answer, kind=kind) for name, (kind, _, _) in GRADED.items()}
 
-
-def rejects(fn, world_size: int):
+def rejects(fn, case):
     """Inside a rank of a world the function must refuse: ("ValueError", message) or ("returned", None)."""
     mark(f"world_size={dist.get_world_size()}, length 8, float32")
     try:

@@ -11,7 +11,7 @@ from torch.distributed import distributed_c10d as c10d
 
 from minidist.checks.kit.compare import digest
 from minidist.checks.kit.raises import outcome
-from minidist.checks.kit.returned import require_plain
+from minidist.checks.kit.returned import returned
 from minidist.checks.kit.run import mark
 from minidist.checks.kit.training import trained
 from minidist.checks.lab2_data_parallel.cases import (PROBE_CAP, PROBE_STEPS, RankDependentNet, bucket_params,
@@ -19,16 +19,6 @@ from minidist.checks.lab2_data_parallel.cases import (PROBE_CAP, PROBE_STEPS, Ra
 from minidist.models import TinyMLP, mlp_batch
 from minidist.runtime import device
 from minidist.trace import trace
-
-
-def _not_plain(label: str, got) -> str | None:
-    """Why ``got`` is not plain data (require_plain's words), or None: an answer records it rather
-    than raise, since an AssertionError raised here would read as the student's own assert."""
-    try:
-        require_plain(label, got)
-    except AssertionError as err:
-        return str(err)
-    return None
 
 
 def split(split_batch, case):
@@ -39,9 +29,8 @@ def split(split_batch, case):
         return outcome(lambda: split_batch(x, y, 0, case[2]))
     out = []
     for r in range(case[2]):
-        got = split_batch(x, y, r, case[2])
-        problem = _not_plain(f"split_batch(batch={case[1]}, rank={r}, world_size={case[2]})", got)
-        out.append({"not_plain": problem} if problem else {"got": got, "x": digest(x), "y": digest(y)})
+        got = returned(split_batch(x, y, r, case[2]), f"split_batch(batch={case[1]}, rank={r}, world_size={case[2]})")
+        out.append({**got, "x": digest(x), "y": digest(y)})
     return out
 
 
@@ -50,10 +39,10 @@ def buckets(make_buckets, case) -> dict:
     the digests of the parameters' values after the call."""
     params = bucket_params(case)
     idx = {id(p): i for i, p in enumerate(params)}      # before the call: it may reorder its argument
-    got = make_buckets(params, case[2])
-    problem = _not_plain(f"make_buckets(cap_bytes={case[2]})", got)
-    if problem:
-        return {"not_plain": problem}
+    record = returned(make_buckets(params, case[2]), f"make_buckets(cap_bytes={case[2]})")
+    if "foreign" in record:
+        return record
+    got = record["returned"]
     try:
         indices = [[idx[id(p)] for p in b] for b in got]
     except (KeyError, TypeError):

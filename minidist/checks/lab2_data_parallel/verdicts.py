@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minidist.checks.kit.compare import digest, tensor_error, unchanged
+from minidist.checks.kit.compare import digest, first, tensor_error, unchanged
+from minidist.checks.kit.returned import returned_problem
 from minidist.checks.kit.training import describe_case, equal_problem
 from minidist.checks.lab2_data_parallel.cases import (PROBE_STEPS, RankDependentNet, bucket_params, probe_batch,
                                                       split_inputs)
@@ -27,12 +28,12 @@ def split(case, answer) -> str | None:
     xs = []
     for r, seen in enumerate(answer):
         call = f"split_batch(batch={batch}, rank={r}, world_size={n})"
-        if "not_plain" in seen:
-            return seen["not_plain"]
+        if problem := returned_problem(seen):
+            return problem
         for what, original in (("x", x), ("y", y)):
             if problem := unchanged(what, seen[what], original, call):
                 return problem
-        got = seen["got"]
+        got = seen["returned"]
         if not (isinstance(got, tuple) and len(got) == 2):
             return f"{call} must return a tuple (x_local, y_local), got {type(got).__name__}"
         for what, t, full in (("x", got[0], x), ("y", got[1], y)):
@@ -67,8 +68,8 @@ def expected_buckets(sizes, cap, fits_exactly: bool = True) -> list[list[int]]:
 
 def buckets(case, answer) -> str | None:
     shapes, dtypes, cap = case
-    if "not_plain" in answer:
-        return answer["not_plain"]
+    if "foreign" in answer:
+        return returned_problem(answer)
     params = bucket_params(case)
     sizes = [p.numel() * p.element_size() for p in params]
     if answer["after"] != [digest(p) for p in params]:
@@ -101,11 +102,20 @@ def _bucket_cause(got, sizes, cap, params) -> str:
 
 
 # ----------------------------------------------------------------------------- training
-def trained(name: str, case, answers: list) -> list:
-    """Training equals one process; the rank-dependent model's gradients are the mean."""
+def average(case, answers: list) -> str | None:
+    """Training with ``average_gradients`` equals one process; the rank-dependent model's gradients are the mean."""
+    return _trained("average_gradients", case, answers)
+
+
+def bucketed(case, answers: list) -> str | None:
+    """Training with ``BucketedDDP`` equals one process; the rank-dependent model's gradients are the mean."""
+    return _trained("BucketedDDP", case, answers)
+
+
+def _trained(name: str, case, answers: list) -> str | None:
     n, cases = case
-    return [equal_problem(name, n, cases, [a["trained"] for a in answers]),
-            rank_dependent(name, n, [a["probe"] for a in answers])]
+    return first([equal_problem(name, n, cases, [a["trained"] for a in answers]),
+                  rank_dependent(name, n, [a["probe"] for a in answers])])
 
 
 def _local_grads(world_size: int) -> list[list[list]]:

@@ -15,6 +15,7 @@ from minidist.checks.kit.compare import digest, on_rank, seeded
 from minidist.checks.kit.run import mark
 from minidist.checks.kit.training import student_trainer, trained
 from minidist.checks.lab3_zero_fsdp.cases import GRADED, MEMORY_RUN, describe_memory, grad_seed, param_seed
+from minidist.checks.lab3_zero_fsdp.given import ShardedUnit
 from minidist.checks.lab3_zero_fsdp.given import Zero as ReferenceZero
 from minidist.harness.data_parallel import train
 from minidist.memory import CreatedBytes
@@ -22,11 +23,10 @@ from minidist.trace import trace
 
 
 # ----------------------------------------------------------------------------- reduce_scatter_gradients
-def unit(graded, case) -> list[dict]:
-    """Inside a rank: per unit, give one module seeded parameters and per-rank, per-micro-batch
-    gradients (one of them missing), reduce-scatter twice, and record the shard's gradient and what
-    else changed (the parameters as digests: they must come back unchanged)."""
-    reduce_scatter_gradients, ShardedUnit = graded
+def unit(reduce_scatter_gradients, case) -> list[dict]:
+    """Inside a rank: per unit, give one module seeded parameters (in the lab's given ``ShardedUnit``) and
+    per-rank, per-micro-batch gradients (one of them missing), reduce-scatter twice, and record the shard's
+    gradient and what else changed (the parameters as digests: they must come back unchanged)."""
     rank, n = dist.get_rank(), dist.get_world_size()
     out = []
     for shapes, missing, dtype in case[1]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from minidist.checks.kit.compare import seeded, tensor_error, unchanged
+from minidist.checks.kit.compare import first, seeded, tensor_error, unchanged
 from minidist.checks.kit.training import equal_problem
 from minidist.checks.lab3_zero_fsdp.cases import F32, LIVE_SLACK, LIVE_WORLD, STEP_SLACK, grad_seed, graded, param_seed
 from minidist.cost import ring_wire_bytes, zero_memory_bytes_fp32
@@ -69,11 +69,11 @@ def _unit(n: int, shapes, missing, dtype, answers: list) -> str | None:
     return None
 
 
-def unit(case, answers) -> list:
+def unit(case, answers) -> str | None:
     """Every unit of a launch ``(world size, units)``, on every rank, against the shards computed here."""
     n, units = case
-    return [_unit(n, shapes, missing, dtype, [a[i] for a in answers])
-            for i, (shapes, missing, dtype) in enumerate(units)]
+    return first(_unit(n, shapes, missing, dtype, [a[i] for a in answers])
+                 for i, (shapes, missing, dtype) in enumerate(units))
 
 
 # ----------------------------------------------------------------------------- Zero
@@ -123,11 +123,11 @@ def _memory_rank(stage: int, n: int, slack: float, r: int, res: dict) -> str | N
     return None
 
 
-def memory(case, answers) -> list:
+def memory(case, answers) -> str | None:
     """Model states within ``slack`` of the ZeRO formula; sharded_step's temporaries; at N = 2, the bytes
     held through a step next to the lab's reference measured on the same rank."""
     stage, n, slack = case
-    return [_memory_rank(stage, n, slack, r, res) for r, res in enumerate(answers)]
+    return first(_memory_rank(stage, n, slack, r, res) for r, res in enumerate(answers))
 
 
 def traffic(case, answers) -> str | None:

@@ -1,10 +1,8 @@
 """Lab 4's answers: what the student's schedule builders return, and what their executor does on
 every rank (the only code of this lab's checks that calls student code).
 
-Each public check takes an optional ``name`` besides the graded function: the answers receive both
-(``graded = (fn, name)``) and record the name the old checks used in their messages (``name`` or the
-function's own). What must come back unchanged (the schedule, the batch, the weights) travels as
-digests; the verdicts (``verdicts.py``) compare them with the inputs they rebuild.
+What must come back unchanged (the schedule, the batch, the weights) travels as digests; the verdicts
+(``verdicts.py``) compare them with the inputs they rebuild.
 """
 from __future__ import annotations
 
@@ -14,30 +12,20 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit.compare import digest
-from minidist.checks.kit.returned import foreign_part
+from minidist.checks.kit.returned import returned
 from minidist.checks.kit.run import mark
-from minidist.checks.lab4_pipeline.cases import WIDTH, rank_inputs, schedule_state, stage
+from minidist.checks.lab4_pipeline.cases import SCHEDULE_FUNCTION, WIDTH, rank_inputs, schedule_state, stage
 from minidist.harness.pipeline import kept_at_each_backward
 from minidist.memory import ActivationMeter, Metered
 from minidist.models import regression_batch
 from minidist.trace import trace
 
 
-def _named(graded, default: str):
-    fn, name = graded
-    return fn, name or getattr(fn, "__name__", default)
-
-
-def schedule(graded, case) -> dict:
-    """In this process: ``{"returned": the schedule fn(p, m) built}``, or, when it is not plain data (an
-    object of the student's own class would run its code in the verdict), ``{"foreign": what is not}``."""
+def schedule(fn, case) -> dict:
+    """In this process: the schedule ``fn(p, m)`` built, recorded by the kit's ``returned`` (an object of the
+    student's own class is not read: it would run its code in the verdict)."""
     kind, p, m = case
-    fn, name = _named(graded, kind)
-    s = fn(p, m)
-    part = foreign_part(s)
-    if part is not None:
-        return {"foreign": part, "call": f"{name}(p={p}, m={m})"}
-    return {"returned": s}
+    return returned(fn(p, m), f"{SCHEDULE_FUNCTION[kind]}(p={p}, m={m})")
 
 
 # ----------------------------------------------------------------------------- executor
@@ -51,13 +39,12 @@ def _given(schedule_, x, y, chunks) -> dict:
             "weights": [digest(q) for q in _params(chunks)]}
 
 
-def executor(graded, case, reference) -> dict:
+def executor(fn, case, reference) -> list:
     """On every rank of a launch ``case`` = (world, runs): per run, its step (the first run's twice,
     with the same schedule object and the gradients cleared between), each step's loss, gradients
     and what it left of the schedule, the batch and the weights; None for a run on fewer stages
     than this rank's. ``reference``: the library's schedules, built on this rank before (outside
     the refusal)."""
-    fn, name = _named(graded, "executor")
     world, runs = case
     rank, out = dist.get_rank(), []
     for i, run in enumerate(runs):
@@ -80,15 +67,14 @@ def executor(graded, case, reference) -> dict:
             if left != given:              # a second step on a consumed schedule could only hang
                 break
         out.append(steps)
-    return {"name": name, "runs": out}
+    return out
 
 
 # ----------------------------------------------------------------------------- memory and bubble
-def memory(graded, case, reference) -> dict:
+def memory(fn, case, reference) -> list:
     """On every rank of the memory launch ``case`` = (p, runs): :func:`memory_runs` without sleeping
     (the bubble is graded from the traced order, replayed at fixed costs)."""
-    fn, name = _named(graded, "executor")
-    return {"name": name, "runs": memory_runs(fn, case[1], None, 1, reference, mark)}
+    return memory_runs(fn, case[1], None, 1, reference, mark)
 
 
 def memory_runs(fn, runs, costs, repeats: int, schedules: dict, mark_run) -> list:

@@ -1,4 +1,4 @@
-"""Lab 4's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+"""Lab 4's hidden cases: the grader's, left out of the student wheel (``autograder/handout/student_dist.py``).
 ``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases` (instead of the visible ones)."""
 import torch
 

@@ -3,8 +3,8 @@
 it left of its inputs; its activations, what it kept and its replayed bubble against the schedule.
 
 Every reference is rebuilt here from the case (the library's schedules, the seeded model and batch).
-A verdict returns its first problem, None when there is none; an answer it cannot read (one of
-another shape than the answers give, a forged one in the grader's docket) is a problem too.
+A verdict returns its first problem, None when there is none (an answer it cannot read, or from
+another number of ranks, is the Check's problem: :meth:`~minidist.checks.kit.check.Check.found`).
 """
 from __future__ import annotations
 
@@ -12,19 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from minidist.checks.kit.compare import digest, tensor_error, untouched
+from minidist.checks.kit.returned import returned_problem
 from minidist.checks.kit.launch import TOL
-from minidist.checks.lab4_pipeline.cases import SLEEP, WIDTH, inputs, schedule_state
+from minidist.checks.lab4_pipeline.cases import EXECUTOR_FUNCTION, SLEEP, WIDTH, inputs, schedule_state
 from minidist.cost import pipeline_bubble, pipeline_peak_activations
 from minidist.pipeline import (Costs, Schedule, bubble_of, make, partition, rank_chunks, replayed_slots, simulate,
                                slots_from_trace, validate)
 from minidist.trace import merge
-
-_UNREADABLE = (TypeError, IndexError, ValueError, AttributeError, KeyError)
-
-
-def _unreadable(name: str, err: Exception) -> str:
-    return f"{name}: the ranks' results could not be judged ({type(err).__name__}: {str(err)[:200]})"
-
 
 # ----------------------------------------------------------------------------- schedules
 def _show(order, limit=14):
@@ -56,11 +50,8 @@ def schedule(case, answer) -> str | None:
     compute order, the simulated bubble and peak activations per rank of the theory, exactly."""
     kind, p, m = case
     where = f"{kind} schedule(p={p}, m={m})"
-    if not isinstance(answer, dict) or not ("returned" in answer or "foreign" in answer):
-        return f"{where}: the answer is not the builder's result ({type(answer).__name__})"
-    if "foreign" in answer:
-        return (f"{answer.get('call', where)} returned {answer['foreign']}: return plain values (numbers, tensors, "
-                f"lists, tuples, dicts), not objects of your own (the check compares them outside the graded call)")
+    if problem := returned_problem(answer):
+        return f"{where}: {problem}" if "foreign" not in answer else problem
     s = answer["returned"]
     if not isinstance(s, Schedule):
         return f"{where}: returned {type(s).__name__}; expected a minidist.pipeline.Schedule"
@@ -94,17 +85,11 @@ def executor(case, answers) -> str | None:
     """Every rank's steps of a launch (world, runs) against single-process autograd on the same model
     and batch; the schedule, the batch and the weights as the caller gave them."""
     world, runs = case
-    try:
-        if len(answers) != world:
-            return f"executor: {len(answers)} ranks answered, the launch had {world}"
-        name = answers[0]["name"]
-        for i, run in enumerate(runs):
-            problem = _run_problem(name, world, run, [answers[r]["runs"][i] for r in range(world)],
-                                   steps=2 if i == 0 else 1)
-            if problem:
-                return problem
-    except _UNREADABLE as err:
-        return _unreadable("executor", err)
+    for i, run in enumerate(runs):
+        problem = _run_problem(EXECUTOR_FUNCTION, world, run, [answers[r][i] for r in range(world)],
+                               steps=2 if i == 0 else 1)
+        if problem:
+            return problem
     return None
 
 
@@ -237,16 +222,10 @@ def _kept_problem(where, row, p, m) -> str | None:
 def memory(case, answers) -> str | None:
     """The activations, what is kept and the replayed bubble of every rank's runs (p = 4, m = 8)."""
     p, runs = case
-    try:
-        if len(answers) != p:
-            return f"executor memory: {len(answers)} ranks answered, the launch had {p}"
-        name = answers[0]["name"]
-        for row in measured_rows([a["runs"] for a in answers], p, runs, SLEEP, 1, False):
-            problem = _memory_problem(f"{name} with {row['schedule']}(p={p}, m={row['m']})", row, p, row["m"])
-            if problem:
-                return problem
-    except _UNREADABLE as err:
-        return _unreadable("executor memory", err)
+    for row in measured_rows(answers, p, runs, SLEEP, 1, False):
+        problem = _memory_problem(f"{EXECUTOR_FUNCTION} with {row['schedule']}(p={p}, m={row['m']})", row, p, row["m"])
+        if problem:
+            return problem
     return None
 
 

@@ -16,7 +16,6 @@ import torch.nn as nn
 
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.withheld import hidden_cases
-from minidist.checks.kit.launch import check_timeout
 from minidist.models import GPTConfig, TinyGPT
 from minidist.tensor_parallel.comm import shard_range
 
@@ -24,7 +23,6 @@ WORLD, B, S = 4, 2, 12                 # S divisible by 1, 2, 3 and 4 (sequence 
 CFG = GPTConfig(vocab=48, d_model=24, n_heads=12, d_ff=48, n_layers=1, seq_len=S)
 SEQ = 1                                # activations are (batch, seq, hidden)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
-TP_CHECK_TIMEOUT = check_timeout(20.0)
 #: lab 5's relative tolerances where they differ from the kit's (kit.compare.TOLERANCE): fp64 results are
 #: held to fp32's 1e-5, as they always were here
 TOL = {F64: 1e-5}

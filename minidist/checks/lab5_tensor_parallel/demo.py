@@ -8,9 +8,9 @@ import torch
 from minidist import cost
 from minidist.checks.kit.compare import on_rank, seeded
 from minidist.checks.kit.groups import consecutive_groups
-from minidist.checks.kit.launch import launch_named, mark_case, one_thread
+from minidist.checks.kit.launch import TIMEOUT, launch_named, mark_case, one_thread
 from minidist.checks.kit.quiet import passes_quietly
-from minidist.checks.lab5_tensor_parallel.cases import B, CFG, S, SEQ, TP_CHECK_TIMEOUT, WORLD, part
+from minidist.checks.lab5_tensor_parallel.cases import B, CFG, S, SEQ, WORLD, part
 from minidist.memory import ActivationMeter
 from minidist.models import TinyGPT
 from minidist.trace import trace
@@ -48,7 +48,7 @@ def _measure_body(progress, tp_mlp, tp_attention, sp_mlp_block, ts):
 
 
 @passes_quietly
-def measure(tp_mlp, tp_attention, sp_mlp_block, ts=(1, 2, 4), timeout: float = TP_CHECK_TIMEOUT) -> list[dict]:
+def measure(tp_mlp, tp_attention, sp_mlp_block, ts=(1, 2, 4), timeout: float = TIMEOUT) -> list[dict]:
     """On 4 ranks, for each t: payload bytes your tp_mlp and tp_attention communicate in one
     forward and backward (b=2, s=12, h=24), and the activation bytes autograd saves on a rank
     for the MLP half of a block (LayerNorm, MLP, residual) with TP (``x + tp_mlp(ln(x))``)

@@ -1,4 +1,4 @@
-"""Lab 5's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+"""Lab 5's hidden cases: the grader's, left out of the student wheel (``autograder/handout/student_dist.py``).
 ``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`: the cases the lab
 states (no bias, 2-D and odd shapes, fp64 and bf16, an uneven vocabulary, a custom ignore_index,
 logits that overflow exp without the max, GQA, heads that do not split), after the visible ones."""

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.kit.compare import FAMILY, counted, seeded, show, tensor_error, untouched
+from minidist.checks.kit.compare import FAMILY, counted, first, seeded, tensor_error, traffic_problem, untouched
 from minidist.checks.kit.groups import wrong_group_hint
 from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.lab5_tensor_parallel.cases import (B, CFG, S, SEQ, TOL, WORLD, ce_inputs, f_g_inputs, heads_split,
@@ -69,30 +69,29 @@ def expected(colls, phase) -> Counter:
 
 
 def compare_traffic(got: dict, want: dict, extra=None) -> str | None:
-    """``got``/``want``: {phase: Counter}. ``extra(phase, leftover) -> bool`` may accept what is left over."""
-    got = {phase: counted(g) if isinstance(g, list) else g for phase, g in got.items()}
+    """``got``/``want``: {phase: record or Counter}. ``extra(phase, leftover) -> bool`` may accept what is
+    left over (nothing may be missing)."""
     for phase in PHASES:
-        g, w = got[phase], want.get(phase, Counter())
-        if g == w or (extra is not None and not (w - g) and extra(phase, g - w)):
-            continue
-        return f"{phase} communicated {show(g)}; expected {show(w)}"
+        accept = None if extra is None else (lambda g, w, phase=phase: not (w - g) and extra(phase, g - w))
+        if problem := traffic_problem(phase, got[phase], want.get(phase, Counter()), accept):
+            return problem
     return None
 
 
-def with_traffic(errs: list, t: int, calls: list, want: dict, extra=None) -> list:
-    """The problems, then (when there are none, for t > 1) what each call's traffic got wrong."""
-    if any(errs) or t == 1:
-        return errs
+def with_traffic(errs: list, t: int, calls: list, want: dict, extra=None) -> str | None:
+    """The first problem, then (when there is none, for t > 1) what a call's traffic got wrong."""
+    if (problem := first(errs)) or t == 1:
+        return problem
     for i, done in enumerate(calls):
         problem = compare_traffic({p: done[p] for p in PHASES}, want, extra)
         if problem:
-            return [problem + (" (second call on the same module)" if i else "")]
-    return errs
+            return problem + (" (second call on the same module)" if i else "")
+    return None
 
 
 # ----------------------------------------------------------------------------- f and g, SP's pair
-def f_g(name, item, answer) -> list:
-    case, _, r, t = item
+def f_g(item, answer) -> str | None:
+    case, r, t, name = item.case, item.r, item.t, item.function
     d = f_g_inputs(name, case, t)
     world = world_sum(case["shape"], d["base"], case["dtype"], t)
     if name == "copy_to_tp":
@@ -109,8 +108,8 @@ def f_g(name, item, answer) -> list:
     return with_traffic(errs, t, [answer], want)
 
 
-def sp(name, item, answer) -> list:
-    case, _, r, t = item
+def sp(item, answer) -> str | None:
+    case, r, t, name = item.case, item.r, item.t, item.function
     d = sp_inputs(name, case, t)
     full = d["full"]
     shard_bytes, full_bytes = full.nbytes // t, full.nbytes
@@ -129,8 +128,8 @@ def sp(name, item, answer) -> list:
 
 
 # ----------------------------------------------------------------------------- linear layers, the loss
-def linear(name, item, answer) -> list:
-    case, _, r, t = item
+def linear(item, answer) -> str | None:
+    case, r, t, name = item.case, item.r, item.t, item.function
     lin, x, up = linear_layer(case)
     cut = linear_cuts(name, r, t)
     originals = {n: cut[n](v.detach()) for n, v in (("x", x), ("weight", lin.weight), ("bias", lin.bias))
@@ -146,8 +145,8 @@ def linear(name, item, answer) -> list:
     return with_traffic(errs, t, [answer], {p: expected(colls, p) for p in PHASES})
 
 
-def cross_entropy(name, item, answer) -> list:
-    case, _, r, t = item
+def cross_entropy(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     logits, target = ce_inputs(case, t)
     a, b = shard_range(case["vocab"], r, t)
     full = logits.clone().requires_grad_()
@@ -190,10 +189,10 @@ def sharded_grads(ref: nn.Module, grads: list, r, t, dims: dict) -> list:
             for (pname, p_ref), got in zip(ref.named_parameters(), grads)]
 
 
-def module(name, item, answer) -> list:
+def module(item, answer) -> str | None:
     """``tp_mlp`` / ``tp_attention``: one f before the column-parallel half, one g after the row-parallel
     half (Megatron-LM, Sec. 3), on both calls; a ValueError before any message where heads do not split."""
-    case, _, r, t = item
+    case, r, t, name = item.case, item.r, item.t, item.function
     cfg, ref, x, up = module_inputs(name, case)
     if case.get("raises") and not heads_split(cfg, t):
         return raise_verdict(answer, f"{cfg.n_heads} query and {cfg.n_kv_heads} key/value heads do not both split "
@@ -208,10 +207,10 @@ def module(name, item, answer) -> list:
     return with_traffic(errs, t, answer["calls"], {p: expected(colls, p) for p in PHASES})
 
 
-def sp_block(name, item, answer) -> list:
+def sp_block(item, answer) -> str | None:
     """``sp_mlp_block`` (Korthikanti et al. 2022, Sec. 4.2.2): LayerNorm on the sequence shard, g and ḡ
     as an all-gather and a reduce-scatter, the replicated parameters' partial gradients all-reduced."""
-    case, _, r, t = item
+    case, r, t = item.case, item.r, item.t
     ln, mlp, x, up = sp_block_inputs(case)
     held = {"x": part(x, SEQ, r, t), **originals(("ln", "mlp"), (ln, mlp))}
     x = x.requires_grad_()
@@ -243,7 +242,7 @@ def sp_block(name, item, answer) -> list:
     return with_traffic(errs, t, answer["calls"], want, sums_partial_grads)
 
 
-#: per graded function: verdict(name, RankCase, answer)
+#: per graded function: verdict(RankCase, answer), the function's name in ``RankCase.function``
 VERDICT = {"copy_to_tp": f_g, "reduce_from_tp": f_g, "column_parallel_linear": linear, "row_parallel_linear": linear,
            "tp_mlp": module, "tp_attention": module, "vocab_parallel_cross_entropy": cross_entropy,
            "sp_gather": sp, "sp_reduce_scatter": sp, "sp_mlp_block": sp_block}

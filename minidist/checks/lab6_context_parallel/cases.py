@@ -13,13 +13,11 @@ import torch
 
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.withheld import hidden_cases
-from minidist.checks.kit.launch import check_timeout
 
 WORLD, B, S, H, D = 4, 2, 24, 12, 4     # S divisible by 2P for P = 1..4; H by 1..4
 SEQ, HEADS = 1, 2                       # (batch, seq, heads, head_dim)
 F32, F64, BF16 = torch.float32, torch.float64, torch.bfloat16
 LATE_S = 0.6                            # the late peer of the overlap case starts this much after the others
-CP_CHECK_TIMEOUT = check_timeout(20.0)
 
 MERGE = "merge_partial_attention"       # no communication: checked in the calling process
 GRADED = ("all_to_all", "ulysses_attention", MERGE, "ring_attention_forward", "zigzag_shard")

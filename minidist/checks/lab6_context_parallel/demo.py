@@ -8,9 +8,9 @@ import torch
 from minidist import cost
 from minidist.checks.kit.compare import on_rank, seeded
 from minidist.checks.kit.groups import consecutive_groups
-from minidist.checks.kit.launch import launch_named, mark_case, one_thread
+from minidist.checks.kit.launch import TIMEOUT, launch_named, mark_case, one_thread
 from minidist.checks.kit.quiet import passes_quietly
-from minidist.checks.lab6_context_parallel.cases import B, CP_CHECK_TIMEOUT, D, F32, H, WORLD, part
+from minidist.checks.lab6_context_parallel.cases import B, D, F32, H, WORLD, part
 from minidist.trace import trace
 
 
@@ -38,7 +38,7 @@ def _measure_body(progress, ulysses_attention, ring_attention_forward, zigzag_sh
 
 @passes_quietly
 def measure(ulysses_attention, ring_attention_forward, zigzag_shard, ts=(1, 2, 4), seq: int = 48,
-            timeout: float = CP_CHECK_TIMEOUT) -> list[dict]:
+            timeout: float = TIMEOUT) -> list[dict]:
     """On 4 ranks, for each group size t (causal, fp32, b=2, h=12, d=4, sequence ``seq``): bytes
     each rank sent in one forward of your Ulysses (all-to-all inputs) and your ring (isends), next
     to ``minidist.cost.context_parallel``; and per rank the causal attention work (unmasked scores,

@@ -1,4 +1,4 @@
-"""Lab 6's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+"""Lab 6's hidden cases: the grader's, left out of the student wheel (``autograder/handout/student_dist.py``).
 ``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`: t = 1..4 and other
 dims, fp64 and bf16, GQA and MQA, scores far past exp's range, heads that do not split, a late peer,
 sequences that do not cut into 2P chunks. Within a launch they come cheap-to-reach first: a launch

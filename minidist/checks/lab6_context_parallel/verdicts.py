@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from minidist import cost
-from minidist.checks.kit.compare import show, tensor_error, untouched
+from minidist.checks.kit.compare import first, tensor_error, traffic_problem, untouched
 from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.raises import raise_verdict
 from minidist.checks.lab6_context_parallel.cases import (B, D, F32, F64, LATE_S, MERGE, S, SEQ, a2a_inputs,
@@ -94,11 +94,8 @@ def given_unchanged(digests: list, names: str | tuple, inputs: list) -> str | No
 # ----------------------------------------------------------------------------- traffic
 def compare_all_to_alls(got: list, want: Counter, phase: str) -> str | None:
     """Equal multisets, or (qkv packed into fewer calls) only all-to-alls with the same total bytes."""
-    got = Counter(tuple(x) for x in got)
     total = lambda c: sum(b * n for (_, b), n in c.items())        # noqa: E731
-    if got == want or ({k for k, _ in got} == {"all-to-all"} and total(got) == total(want)):
-        return None
-    return f"{phase} communicated {show(got)}; expected {show(want)}"
+    return traffic_problem(phase, got, want, lambda g, w: {k for k, _ in g} == {"all-to-all"} and total(g) == total(w))
 
 
 def ring_traffic(events: list, r: int, t: int, block_bytes: int) -> str | None:
@@ -139,8 +136,8 @@ def overlap(r, times) -> str | None:
 
 
 # ----------------------------------------------------------------------------- one verdict per function
-def exchange(item, answer) -> list:
-    case, _, r, t = item
+def exchange(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     sd, gd = case["scatter"], case["gather"]
     shape, full, up = a2a_inputs(case, t)
     if case.get("raises"):
@@ -151,15 +148,15 @@ def exchange(item, answer) -> list:
     if t > 1 and not any(errs):
         one = Counter({("all-to-all", x.numel() * x.element_size()): 1})
         errs += [compare_all_to_alls(answer[phase], one, phase) for phase in PHASES]
-    return errs
+    return first(errs)
 
 
-def ulysses(item, answer) -> list:
-    case, _, r, t = item
+def ulysses(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     (q, k, v, w), h, h_kv, dtype = qkv(case)
     cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
     if case.get("raises") and not (h % t or h_kv % t):
-        return [None]
+        return None
     if case.get("raises"):
         bad = " and ".join(f"the {c} {n} heads" for n, c in (("query", h), ("kv", h_kv)) if c % t)
         return raise_verdict(answer, f"{bad} do not split over P = {t} ranks")
@@ -175,15 +172,15 @@ def ulysses(item, answer) -> list:
         want = cost.ulysses_collectives(B, S, h, D, t, h_kv, elem_bytes=torch.empty(0, dtype=dtype).element_size())
         errs += [compare_all_to_alls(answer[phase], Counter(("all-to-all", c.nbytes) for c in want if c.phase == phase),
                                      phase) for phase in PHASES]
-    return errs
+    return first(errs)
 
 
-def ring(item, answer) -> list:
-    case, _, r, t = item
+def ring(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     (q, k, v, _), _, h_kv, dtype = qkv(case)
     cut = lambda x: part(x, SEQ, r, t).to(dtype)                 # noqa: E731
     if not answer["shape"]:
-        return ["ring_attention_forward must return (out, lse)"]
+        return "ring_attention_forward must return (out, lse)"
     ref, lse = reference_attention(q, k, v, case["causal"])
     lse_dtype = F64 if dtype == F64 else F32                    # the helper's: float32 at least
     errs = [tensor_error("the output", answer["out"], cut(ref), dtype=dtype),
@@ -196,11 +193,11 @@ def ring(item, answer) -> list:
         elem = torch.empty(0, dtype=dtype).element_size()
         block = cost.ring_attention_messages(B, S, h_kv, D, t, elem_bytes=elem)[0].nbytes
         errs.append(ring_traffic(answer["events"], r, t, block))
-    return errs
+    return first(errs)
 
 
-def zigzag(item, answer) -> list:
-    case, _, r, t = item
+def zigzag(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     x, seq = zigzag_input(case), case["shape"][SEQ]
     if seq % (2 * t):
         return raise_verdict(answer, f"a sequence of {seq} does not cut into 2P = {2 * t} chunks")
@@ -210,7 +207,7 @@ def zigzag(item, answer) -> list:
     if answer["traffic"]:
         ops = ", ".join(f"{k} of {b} B" for k, b in answer["traffic"])
         errs.append(f"zigzag_shard communicated ({ops}): every rank holds the full tensor already")
-    return errs
+    return first(errs)
 
 
 def merge(case, answer) -> str | None:

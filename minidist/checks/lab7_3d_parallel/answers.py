@@ -2,9 +2,9 @@
 this process, and what their 3D step does on every rank (the only code of this lab's checks that
 calls student code).
 
-A pure answer is ``{"returned": value}``, or ``{"foreign": what}`` when the value is not plain data
-(an object of the student's own class would run its code in the verdict, outside the refusal); a
-size that must be refused is what the call did (:func:`minidist.checks.kit.docket.outcome`).
+A pure answer is the kit's record of the value returned (:func:`minidist.checks.kit.returned.returned`:
+an object of the student's own class would run its code in the verdict, outside the refusal); a size
+that must be refused is what the call did (:func:`minidist.checks.kit.raises.outcome`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import contextlib
 from minidist.checks.kit.compare import digest
 from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.launch import one_thread
-from minidist.checks.kit.returned import foreign_part
+from minidist.checks.kit.returned import returned
 from minidist.checks.kit.run import mark
 from minidist.checks.lab7_3d_parallel.cases import STEPS, batch, describe
 from minidist.memory import model_state_bytes
@@ -21,26 +21,21 @@ from minidist.runtime.device import device as rank_device
 from minidist.trace import trace
 
 
-def _plain(value, call: str) -> dict:
-    part = foreign_part(value)
-    return {"returned": value} if part is None else {"foreign": part, "call": call}
-
-
 def groups(fn, case) -> dict:
     """``fn(world_size, dp, pp, tp)``: its groups, or, for sizes it must refuse, what the call did."""
     kind, sizes = case
     if kind == "bad":
         return outcome(lambda: fn(*sizes))
-    return _plain(fn(*sizes), f"mesh_groups{sizes}")
+    return returned(fn(*sizes), f"mesh_groups{sizes}")
 
 
 def stages(fn, case) -> dict:
     cfg, pp, tp, stage = case
-    return _plain(fn(*case), f"stage_parameters(pp={pp}, tp={tp}, stage={stage})")
+    return returned(fn(*case), f"stage_parameters(pp={pp}, tp={tp}, stage={stage})")
 
 
 def memory(fn, config) -> dict:
-    return _plain(fn(config), f"predict_memory({config})")
+    return returned(fn(config), f"predict_memory({config})")
 
 
 def train_step(fn, case, reference) -> list:

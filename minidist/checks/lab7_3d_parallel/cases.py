@@ -32,7 +32,7 @@ BATCH, STEPS = 8, 2
 OPTIMIZER, LR = "sgd", 0.1
 # One 8-rank launch trains several layouts: on 2 busy cores it legitimately takes seconds, more than the
 # quick selftest's 4 s deadlock timeout. No lab-7 bug deadlocks, so the floor costs the selftest nothing.
-STEP_CHECK_TIMEOUT = max(check_timeout(30.0), 15.0)
+STEP_TIMEOUT = check_timeout(30.0, at_least=15.0)
 
 # ----------------------------------------------------------------------------- mesh_groups
 MESH_CASES = [(8, 2, 2, 2), (8, 1, 2, 4), (8, 4, 1, 2)]

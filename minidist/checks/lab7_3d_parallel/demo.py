@@ -17,7 +17,7 @@ import torch.distributed as dist
 from minidist.checks.kit.launch import launch_named, mark_case
 from minidist.checks.kit.quiet import passes_quietly
 from minidist.checks.lab7_3d_parallel import answers
-from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, OPTIMIZER, STEP_CHECK_TIMEOUT, STEP_LAYOUTS, STEPS,
+from minidist.checks.lab7_3d_parallel.cases import (BATCH, CFG, OPTIMIZER, STEP_TIMEOUT, STEP_LAYOUTS, STEPS,
                                                     WORLD, MemoryConfig, one_process, setup)
 from minidist.checks.lab7_3d_parallel.verdicts import expected_memory, traffic_by_axis
 from minidist.harness.parallel3d import Layout
@@ -27,7 +27,7 @@ DEEPER = Layout(2, 4, 1, "1f1b", 4)
 
 
 @passes_quietly
-def measure(train_step_3d, layouts=None, timeout: float = STEP_CHECK_TIMEOUT) -> list[dict]:
+def measure(train_step_3d, layouts=None, timeout: float = STEP_TIMEOUT) -> list[dict]:
     """One 8-rank launch of your step on ``layouts`` (default: the visible ones and
     2×4×1 1F1B): per layout and rank, the losses' error vs one process, the traced bytes by
     axis, the model states held after the step (``minidist.memory.model_state_bytes``) and the

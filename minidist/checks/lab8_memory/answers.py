@@ -16,22 +16,15 @@ from minidist.checks.kit.compare import digest, on_rank, traffic
 from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.raises import attempt
 from minidist.checks.kit.launch import one_thread
-from minidist.checks.kit.returned import foreign_part
-from minidist.checks.kit.run import RankCase, every_rank_passed, first
+from minidist.checks.kit.returned import returned
+from minidist.checks.kit.run import RankCase, every_rank_passed
 from minidist.checks.lab8_memory import verdicts
-from minidist.checks.lab8_memory.cases import (FLAGS, LOW, SGD_LR, ReferenceScaler, batch, blocks_and_input, flat,
-                                               loss_of, make_models, make_optimizer, run_blocks, scaler_grads,
+from minidist.checks.lab8_memory.cases import (FLAGS, LOW, SCALER, SGD_LR, ReferenceScaler, batch, blocks_and_input,
+                                               flat, loss_of, make_models, make_optimizer, run_blocks, scaler_grads,
                                                shard_bounds)
 from minidist.memory import model_state_bytes
 from minidist.runtime import device as rank_device
 from minidist.trace import trace
-
-
-def _plain(value):
-    """``value`` if it is plain data, else what in it is not ("a MyNumber"), marked: the answer
-    carries no object of the student's (its code would run where the answer is read)."""
-    part = foreign_part(value)
-    return value if part is None else {"not plain": part}
 
 
 # ----------------------------------------------------------------------------- the scaler, in this process
@@ -43,12 +36,12 @@ def scaler(cls, case) -> dict:
         return outcome(lambda: cls(**kw))
     s = cls(**kw)
     if kind == "start":
-        return {"scale": _plain(getattr(s, "loss_scale", None))}
+        return {"scale": returned(getattr(s, "loss_scale", None), f"{SCALER}.loss_scale")}
     if kind == "history":
         scales = []
         for f in FLAGS:
             s.update(f)
-            scales.append(_plain(getattr(s, "loss_scale", None)))
+            scales.append(returned(getattr(s, "loss_scale", None), f"{SCALER}.loss_scale"))
         return {"scales": scales}
     w = torch.tensor(3.0, device="cpu", requires_grad=True)
     scaled = s.scale(w * 2.0)
@@ -151,7 +144,7 @@ def step(fn, case, on, sharded: bool) -> dict:
             "scale": scaler.loss_scale if scaler is not None else None, "master": flat(master),
             "model": flat(params), "grads_left": any(p.grad is not None for p in params + master),
             "before": before, "after": model_state_bytes(params + master, opt)})
-        passed = not first(verdicts.step(RankCase(case, dist.get_rank(), r, t), answer, sharded, partial=True))
+        passed = verdicts.progress(RankCase(case, dist.get_rank(), r, t), answer, sharded) is None
         if not every_rank_passed(passed, group):     # the group stops together, never one rank in a step alone
             break
     return answer

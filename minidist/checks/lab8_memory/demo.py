@@ -10,7 +10,7 @@ import torch
 from minidist import cost
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.groups import consecutive_groups
-from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread
+from minidist.checks.kit.launch import TIMEOUT, launch_named, mark_case, one_thread
 from minidist.checks.kit.quiet import passes_quietly
 from minidist.checks.lab8_memory.cases import WORLD, shard_bounds
 from minidist.checks.lab8_memory.verdicts import expected_saved
@@ -53,7 +53,7 @@ def _measure_body(progress, mixed_step, zero1_step, ts):
 
 @passes_quietly
 def measure_bytes(mixed_precision_step, zero1_mixed_precision_step, ts=(1, 2, 4),
-                  timeout: float = TRAINING_CHECK_TIMEOUT) -> list[dict]:
+                  timeout: float = TIMEOUT) -> list[dict]:
     """Model-state bytes per parameter that rank 0 holds before and after the second bf16 Adam step of a
     TinyGPT (Ψ ≈ 30k) with your steps, section 3's (data parallel: 2 + 2 + 12 whatever N) and ZeRO-1
     at each N in ``ts``; next to :func:`minidist.cost.mixed_precision_bytes_per_param` (2 + 2 + 12/N

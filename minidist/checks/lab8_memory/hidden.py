@@ -1,4 +1,4 @@
-"""Lab 8's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+"""Lab 8's hidden cases: the grader's, left out of the student wheel (``autograder/handout/student_dist.py``).
 ``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases`."""
 import torch
 

@@ -18,21 +18,14 @@ from __future__ import annotations
 import torch
 
 from minidist import cost
-from minidist.checks.kit.compare import TOLERANCE, counted, show, tensor_error, unchanged
+from minidist.checks.kit.compare import TOLERANCE, counted, first, show, tensor_error, unchanged
 from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.raises import raise_verdict
+from minidist.checks.kit.returned import returned_problem
 from minidist.checks.kit.launch import one_thread
 from minidist.checks.lab8_memory.cases import (F32, FLAGS, LOW, RB, SCALER, VS_FP32, WORLD, ReferenceScaler, batch,
                                                blocks_and_input, flat, loss_of, make_models, make_optimizer,
                                                run_blocks, scaler_grads, shard_bounds)
-
-
-def _not_plain(label: str, value) -> str | None:
-    """What the answers mark as not plain data (an object of the student's), said as a failure."""
-    if isinstance(value, dict) and "not plain" in value:
-        return (f"{label} returned {value['not plain']}: return plain values (numbers, tensors, lists, tuples, "
-                f"dicts), not objects of your own (the check compares them outside the graded call)")
-    return None
 
 
 def scale_history(flags, **kw) -> list[float]:
@@ -49,8 +42,8 @@ def scale_history(flags, **kw) -> list[float]:
 def scaler(case, answer) -> str | None:
     kind, kw = case
     if kind == "start":
-        return _not_plain(f"{SCALER}.loss_scale", answer["scale"]) or (None if answer["scale"] == 2.0 ** 16 else (
-            f"{SCALER}(): loss_scale must start at init_scale = 2**16 = 65536.0, it is {answer['scale']!r}"))
+        return returned_problem(answer["scale"]) or (None if answer["scale"]["returned"] == 2.0 ** 16 else (
+            f"{SCALER}(): loss_scale must start at init_scale = 2**16 = 65536.0, it is {answer['scale']['returned']!r}"))
     if kind == "scale":
         scaled, grad = answer["scaled"], answer.get("grad")
         if not isinstance(scaled, torch.Tensor):
@@ -64,19 +57,20 @@ def scaler(case, answer) -> str | None:
     call = f"{SCALER}({', '.join(f'{k}={v}' for k, v in kw.items())})"
     if kind == "bad":
         return None if answer.get("raised") == "ValueError" else f"{call} must raise ValueError"
-    foreign = next((p for p in (_not_plain(f"{SCALER}.loss_scale", s) for s in answer["scales"]) if p), None)
-    want = scale_history(FLAGS, **kw)
-    if foreign or answer["scales"] != want:
-        return foreign or (f"{call}: after update() with found_inf = {[int(f) for f in FLAGS]} the scale went "
-                           f"{answer['scales']}, expected {want}")
+    if foreign := first(returned_problem(s) for s in answer["scales"]):
+        return foreign
+    got, want = [s["returned"] for s in answer["scales"]], scale_history(FLAGS, **kw)
+    if got != want:
+        return (f"{call}: after update() with found_inf = {[int(f) for f in FLAGS]} the scale went {got}, "
+                f"expected {want}")
     return None
 
 
 # ----------------------------------------------------------------------------- unscale_, on ranks
-def unscale(item, answer) -> list:
+def unscale(item, answer) -> str | None:
     """unscale_: every gradient divided by the scale in place, found_inf the same on every rank
     (an inf or NaN on one rank only), one all-reduce."""
-    case, rank, r, t = item
+    case, rank, r, t = item.case, item.rank, item.r, item.t
     dtype, scale, bad_rank = case["dtype"], case.get("scale", 2.0 ** 10), case.get("bad_rank")
     elsewhere = bad_rank is not None and case.get("bad_group") not in (None, rank // t)
     problems, expect = [], bad_rank is not None and not elsewhere
@@ -98,16 +92,31 @@ def unscale(item, answer) -> list:
             tol = None if dtype == F32 else torch.finfo(dtype).eps
             problems.append(tensor_error(f"param {i}'s unscaled gradient", got, want.double() / scale, dtype=dtype,
                                          tol=tol))
-    return problems
+    return first(problems)
 
 
 # ----------------------------------------------------------------------------- the two steps, on ranks
-def step(item, answer, sharded: bool, partial: bool = False) -> list:
+def step(item, answer) -> str | None:
+    """``mixed_precision_step``'s steps against the fp32 shadow."""
+    return first(_steps(item, answer, sharded=False))
+
+
+def zero1_step(item, answer) -> str | None:
+    """``zero1_mixed_precision_step``'s steps against the fp32 shadow, this rank's shard of it."""
+    return first(_steps(item, answer, sharded=True))
+
+
+def progress(item, answer, sharded: bool) -> str | None:
+    """The first problem of the steps recorded so far (a rank asks after each step, ``answers.step``)."""
+    return first(_steps(item, answer, sharded, partial=True))
+
+
+def _steps(item, answer, sharded: bool, partial: bool = False) -> list:
     """The steps the answer recorded against the shadow, in order (the first that fails ends the
-    list); ``partial``: the steps recorded so far (the rank asks after each step)."""
-    case, _, r, t = item
+    list); ``partial``: the steps recorded so far."""
+    case, r, t = item.case, item.r, item.t
     if case.get("raises"):
-        return raise_verdict(answer, "the master weights do not fit the model")
+        return [raise_verdict(answer, "the master weights do not fit the model")]
     dtype, steps = LOW[case["dtype"]], case.get("steps", 2)
     ref, _ = make_models(dtype, "cpu")
     psi = sum(p.numel() for p in ref.parameters())

@@ -6,9 +6,9 @@ Shazeer et al. 2017 (sparsely-gated top-k MoE), Lepikhin et al. 2020 (GShard: ca
 combine by all-to-all), Fedus et al. 2021 (Switch Transformers: the load-balancing loss
 ``E · Σ_i f_i · P_i``). A lab test cell is a one-liner::
 
-    checks.check_function("ep_dispatch", ep_dispatch)
-    checks.check_function("ep_dispatch", ep_dispatch, hidden=True)
-    checks.check_device("ep_dispatch", ep_dispatch)     # no tensor made off the tokens' device
+    checks.check_ep_dispatch(ep_dispatch)
+    checks.check_ep_dispatch(ep_dispatch, hidden=True)
+    checks.check_device(ep_dispatch)     # no tensor made off the tokens' device
 
 ``top_k_router`` and ``load_balancing_loss`` communicate nothing and are checked in this process.
 The distributed ones run one launch of 4 ranks per call, cut into expert-parallel groups of t
@@ -31,24 +31,21 @@ from __future__ import annotations
 
 from functools import partial
 
-from minidist.checks.kit.check import Registry
-from minidist.checks.kit.device_check import on_meta
-from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT
-from minidist.checks.kit.refused_code import Refusal
-from minidist.checks.lab9_expert_parallel import answers, cases, stand_ins, verdicts
+from minidist.checks.kit.check import BY_NAME, Registry
+from minidist.checks.kit.refusal import Refusal
+from minidist.checks.lab9_expert_parallel import answers, cases, verdicts
 from minidist.checks.lab9_expert_parallel.cases import make_experts
 from minidist.checks.lab9_expert_parallel.demo import measure
 from minidist.checks.lab9_expert_parallel.route import Route
+from minidist.checks.lab9_expert_parallel.stand_ins import STAND_INS
+
+#: Route: what ep_dispatch returns for ep_combine (handed out); make_experts: the experts the checks use
+__all__ = ["CHECKS", "REFUSED", "Route", "check_device", "check_ep_combine", "check_ep_dispatch",
+           "check_load_balancing_loss", "check_moe_layer", "check_top_k_router", "make_experts", "measure"]
 
 #: minidist's expert parallelism is refused in graded code; the lab hands out no helper from it.
 REFUSED = Refusal("expert parallelism", ("minidist.expert_parallel",), checks=__name__)
-CHECKS = Registry(__name__)
-
-
-def refusal(name: str) -> Refusal:
-    """What ``name``'s test refuses: minidist.expert_parallel, but the library code of the stand-ins it calls."""
-    return Refusal(REFUSED.technique, REFUSED.modules, REFUSED.allow + stand_ins.allowed(name), REFUSED.checks)
-
+CHECKS = Registry(__name__, refusal=REFUSED)
 
 _HERE = {"top_k_router": (cases.router_cases, answers.router, verdicts.router, cases.router_covered),
          "load_balancing_loss": (cases.loss_cases, answers.loss, verdicts.loss, cases.loss_covered)}
@@ -59,30 +56,52 @@ _ON_RANKS = {"ep_dispatch": (cases.prepare(partial(cases.exchange_cases, "ep_dis
                             answers.combine, verdicts.combine),
              "moe_layer": (cases.prepare(cases.moe_cases, verdicts.moe_expected), answers.layer, verdicts.layer)}
 _CHECKS = {
-    **{name: CHECKS.check(name, case_list, answer, verdict, refusal=refusal(name), covered=covered)
+    **{name: CHECKS.check(name, case_list, answer, verdict, refusal=STAND_INS.refusal(REFUSED, name), covered=covered)
        for name, (case_list, answer, verdict, covered) in _HERE.items()},
-    **{name: CHECKS.check(name, case_list, answer, verdict, where="groups", world=cases.WORLD, refusal=refusal(name),
-                          stand_ins=partial(stand_ins.stand_ins, name), covered=partial(cases.on_ranks_covered, name))
+    **{name: CHECKS.check(name, case_list, answer, verdict, where="groups", world=cases.WORLD,
+                          refusal=STAND_INS.refusal(REFUSED, name), stand_ins=STAND_INS.rebound(name),
+                          covered=partial(cases.on_ranks_covered, name))
        for name, (case_list, answer, verdict) in _ON_RANKS.items()}}
 #: graded name -> its check, in the notebook's order
 FUNCTIONS = {name: _CHECKS[name] for name in cases.GRADED}
 #: the functions that make tensors of their own (counts, receive buffers, the combined output)
-DEVICE = {name: on_meta(_CHECKS[name]) for name in ("ep_dispatch", "ep_combine")}
-
-#: Route: what ep_dispatch returns for ep_combine (handed out); make_experts: the experts the checks use
-__all__ = ["CHECKS", "REFUSED", "Route", "check_device", "check_function", "make_experts", "measure"]
+DEVICE = CHECKS.devices(FUNCTIONS["ep_dispatch"], FUNCTIONS["ep_combine"])
 
 
-@CHECKS.entry(FUNCTIONS, by="name")
-def check_function(name: str, fn, hidden: bool = False, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
-    """Lab 9's graded function ``name``. The router and the loss in this process; the others on 4
-    ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): outputs and every gradient equal
-    one process, the caller's tensors unchanged, the traced all-to-alls equal the cost model.
-    Hidden cases: k = 1, fp64, uneven and empty loads, dropped choices, capacity, bad input."""
+@CHECKS.entry(FUNCTIONS["top_k_router"])
+def check_top_k_router(fn, *, hidden: bool = False) -> None:
+    """The top-k router, in this process: expert indices, weights and the capacity's keep mask (every first
+    choice queued before any second) and the logits' gradient equal the library's router's."""
 
 
-@CHECKS.entry(DEVICE, by="name")
-def check_device(name: str, fn, timeout: float = TRAINING_CHECK_TIMEOUT) -> None:
-    """Where the tensors of ``name`` (``ep_dispatch`` or ``ep_combine``) live: its first visible case,
-    run with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made without
-    ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""
+@CHECKS.entry(FUNCTIONS["load_balancing_loss"])
+def check_load_balancing_loss(fn, *, hidden: bool = False) -> None:
+    """The Switch Transformers loss ``E · Σ_i f_i · P_i``, in this process, and its gradient."""
+
+
+@CHECKS.entry(FUNCTIONS["ep_dispatch"])
+def check_ep_dispatch(fn, *, hidden: bool = False) -> None:
+    """The dispatch on 4 ranks cut into groups of t (visible t = 2, 4; hidden 1, 2, 4): the rows each
+    expert's rank receives, the route and the tokens' gradient equal one process, the caller's tensors
+    unchanged, the traced all-to-alls equal the cost model."""
+
+
+@CHECKS.entry(FUNCTIONS["ep_combine"])
+def check_ep_combine(fn, *, hidden: bool = False) -> None:
+    """The combine on 4 ranks cut into groups of t: every token's weighted sum of its experts' outputs and
+    both gradients equal one process, the caller's tensors unchanged, the traced all-to-alls equal the
+    cost model."""
+
+
+@CHECKS.entry(FUNCTIONS["moe_layer"])
+def check_moe_layer(fn, *, hidden: bool = False) -> None:
+    """The whole MoE layer on 4 ranks cut into groups of t: the output, the load-balancing loss and every
+    gradient (tokens, router weights, each local expert's parameters) equal one process; hidden: k = 1,
+    fp64, uneven and empty loads, dropped choices, capacity, bad input."""
+
+
+@CHECKS.entry(DEVICE, by=BY_NAME)
+def check_device(fn) -> None:
+    """Where the tensors of ``ep_dispatch`` or ``ep_combine`` (found by its name) live: its first visible
+    case, run with torch's default device ``meta`` in every rank (kit/device_check.py). A tensor made
+    without ``device=`` fails, naming its line: on a GPU node it would sit on the CPU next to CUDA tensors."""

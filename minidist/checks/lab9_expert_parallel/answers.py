@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from minidist.checks.kit.compare import digest, on_rank, traffic
+from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.raises import outcome
 from minidist.checks.kit.raises import attempt
-from minidist.checks.kit.returned import foreign_part
-from minidist.checks.kit.run import RankCase, every_rank_passed, first
+from minidist.checks.kit.returned import returned
+from minidist.checks.kit.run import RankCase, every_rank_passed
 from minidist.checks.lab9_expert_parallel import verdicts
 from minidist.checks.lab9_expert_parallel.cases import (AUX, combine_inputs, dispatch_inputs, dispatch_raise,
                                                         dispatch_upstream, loss_inputs, make_experts, moe_inputs,
@@ -48,9 +49,8 @@ def router(fn, case) -> dict:
     mine = logits.clone().requires_grad_()
     given = mine * 1
     result = fn(given, k, case["capacity"])
-    foreign = foreign_part(result)
-    if foreign is not None:           # the answer carries no object of the student's
-        return {"not plain": foreign}
+    if "foreign" in (record := returned(result, f"top_k_router ({describe_case(case)})")):
+        return record                 # the answer carries no object of the student's
     grad = None
     if isinstance(result, (tuple, list)) and len(result) == 3:
         grad = _backward_grad(result[1], router_upstream(case), mine)
@@ -64,9 +64,8 @@ def loss(fn, case) -> dict:
     mine = probs.clone().requires_grad_()
     given = (mine * 1, idx.clone())
     got = fn(*given, case["E"])
-    foreign = foreign_part(got)
-    if foreign is not None:
-        return {"not plain": foreign}
+    if "foreign" in (record := returned(got, f"load_balancing_loss ({describe_case(case)})")):
+        return record
     grad = _backward_grad(got, 1.0, mine) if isinstance(got, torch.Tensor) else None
     return {"loss": _detached(got), "given": [digest(g) for g in given], "grad": grad}
 
@@ -75,7 +74,7 @@ def loss(fn, case) -> dict:
 def _forward_passed(verdict, case, on, answer) -> bool:
     """Whether the forward half of ``answer`` passes on every rank of the group (they then run the
     backward pass together; one rank alone in it would wait for its peers' all-to-alls)."""
-    mine = first(verdict(RankCase(case, dist.get_rank(), on.r, on.t), answer)) == verdicts.NO_BACKWARD
+    mine = verdict(RankCase(case, dist.get_rank(), on.r, on.t), answer) == verdicts.NO_BACKWARD
     return every_rank_passed(mine, on.group)
 
 

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 import minidist
 from minidist.checks.kit.compare import seeded
-from minidist.checks.kit.launch import TRAINING_CHECK_TIMEOUT, launch_named, mark_case, one_thread
+from minidist.checks.kit.launch import TIMEOUT, launch_named, mark_case, one_thread
 from minidist.checks.kit.quiet import passes_quietly
 from minidist.checks.lab9_expert_parallel.cases import F32, WORLD
 from minidist.cost import expert_parallel as cost
@@ -37,7 +37,7 @@ def _measure_body(progress, top_k_router, ep_dispatch, tokens, hidden, num_exper
 
 @passes_quietly
 def measure(top_k_router, ep_dispatch, tokens: int = 256, hidden: int = 32, num_experts: int = 8, k: int = 2,
-            settings=MEASURE_SETTINGS, timeout: float = TRAINING_CHECK_TIMEOUT) -> list[dict]:
+            settings=MEASURE_SETTINGS, timeout: float = TIMEOUT) -> list[dict]:
     """On 4 ranks, for each (label, skew, capacity factor): your router on each rank's ``tokens`` tokens
     (a bonus logit ``skew`` for experts 0 and 1, on rank 0), then your dispatch. One row per (setting,
     rank): rows its experts ``received``, choices ``dropped``, ``bytes`` your dispatch sent (traced: the

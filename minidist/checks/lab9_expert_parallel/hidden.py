@@ -1,4 +1,4 @@
-"""Lab 9's hidden cases: the grader's, left out of the student wheel (``autograder/student_dist.py``).
+"""Lab 9's hidden cases: the grader's, left out of the student wheel (``autograder/handout/student_dist.py``).
 ``cases.py`` reads them through :func:`minidist.checks.kit.withheld.hidden_cases` and adds them after the
 visible ones: every token sent to one rank, a starved expert, every choice of a rank dropped, bad input."""
 import torch

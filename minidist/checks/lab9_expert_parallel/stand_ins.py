@@ -12,6 +12,7 @@ contract and the library's differ in form only: the router returns a tuple (the 
 """
 from __future__ import annotations
 
+from minidist.checks.kit.stand_ins import StandIns
 from minidist.checks.lab9_expert_parallel.route import route_of
 from minidist.expert_parallel import dispatch, losses, router
 from minidist.expert_parallel.exchange import AllToAllRows, all_to_all_rows
@@ -38,26 +39,16 @@ def ep_combine(expert_outputs, weights, route, group=None):
     return dispatch.ep_combine(expert_outputs, weights, plan, group)
 
 
+#: graded function -> the notebook's functions it calls, stood in by the above (dispatch's cell holds the exchange)
+CALLS = {"top_k_router": (), "load_balancing_loss": (), "ep_dispatch": (),
+         "ep_combine": ("all_to_all_rows", "AllToAllRows"),
+         "moe_layer": ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine")}
 #: the notebook's name -> (stand-in, the library code it runs forward and backward, under minidist.expert_parallel)
-STAND_INS = {
+STAND_INS = StandIns({
     "top_k_router": (top_k_router, ("router.top_k_router",)),
     "load_balancing_loss": (load_balancing_loss, ("losses.load_balancing_loss",)),
     "ep_dispatch": (ep_dispatch, ("dispatch.ep_dispatch", "exchange.AllToAllRows")),
     "all_to_all_rows": (all_to_all_rows, ("exchange.all_to_all_rows", "exchange.AllToAllRows")),
     "AllToAllRows": (AllToAllRows, ("exchange.AllToAllRows",)),
     "ep_combine": (ep_combine, ("dispatch.DispatchPlan", "dispatch.ep_combine", "exchange.AllToAllRows")),
-}
-#: graded function -> the notebook's functions it calls, stood in by the above (dispatch's cell holds the exchange)
-CALLS = {"top_k_router": (), "load_balancing_loss": (), "ep_dispatch": (),
-         "ep_combine": ("all_to_all_rows", "AllToAllRows"),
-         "moe_layer": ("top_k_router", "load_balancing_loss", "ep_dispatch", "ep_combine")}
-
-
-def stand_ins(name: str, params: dict) -> dict:
-    """The stand-ins of a test of ``name``: the notebook's functions it calls."""
-    return {other: STAND_INS[other][0] for other in CALLS[name]}
-
-
-def allowed(name: str) -> tuple[str, ...]:
-    """The library code a test of ``name`` allows: what its stand-ins run."""
-    return tuple(dict.fromkeys(EP + code for other in CALLS[name] for code in STAND_INS[other][1]))
+}, calls=CALLS, prefix=EP)

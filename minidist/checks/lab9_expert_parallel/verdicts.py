@@ -14,9 +14,10 @@ from functools import partial
 
 import torch
 
-from minidist.checks.kit.compare import counted, show, tensor_error, unchanged
+from minidist.checks.kit.compare import first, tensor_error, traffic_problem, unchanged
 from minidist.checks.kit.groups import describe_case
 from minidist.checks.kit.raises import raise_verdict
+from minidist.checks.kit.returned import returned_problem
 from minidist.checks.lab9_expert_parallel.cases import (AUX, CPU, HID, MOE_RAISES, TOL, combine_inputs,
                                                         dispatch_inputs, dispatch_raise, dispatch_upstream,
                                                         loss_inputs, make_experts, moe_inputs, moe_upstream,
@@ -38,20 +39,13 @@ def _raise_problem(label: str, what: str, answer: dict) -> str | None:
     return f"{label}: {problem}" if problem else None
 
 
-def _not_plain(label: str, answer: dict) -> str | None:
-    if "not plain" in answer:
-        return (f"{label}: returned {answer['not plain']}: return plain values (numbers, tensors, lists, tuples, "
-                f"dicts), not objects of your own (the check compares them outside the graded call)")
-    return None
-
-
 # ----------------------------------------------------------------------------- in this process
 def router(case, answer) -> str | None:
     label = f"top_k_router ({describe_case(case)})"
     if case.get("raises"):
         return _raise_problem(label, case["raises"], answer)
-    if problem := _not_plain(label, answer):
-        return problem
+    if "foreign" in answer:
+        return returned_problem(answer)
     result, logits, k = answer["result"], router_logits(case), case["k"]
     if not isinstance(result, (tuple, list)) or len(result) != 3:
         return f"{label}: must return (expert_indices, weights, keep)"
@@ -85,8 +79,8 @@ def loss(case, answer) -> str | None:
     label = f"load_balancing_loss ({describe_case(case)})"
     if case.get("raises"):
         return _raise_problem(label, f"router_probs has {case['E']} columns for {case['E'] + 1} experts", answer)
-    if problem := _not_plain(label, answer):
-        return problem
+    if "foreign" in answer:
+        return returned_problem(answer)
     probs, idx = loss_inputs(case)
     theirs = probs.clone().requires_grad_()
     want = load_balancing_loss(theirs, idx, case["E"])
@@ -113,17 +107,16 @@ def expected(name, sent, received, num_experts, t, elem_bytes, phase) -> list:
 
 def _traffic(answer: dict, phase: str, want: list) -> str | None:
     """Whether the all-to-alls the rank traced in ``phase`` carried the bytes ``want``."""
-    got, want = counted(answer[phase]), counted([["all-to-all", b] for b in want])
-    return None if got == want else f"{phase} communicated {show(got)}; expected {show(want)}"
+    return traffic_problem(phase, answer[phase], [["all-to-all", b] for b in want])
 
 
 # ----------------------------------------------------------------------------- on ranks
-def dispatch(item, answer) -> list:
-    case, _, r, t = item
+def dispatch(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     if case.get("raises"):
         return raise_verdict(answer, dispatch_raise(case, r, t)[1])
     if not answer["shape"]:
-        return ["ep_dispatch must return (expert_inputs, route)"]
+        return "ep_dispatch must return (expert_inputs, route)"
     toks, picks, sim = dispatch_inputs(case, t)
     k = case["k"]
     want_rows = torch.stack([toks[s][q // k] for s, q in zip(sim[r].source.tolist(), sim[r].pair.tolist())]) \
@@ -137,7 +130,7 @@ def dispatch(item, answer) -> list:
             got = got.reshape(t, -1)
         errs.append(close(f"route.{field}", got, getattr(want_route, field)))
     if any(errs) or "backward" not in answer:
-        return errs if any(errs) else [NO_BACKWARD]
+        return first(errs) or NO_BACKWARD
     ups = dispatch_upstream(case, sim, t)
     want_grad = toks[r].new_zeros(tokens_of(r), HID)
     for d in range(t):
@@ -148,11 +141,11 @@ def dispatch(item, answer) -> list:
         el, sent, got = toks[r].element_size(), len(want_route.order), len(sim[r].source)
         errs += [_traffic(answer, phase, expected("ep_dispatch", sent, got, case["E"], t, el, phase))
                  for phase in ("forward", "backward")]
-    return errs
+    return first(errs)
 
 
-def combine(item, answer) -> list:
-    case, _, r, t = item
+def combine(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     sim, outs, ws, ups = combine_inputs(case, t)
     k, total = case["k"], 0
     for s in range(t):               # the reference: every rank's tokens, in one process
@@ -168,7 +161,7 @@ def combine(item, answer) -> list:
             unchanged("expert_outputs", answer["given"][0], outs[r].detach()),
             unchanged("weights", answer["given"][1], ws[r].detach())]
     if any(errs) or "backward" not in answer:
-        return errs if any(errs) else [NO_BACKWARD]
+        return first(errs) or NO_BACKWARD
     total.backward()
     errs += [close("expert_outputs.grad", answer["grads"][0], outs[r].grad),
              close("weights.grad", answer["grads"][1], ws[r].grad)]
@@ -176,7 +169,7 @@ def combine(item, answer) -> list:
         el, sent, got = outs[r].element_size(), len(sim[r].plan.pairs), len(sim[r].source)
         errs += [_traffic(answer, phase, expected("ep_combine", sent, got, case["E"], t, el, phase))
                  for phase in ("forward", "backward")]
-    return errs
+    return first(errs)
 
 
 @once
@@ -205,13 +198,13 @@ def moe_expected(case: dict, t: int):
             [[p.grad for p in expert.parameters()] for expert in experts])
 
 
-def layer(item, answer) -> list:
-    case, _, r, t = item
+def layer(item, answer) -> str | None:
+    case, r, t = item.case, item.r, item.t
     num_experts, cf = case["E"], case.get("capacity")
     if case.get("raises"):
         return raise_verdict(answer, MOE_RAISES[case["raises"]].format(E=num_experts, t=t, cf=cf))
     if not answer["shape"]:
-        return ["moe_layer must return (output, load-balancing loss)"]
+        return "moe_layer must return (output, load-balancing loss)"
     w, xs = moe_inputs(case, t)
     local = max(1, num_experts // t)
     per_rank, expert_grads = moe_expected(case, t)
@@ -219,7 +212,7 @@ def layer(item, answer) -> list:
     errs = [close("the output", answer["y"], y), close("the load-balancing loss", answer["aux"], aux),
             unchanged("x", answer["given"][0], xs[r]), unchanged("router_weight", answer["given"][1], w)]
     if any(errs) or "backward" not in answer:
-        return errs if any(errs) else [NO_BACKWARD]
+        return first(errs) or NO_BACKWARD
     errs += [close("x.grad", answer["grads"][0], x_grad), close("router_weight.grad", answer["grads"][1], w_grad)]
     for j, grads in enumerate(answer["experts"]):
         for (name, grad), theirs in zip(grads, expert_grads[r * local + j]):
@@ -227,4 +220,4 @@ def layer(item, answer) -> list:
     if t > 1 and not any(errs):
         errs += [_traffic(answer, phase, expected("moe_layer", sent, got, num_experts, t, xs[r].element_size(), phase))
                  for phase in ("forward", "backward")]
-    return errs
+    return first(errs)

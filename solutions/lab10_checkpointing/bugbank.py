@@ -1,0 +1,292 @@
+"""Lab 10 (distributed checkpointing: sharded save, load under another layout, the newest good
+checkpoint): realistic wrong implementations, and correct alternatives to the solution that must get
+full marks.
+
+Each bug edits one solution cell of solutions/lab10_checkpointing/lab10_checkpointing.ipynb and names
+the test cells that must lose points; each alternative rewrites one solution cell correctly (format:
+solutions/BUGBANK.md). The three checks are independent: each starts from checkpoints the
+library writes (minidist.checkpoint.portable), so a wrong save fails its own test only.
+"""
+
+SAVE = "test_save_sharded"
+LOAD = "test_load_resharded"
+LATEST = "test_latest_checkpoint"
+
+BUGS = [
+    # ------------------------------------------------------------------ save_sharded
+    dict(
+        name="save_in_place",
+        cell="save_sharded",
+        replace=[('    tmp = path + ".tmp"\n', "    tmp = path\n"),
+                 ("os.rename(tmp, path)                     # the commit: one atomic step", "pass")],
+        catches=[SAVE],
+        why="writes straight into path: a crash in the middle leaves a torn checkpoint a restart could load",
+    ),
+    dict(
+        name="save_replica_by_every_rank",
+        cell="save_sharded",
+        replace=[('if (layout["kind"] == "replicated" and rank > 0) or 0 in lengths:', "if 0 in lengths:")],
+        catches=[SAVE],
+        why="every data-parallel rank writes the replica: N copies, N times the bytes, overlapping shards",
+    ),
+    dict(
+        name="save_even_split",
+        cell="save_sharded",
+        replace=[("            offsets, lengths = box(full.shape, layout, rank)\n",
+                  "            offsets, lengths = box(full.shape, layout, rank)\n"
+                  "            if layout[\"kind\"] == \"rows\":\n"
+                  "                per = full.shape[0] // layout[\"world\"]\n"
+                  "                offsets, lengths = [rank * per] + offsets[1:], [per] + lengths[1:]\n")],
+        catches=[SAVE],
+        why="n // N rows per rank: with 7 rows over 4 ranks the last 3 rows are never written (hidden)",
+    ),
+    dict(
+        name="save_checksum_of_tensors",
+        cell="save_sharded",
+        replace=[('"sha256": sha256_of(os.path.join(tmp, fname))}',
+                  '"sha256": __import__("hashlib").sha256(b"".join(t.numpy().tobytes() for t in tensors.values())).hexdigest()}')],
+        catches=[SAVE],
+        why="hashes the tensors' bytes, not the file: a reader checking the file against it refuses every checkpoint",
+    ),
+    # ------------------------------------------------------------------ load_resharded
+    dict(
+        name="load_same_layout_assumed",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    meta_path = os.path.join(path, "metadata.json")
+    if not os.path.exists(meta_path):
+        raise ValueError(f"{meta_path} is missing: a torn checkpoint")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    out = {}
+    with safe_open(os.path.join(path, f"rank{rank}.safetensors"), framework="pt") as f:
+        for name in meta["tensors"]:
+            out[name] = f.get_tensor(name)       # my own file: right only if nothing changed
+    return out
+''',
+        catches=[LOAD],
+        why="reads its own rank's file: correct only when the checkpoint was saved under the same layout",
+    ),
+    dict(
+        name="load_torn_returns_empty",
+        cell="load_resharded",
+        replace=[('        raise ValueError(f"{meta_path} is missing: a torn checkpoint (the metadata is written last)")',
+                  "        return {}")],
+        catches=[LOAD],
+        why="a torn checkpoint loads as nothing, silently: training restarts from random weights",
+    ),
+    dict(
+        name="load_overlap_not_clipped",
+        cell="load_resharded",
+        replace=[("src = f.get_slice(name)[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, s[\"offsets\"]))]",
+                  "src = f.get_slice(name)[tuple(slice(l - o, l - o + (h - l)) for l, h, o in zip(lo, hi, offsets))]")],
+        catches=[LOAD],
+        why="reads the overlap at my offsets instead of the shard's: the wrong rows whenever the layouts differ",
+    ),
+    dict(
+        name="load_torn_keyerror",
+        cell="load_resharded",
+        replace=[('    if not os.path.exists(meta_path):\n'
+                  '        raise ValueError(f"{meta_path} is missing: a torn checkpoint (the metadata is written last)")\n',
+                  '    if not os.path.exists(meta_path):\n'
+                  '        raise KeyError("tensors")\n')],
+        catches=[LOAD],
+        why="fails on a torn checkpoint with an error that does not say which file is missing",
+    ),
+    # ------------------------------------------------------------------ latest_checkpoint
+    dict(
+        name="latest_sorted_by_name",
+        cell="latest_checkpoint",
+        replace=[("for _, d in sorted(steps, reverse=True):", "for d in sorted((d for _, d in steps), reverse=True):")],
+        catches=[LATEST],
+        why="newest by name: 'step_9' sorts after 'step_10'",
+    ),
+    dict(
+        name="latest_metadata_only",
+        cell="latest_checkpoint",
+        replace=[("""            good = all(os.path.exists(os.path.join(path, name))
+                       and os.path.getsize(os.path.join(path, name)) == rec["bytes"]
+                       and sha256_of(os.path.join(path, name)) == rec["sha256"]
+                       for name, rec in meta["files"].items())""", "            good = isinstance(meta, dict)")],
+        catches=[LATEST],
+        why="trusts metadata.json alone: a truncated file is loaded",
+    ),
+    dict(
+        name="latest_size_not_checksum",
+        cell="latest_checkpoint",
+        replace=[("""                       and sha256_of(os.path.join(path, name)) == rec["sha256"]\n""", "")],
+        catches=[LATEST],
+        why="checks sizes, not checksums: a corrupted byte goes unnoticed (hidden)",
+    ),
+    dict(
+        name="latest_takes_tmp",
+        cell="latest_checkpoint",
+        replace=[('m = re.fullmatch(r"step_(\\d+)", d)', 'm = re.match(r"step_(\\d+)", d)')],
+        catches=[LATEST],
+        why="a crashed save's step_101.tmp counts as step 101 (hidden)",
+    ),
+]
+
+ALTERNATIVES = [
+    dict(
+        name="save_mkdtemp_replace",
+        cell="save_sharded",
+        code='''def save_sharded(state, layout, path):
+    tmp = tempfile.mkdtemp(prefix=".partial-", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        by_rank, meta = {}, {"tensors": {}, "files": {}}
+        for name, full in dict(state).items():
+            entry = meta["tensors"][name] = {"shape": list(full.shape),
+                                             "dtype": str(full.dtype).split(".")[-1], "shards": []}
+            owners = [0] if layout["kind"] == "replicated" else range(layout["world"])
+            for r in owners:
+                off, ln = box(tuple(full.shape), layout, r)
+                if min(ln, default=1) == 0:
+                    continue
+                by_rank.setdefault(r, {})[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+                entry["shards"].append({"rank": r, "file": f"rank{r}.safetensors", "offsets": list(off),
+                                        "lengths": list(ln)})
+        for r in sorted(by_rank):
+            f = os.path.join(tmp, f"rank{r}.safetensors")
+            save_file(by_rank[r], f)
+            meta["files"][os.path.basename(f)] = {"bytes": os.stat(f).st_size, "sha256": sha256_of(f)}
+        with open(os.path.join(tmp, "metadata.json"), "w") as f:
+            f.write(json.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+''',
+        why="a private temporary directory (tempfile.mkdtemp) removed on failure, fsync, os.replace",
+    ),
+    dict(
+        name="save_rank_major",
+        cell="save_sharded",
+        code='''def save_sharded(state, layout, path):
+    tmp = path + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    names = list(state)
+    shards = {name: [] for name in names}
+    files = {}
+    for r in range(layout["world"]):             # each rank in turn writes its own file, as on a real job
+        mine = {}
+        for name in names:
+            t = state[name]
+            off, ln = box(t.shape, layout, r)
+            owner = layout["kind"] != "replicated" or r == 0
+            if owner and all(n > 0 for n in ln):
+                mine[name] = t[tuple(slice(o, o + n) for o, n in zip(off, ln))].contiguous()
+                shards[name].append({"rank": r, "file": f"rank{r}.safetensors", "offsets": off, "lengths": ln})
+        if mine:
+            f = os.path.join(tmp, f"rank{r}.safetensors")
+            save_file(mine, f)
+            files[f"rank{r}.safetensors"] = {"bytes": os.path.getsize(f), "sha256": sha256_of(f)}
+    tensors = {name: {"shape": list(state[name].shape), "dtype": str(state[name].dtype).replace("torch.", ""),
+                      "shards": shards[name]} for name in names}
+    with open(os.path.join(tmp, "metadata.json"), "w") as f:
+        json.dump({"tensors": tensors, "files": files}, f, indent=1)
+    os.rename(tmp, path)
+''',
+        why="rank by rank, each writing its own file (as each rank would on a job), then the metadata",
+    ),
+    dict(
+        name="load_assemble_then_slice",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        raise FileNotFoundError(f"torn checkpoint: {os.path.join(path, 'metadata.json')} does not exist")
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    out = {}
+    for name, t in meta["tensors"].items():
+        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        for s in t["shards"]:
+            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                full[tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
+        off, ln = box(tuple(t["shape"]), layout, rank)
+        out[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+    return out
+''',
+        why="rebuilds every full tensor, then slices its piece (reads more than it needs, but right)",
+    ),
+    dict(
+        name="load_narrow",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    meta_file = os.path.join(path, "metadata.json")
+    try:
+        with open(meta_file) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"cannot load {path}: metadata.json is missing (torn checkpoint)") from None
+    pieces = {}
+    for name, t in meta["tensors"].items():
+        off, ln = box(t["shape"], layout, rank)
+        piece = torch.zeros(ln, dtype=getattr(torch, t["dtype"]), device="cpu")
+        for s in t["shards"]:
+            region = []
+            for a, n, b, m in zip(off, ln, s["offsets"], s["lengths"]):
+                lo, hi = max(a, b), min(a + n, b + m)
+                region.append((lo, hi))
+            if not all(lo < hi for lo, hi in region):
+                continue
+            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                src = f.get_tensor(name)
+            dst = piece
+            for d, ((lo, hi), a, b) in enumerate(zip(region, off, s["offsets"])):
+                src = src.narrow(d, lo - b, hi - lo)
+                dst = dst.narrow(d, lo - a, hi - lo)
+            dst.copy_(src)
+        pieces[name] = piece
+    return pieces
+''',
+        why="narrow() dimension by dimension, copy_ into a view of the piece",
+    ),
+    dict(
+        name="latest_listdir_sorted_key",
+        cell="latest_checkpoint",
+        code='''def _good(path):
+    try:
+        meta = json.load(open(os.path.join(path, "metadata.json")))
+        for name, rec in meta["files"].items():
+            f = os.path.join(path, name)
+            if os.path.getsize(f) != rec["bytes"] or sha256_of(f) != rec["sha256"]:
+                return False
+        return True
+    except Exception:
+        return False
+
+
+def latest_checkpoint(root):
+    names = [d for d in os.listdir(root) if d.startswith("step_") and d[5:].isdigit()]
+    for d in sorted(names, key=lambda d: int(d[5:]), reverse=True):
+        if _good(os.path.join(root, d)):
+            return os.path.join(root, d)
+    return None
+''',
+        why="a helper that says whether a directory is good, names filtered with isdigit",
+    ),
+    dict(
+        name="latest_max_of_good",
+        cell="latest_checkpoint",
+        code='''def latest_checkpoint(root):
+    good = []
+    for d in os.listdir(root):
+        if not re.fullmatch(r"step_[0-9]+", d):
+            continue
+        p = os.path.join(root, d)
+        try:
+            with open(os.path.join(p, "metadata.json")) as f:
+                files = json.load(f)["files"]
+        except (OSError, json.JSONDecodeError, KeyError):
+            continue
+        if all(os.path.isfile(os.path.join(p, n)) and os.path.getsize(os.path.join(p, n)) == r["bytes"]
+               and sha256_of(os.path.join(p, n)) == r["sha256"] for n, r in files.items()):
+            good.append((int(d.split("_")[1]), p))
+    return max(good)[1] if good else None
+''',
+        why="verifies every candidate, then takes the largest step",
+    ),
+]
