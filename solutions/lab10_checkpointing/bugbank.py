@@ -48,7 +48,56 @@ BUGS = [
         catches=[SAVE],
         why="hashes the tensors' bytes, not the file: a reader checking the file against it refuses every checkpoint",
     ),
+    dict(
+        name="save_metadata_after_rename",
+        cell="save_sharded",
+        replace=[("""    with open(os.path.join(tmp, "metadata.json"), "w") as f:    # last: its presence means complete
+        json.dump(meta, f)
+    os.rename(tmp, path)                     # the commit: one atomic step""",
+                  """    os.rename(tmp, path)
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump(meta, f)""")],
+        catches=[SAVE],
+        why="renames, then writes metadata.json: a crash between the two leaves path without its metadata",
+    ),
     # ------------------------------------------------------------------ load_resharded
+    dict(
+        name="load_assemble_then_slice",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        raise FileNotFoundError(f"torn checkpoint: {os.path.join(path, 'metadata.json')} does not exist")
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    out = {}
+    for name, t in meta["tensors"].items():
+        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        for s in t["shards"]:
+            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                full[tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
+        off, ln = box(tuple(t["shape"]), layout, rank)
+        out[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+    return out
+''',
+        catches=[LOAD],
+        why="rebuilds every full tensor from every file, then slices its piece: opens files that hold nothing of "
+            "it (and a torn checkpoint raises FileNotFoundError)",
+    ),
+    dict(
+        name="load_opens_touching_shards",
+        cell="load_resharded",
+        replace=[("if any(h <= l for l, h in zip(lo, hi)):", "if any(h < l for l, h in zip(lo, hi)):")],
+        catches=[LOAD],
+        why="opens a shard whose box only touches its own (hi == lo): a file read for nothing",
+    ),
+    dict(
+        name="load_torn_filenotfound",
+        cell="load_resharded",
+        replace=[('    if not os.path.exists(meta_path):\n'
+                  '        raise ValueError(f"{meta_path} is missing: a torn checkpoint (the metadata is written last)")\n',
+                  "")],
+        catches=[LOAD],
+        why="no check for a torn checkpoint: open() raises FileNotFoundError where the text asks for a ValueError",
+    ),
     dict(
         name="load_same_layout_assumed",
         cell="load_resharded",
@@ -116,14 +165,35 @@ BUGS = [
         cell="latest_checkpoint",
         replace=[("""                       and sha256_of(os.path.join(path, name)) == rec["sha256"]\n""", "")],
         catches=[LATEST],
-        why="checks sizes, not checksums: a corrupted byte goes unnoticed (hidden)",
+        why="checks sizes, not checksums: a corrupted byte goes unnoticed",
     ),
     dict(
         name="latest_takes_tmp",
         cell="latest_checkpoint",
         replace=[('m = re.fullmatch(r"step_(\\d+)", d)', 'm = re.match(r"step_(\\d+)", d)')],
         catches=[LATEST],
-        why="a crashed save's step_101.tmp counts as step 101 (hidden)",
+        why="a crashed save's step_3.tmp counts as step 3",
+    ),
+    dict(
+        name="latest_newest_mtime",
+        cell="latest_checkpoint",
+        replace=[("for _, d in sorted(steps, reverse=True):",
+                  "for _, d in sorted(steps, key=lambda s: os.path.getmtime(os.path.join(root, s[1])), reverse=True):")],
+        catches=[LATEST],
+        why="newest by modification time: a smaller step written later wins",
+    ),
+    dict(
+        name="latest_files_found_not_listed",
+        cell="latest_checkpoint",
+        replace=[("""            good = all(os.path.exists(os.path.join(path, name))
+                       and os.path.getsize(os.path.join(path, name)) == rec["bytes"]
+                       and sha256_of(os.path.join(path, name)) == rec["sha256"]
+                       for name, rec in meta["files"].items())""",
+                  """            good = all(os.path.getsize(os.path.join(path, name)) == meta["files"][name]["bytes"]
+                       and sha256_of(os.path.join(path, name)) == meta["files"][name]["sha256"]
+                       for name in os.listdir(path) if name in meta["files"])""")],
+        catches=[LATEST],
+        why="checks the files it finds, not the files the metadata lists: a deleted shard goes unnoticed",
     ),
 ]
 
@@ -193,23 +263,33 @@ ALTERNATIVES = [
         why="rank by rank, each writing its own file (as each rank would on a job), then the metadata",
     ),
     dict(
-        name="load_assemble_then_slice",
+        name="load_file_cached",
         cell="load_resharded",
         code='''def load_resharded(path, layout, rank):
-    if not os.path.isfile(os.path.join(path, "metadata.json")):
-        raise FileNotFoundError(f"torn checkpoint: {os.path.join(path, 'metadata.json')} does not exist")
-    meta = json.load(open(os.path.join(path, "metadata.json")))
-    out = {}
+    from safetensors.torch import load_file
+    try:
+        with open(os.path.join(path, "metadata.json")) as f:
+            meta = json.load(f)
+    except FileNotFoundError as err:
+        raise ValueError(f"torn checkpoint: {err.filename} (metadata.json) is missing") from None
+    out, cache = {}, {}
     for name, t in meta["tensors"].items():
-        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        off, ln = box(t["shape"], layout, rank)
+        piece = torch.empty(ln, dtype=getattr(torch, t["dtype"]), device="cpu")
         for s in t["shards"]:
-            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
-                full[tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
-        off, ln = box(tuple(t["shape"]), layout, rank)
-        out[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+            ends = [(max(a, b), min(a + n, b + m)) for a, n, b, m in zip(off, ln, s["offsets"], s["lengths"])]
+            if any(hi <= lo for lo, hi in ends):
+                continue
+            if s["file"] not in cache:
+                cache[s["file"]] = load_file(os.path.join(path, s["file"]), device="cpu")
+            src = cache[s["file"]][name]
+            piece[tuple(slice(lo - a, hi - a) for (lo, hi), a in zip(ends, off))] = \\
+                src[tuple(slice(lo - b, hi - b) for (lo, hi), b in zip(ends, s["offsets"]))]
+        out[name] = piece
     return out
 ''',
-        why="rebuilds every full tensor, then slices its piece (reads more than it needs, but right)",
+        why="each needed file read whole once (load_file) and kept; a torn checkpoint's FileNotFoundError turned "
+            "into the ValueError",
     ),
     dict(
         name="load_narrow",

@@ -1,10 +1,11 @@
 """Lab 10's answers, the only code of its checks that calls student code: what the student's function
 did on one case, as plain data. Each runs in this process, in the case's temporary root, which
 ``reference`` is (built by :mod:`.checkpoints` before the student's code runs, outside the refusal;
-removed here): ``save_sharded`` on a state (one whose k-th tensor cannot be read, in a crash case:
-the disk filled up) next to the previous checkpoint, then everything it left on disk read back;
-``load_resharded`` on a checkpoint the library wrote, for every rank of the new layout;
-``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
+removed here): ``save_sharded`` on a state next to the previous checkpoint, then everything it left
+on disk read back; in a crash case the disk fills up at one point of the save (reading the k-th
+tensor, writing the k-th file, writing ``metadata.json``) or the rename fails; ``load_resharded``
+on a checkpoint the library wrote, for every rank of the new layout, with the files each rank opens
+observed; ``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
 from __future__ import annotations
 
 import json
@@ -17,8 +18,7 @@ from minidist.checks.kit.compare import digest
 from minidist.checks.kit.returned import foreign_part
 from minidist.checks.lab10_checkpointing.helpers import sha256_of
 from minidist.checks.lab10_checkpointing.cases import state_of
-
-CRASH = "No space left on device (injected: the disk filled up in the middle of the save)"
+from minidist.checks.lab10_checkpointing.faults import CRASH, failing, observed
 
 
 class _DiskFull(Mapping):
@@ -83,7 +83,8 @@ def saved(fn, case, reference) -> dict:
         given = _DiskFull(state, list(state)[case["crash_at"]]) if "crash_at" in case else dict(state)
         out = {"raised": None}
         try:
-            fn(given, dict(case["layout"]), path)
+            with failing(fn, case.get("fail")):
+                fn(given, dict(case["layout"]), path)
         except Exception as err:     # noqa: BLE001  (the crash case must raise; others must not)
             out["raised"] = _error(err)
         out["entries"] = sorted(os.listdir(root))
@@ -103,14 +104,17 @@ def loaded(fn, case, reference) -> dict:
             except Exception as err:      # noqa: BLE001
                 return {"raised": _error(err)}
             return {"raised": None}
-        pieces = []
+        pieces, opened = [], []
         for r in range(case["load"]["world"]):
-            got = fn(path, dict(case["load"]), r)
+            mine = []
+            with observed(fn, mine):
+                got = fn(path, dict(case["load"]), r)
+            opened.append(sorted(set(mine)))
             foreign = foreign_part(got)
             if foreign is not None or not isinstance(got, dict):
                 return {"rank": r, "not plain": foreign or f"a {type(got).__name__}"}
             pieces.append({k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()})
-    return {"pieces": pieces}
+    return {"pieces": pieces, "opened": opened}
 
 
 def chosen(fn, case, reference) -> dict:

@@ -8,7 +8,9 @@ from minidist.checks.lab10_checkpointing.cases import UNEVEN, lay
 SAVE = [dict(seed=4, shapes=UNEVEN, layout=lay("rows", 4)),          # 7 and 5 rows over 4 ranks
         dict(seed=5, shapes=UNEVEN, layout=lay("cols", 3)),
         dict(seed=6, shapes=UNEVEN, layout=lay("rows", 4), dtype=torch.float64, crash_at=3),
-        dict(seed=7, shapes={"w": (3, 2)}, layout=lay("rows", 4))]       # rank 3 holds nothing
+        dict(seed=7, shapes={"w": (3, 2)}, layout=lay("rows", 4)),       # rank 3 holds nothing
+        dict(seed=19, shapes=UNEVEN, layout=lay("rows", 3), fail=("file", 1)),
+        dict(seed=20, shapes=UNEVEN, layout=lay("replicated", 2), dtype=torch.bfloat16, fail="metadata")]
 
 LOAD = [dict(seed=14, shapes=UNEVEN, saved=lay("replicated", 2), load=lay("cols", 3)),
         dict(seed=15, shapes=UNEVEN, saved=lay("cols", 3), load=lay("replicated", 2)),
@@ -17,6 +19,7 @@ LOAD = [dict(seed=14, shapes=UNEVEN, saved=lay("replicated", 2), load=lay("cols"
 
 #: directories under a root, each (name, what happened to it), and the one a restart must use
 LATEST = [dict(dirs=[("step_1", "good"), ("step_2", "corrupted")], want="step_1"),
+          dict(dirs=[("step_12", "good"), ("step_3", "good"), ("step_11", "missing")], want="step_12"),
           dict(dirs=[("step_7", "torn"), ("step_8", "garbled")], want=None),
           dict(dirs=[], want=None),
           dict(dirs=[("step_98", "good"), ("step_99", "truncated"), ("step_100", "torn"),
