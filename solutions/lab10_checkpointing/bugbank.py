@@ -370,3 +370,72 @@ def latest_checkpoint(root):
         why="verifies every candidate, then takes the largest step",
     ),
 ]
+
+INTERVAL, GOODPUT = "test_checkpoint_interval", "test_goodput"
+
+BUGS += [
+    dict(name="interval_gpu_mtbf", cell="checkpoint_interval",
+         replace=[("mtbf = gpu_mtbf_s / gpus", "mtbf = gpu_mtbf_s")], catches=[INTERVAL],
+         why="the per-GPU MTBF used as the job's: intervals √N times too long"),
+    dict(name="interval_young_without_2", cell="checkpoint_interval",
+         replace=[("young = math.sqrt(2 * save_s * mtbf)", "young = math.sqrt(save_s * mtbf)")], catches=[INTERVAL],
+         why="√(C·M): Young's interval without its factor 2"),
+    dict(name="interval_daly_without_minus_c", cell="checkpoint_interval",
+         replace=[("daly = young * (1 + math.sqrt(x) / 3 + x / 9) - save_s", "daly = young * (1 + math.sqrt(x) / 3 + x / 9)")],
+         catches=[INTERVAL], why="Daly's formula without its final − C"),
+    dict(name="interval_daly_always_formula", cell="checkpoint_interval",
+         replace=[("    if save_s >= 2 * mtbf:\n", "    if False:\n")], catches=[INTERVAL],
+         why="Daly's formula where C >= 2M, where Daly's optimum is M (hidden)"),
+    dict(name="goodput_blocking_ignored", cell="goodput",
+         replace=[("stall = save_s if blocking_s is None else blocking_s", "stall = save_s")], catches=[GOODPUT],
+         why="an asynchronous save counted as stalling training for all of C"),
+    dict(name="goodput_no_restart", cell="goodput",
+         replace=[(" - restart_s / mtbf_s\n", "\n")], catches=[GOODPUT],
+         why="the restart's R/M left out"),
+    dict(name="goodput_lost_tau_only", cell="goodput",
+         replace=[("(interval_s + save_s) / (2 * mtbf_s)", "interval_s / (2 * mtbf_s)")], catches=[GOODPUT],
+         why="τ/(2M) for the work a failure loses, without the save in progress"),
+    dict(name="goodput_negative", cell="goodput",
+         replace=[("return max(0.0, kept)", "return kept")], catches=[GOODPUT],
+         why="no floor at 0: a negative share of wall time (hidden)"),
+]
+
+ALTERNATIVES += [
+    dict(name="interval_pow_and_ratio", cell="checkpoint_interval",
+         code='''def checkpoint_interval(save_s, gpu_mtbf_s, gpus):
+    m = gpu_mtbf_s / gpus
+    r = save_s / (2 * m)
+    young = (2 * save_s * m) ** 0.5
+    daly = m if r >= 1 else young + young * r ** 0.5 / 3 + young * r / 9 - save_s
+    return dict(mtbf_s=m, young_s=young, daly_s=daly)
+''',
+         why="** 0.5 and the ratio C/(2M), Daly's terms expanded"),
+    dict(name="interval_rate_sum", cell="checkpoint_interval",
+         code='''def checkpoint_interval(save_s, gpu_mtbf_s, gpus):
+    rate = gpus * (1.0 / gpu_mtbf_s)          # failures per second, all GPUs together
+    mtbf = 1.0 / rate
+    young = math.sqrt(2.0 * save_s * mtbf)
+    x = save_s / (2.0 * mtbf)
+    daly = mtbf if save_s >= 2.0 * mtbf else math.sqrt(2.0 * save_s * mtbf) * (1 + math.sqrt(x) / 3 + x / 9) - save_s
+    return {"daly_s": float(daly), "young_s": float(young), "mtbf_s": float(mtbf)}
+''',
+         why="the job's failure rate as the sum of the GPUs' rates"),
+    dict(name="goodput_terms", cell="goodput",
+         code='''def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
+    stalled = (save_s if blocking_s is None else blocking_s) / interval_s
+    redone = (interval_s + save_s) / 2 / mtbf_s
+    restarting = restart_s / mtbf_s
+    return max(1.0 - stalled - redone - restarting, 0.0)
+''',
+         why="each loss named, then the floor"),
+    dict(name="goodput_if_negative", cell="goodput",
+         code='''def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
+    if blocking_s is None:
+        blocking_s = save_s
+    g = 1 - blocking_s / interval_s - (interval_s + save_s) / (2 * mtbf_s) - restart_s / mtbf_s
+    if g < 0:
+        g = 0.0
+    return g
+''',
+         why="the default filled in, an if for the floor"),
+]

@@ -24,3 +24,11 @@ LATEST = [dict(dirs=[("step_1", "good"), ("step_2", "corrupted")], want="step_1"
           dict(dirs=[], want=None),
           dict(dirs=[("step_98", "good"), ("step_99", "truncated"), ("step_100", "torn"),
                      ("step_101.tmp", "good")], want="step_98")]
+
+#: checkpoint_interval (C, per-GPU MTBF, GPUs): one GPU, a save longer than 2M (Daly's optimum is M), a tiny save
+INTERVAL = [dict(args=(20.0, 50000.0, 1)), dict(args=(5000.0, 8.0e6, 4096)), dict(args=(0.5, 1.0e7, 512))]
+
+#: goodput (τ, C, M[, R[, B]]): an interval so long that nothing is kept (0), a restart, an asynchronous save
+#: that stalls for nothing
+GOODPUT = [dict(args=(50000.0, 60.0, 11160.0)), dict(args=(1200.0, 30.0, 3600.0, 120.0)),
+           dict(args=(300.0, 300.0, 7200.0, 0.0, 0.0))]
