@@ -39,6 +39,18 @@ class _Swaps:
                 self._undo.append((dict.__setitem__, self._names, name, value))
                 self._names[name] = new
 
+    def opens(self, wrap):
+        """Every ``open`` graded code can reach wrapped by ``wrap(real_open)``: the builtin, ``io.open``
+        (pathlib's) and the student's global ``open`` where one is bound (IPython binds its own in a
+        notebook's namespace, around the builtin)."""
+        real = builtins.open
+        self.attr(builtins, "open", wrap(real))
+        self.attr(io, "open", wrap(real))
+        mine = (self._names or {}).get("open")
+        if mine is not None and mine is not real:
+            self._undo.append((dict.__setitem__, self._names, "open", mine))
+            self._names["open"] = wrap(mine)
+
     def undo(self):
         for put, owner, name, value in reversed(self._undo):
             put(owner, name, value)
@@ -54,14 +66,13 @@ def failing(fn, fail):
     rename fails), ``("file", k)`` (the k-th safetensors file written fails); None: nothing fails."""
     swaps = _Swaps(fn)
     if fail == "metadata":
-        real_open = builtins.open
-
-        def failing_open(file, mode="r", *args, **kwargs):
-            if _is_named(file, "metadata.json") and any(c in mode for c in _WRITES):
-                raise OSError(28, CRASH)
-            return real_open(file, mode, *args, **kwargs)
-        swaps.attr(builtins, "open", failing_open)
-        swaps.attr(io, "open", failing_open)
+        def failing_open(real_open):
+            def open_(file, mode="r", *args, **kwargs):
+                if _is_named(file, "metadata.json") and any(c in mode for c in _WRITES):
+                    raise OSError(28, CRASH)
+                return real_open(file, mode, *args, **kwargs)
+            return open_
+        swaps.opens(failing_open)
     elif fail == "rename":
         def failing_rename(*args, **kwargs):
             raise OSError(5, RENAME)
@@ -88,7 +99,7 @@ def failing(fn, fail):
 def observed(fn, opened: list):
     """Every file graded code opens (safetensors' safe_open, load_file, open), by name, into ``opened``."""
     swaps = _Swaps(fn)
-    real_safe_open, real_load_file, real_open = safetensors.safe_open, safetensors.torch.load_file, builtins.open
+    real_safe_open, real_load_file = safetensors.safe_open, safetensors.torch.load_file
 
     def seen_safe_open(filename, *args, **kwargs):
         opened.append(os.path.basename(os.fspath(filename)))
@@ -98,14 +109,15 @@ def observed(fn, opened: list):
         opened.append(os.path.basename(os.fspath(filename)))
         return real_load_file(filename, *args, **kwargs)
 
-    def seen_open(file, *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)):
-            opened.append(os.path.basename(os.fspath(file)))
-        return real_open(file, *args, **kwargs)
+    def seen_open(real_open):
+        def open_(file, *args, **kwargs):
+            if isinstance(file, (str, os.PathLike)):
+                opened.append(os.path.basename(os.fspath(file)))
+            return real_open(file, *args, **kwargs)
+        return open_
     swaps.everywhere([(safetensors, "safe_open"), (safetensors.torch, "safe_open")], seen_safe_open, real_safe_open)
     swaps.everywhere([(safetensors.torch, "load_file")], seen_load_file, real_load_file)
-    swaps.attr(builtins, "open", seen_open)
-    swaps.attr(io, "open", seen_open)
+    swaps.opens(seen_open)
     try:
         yield
     finally:
