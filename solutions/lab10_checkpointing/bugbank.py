@@ -439,3 +439,91 @@ ALTERNATIVES += [
 ''',
          why="the default filled in, an if for the floor"),
 ]
+
+ASYNC = "test_async_saver"
+
+BUGS += [
+    dict(name="async_no_copy", cell="async_saver",
+         replace=[('copy = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}', "copy = dict(state)")],
+         catches=[ASYNC], why="writes the live tensors: the next step changes them while the thread writes"),
+    dict(name="async_cpu_aliases", cell="async_saver",
+         replace=[('copy = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}',
+                   'copy = {name: t.detach().cpu() for name, t in state.items()}')],
+         catches=[ASYNC], why=".cpu() copies from a GPU but returns the same tensor on the CPU: the write sees the next "
+                              "step's values"),
+    dict(name="async_blocking", cell="async_saver",
+         replace=[("        self.thread = threading.Thread(target=run, daemon=True)\n        self.thread.start()\n",
+                   "        run()\n")],
+         catches=[ASYNC], why="writes on the calling thread: training waits for the whole write"),
+    dict(name="async_no_wait_before_next", cell="async_saver",
+         replace=[("        self.wait()                                  # one save at a time; a failure surfaces here\n",
+                   "")],
+         catches=[ASYNC], why="starts the next write while the previous one runs: two writes at once, and a failure "
+                              "never surfaces at the next save"),
+    dict(name="async_error_swallowed", cell="async_saver",
+         replace=[("                self.error = err", "                print('background save failed:', err)")],
+         catches=[ASYNC], why="a failed background write is printed, not raised: the job believes it has a checkpoint"),
+    dict(name="async_error_raised_forever", cell="async_saver",
+         replace=[("            err, self.error = self.error, None\n            raise err",
+                   "            raise self.error")],
+         catches=[ASYNC], why="the failure is kept: every later wait() and save() raises it again"),
+]
+
+ALTERNATIVES += [
+    dict(name="async_executor", cell="async_saver",
+         code='''from concurrent.futures import ThreadPoolExecutor
+
+
+class AsyncSaver:
+    def __init__(self, write):
+        self._write = write
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._pending = None
+
+    def save(self, state, *args):
+        self.wait()
+        host = {k: torch.empty_like(v, device="cpu").copy_(v) for k, v in state.items()}
+        self._pending = self._pool.submit(self._write, host, *args)
+
+    def wait(self):
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()          # re-raises the write's exception, once (the future is dropped)
+''',
+         why="a one-worker ThreadPoolExecutor; Future.result() raises the write's error"),
+    dict(name="async_thread_subclass", cell="async_saver",
+         code='''class _Writer(threading.Thread):
+    def __init__(self, write, state, args):
+        super().__init__(daemon=True)
+        self.write, self.state, self.args, self.failure = write, state, args, None
+
+    def run(self):
+        try:
+            self.write(self.state, *self.args)
+        except Exception as e:
+            self.failure = e
+
+
+class AsyncSaver:
+    def __init__(self, write):
+        self.write = write
+        self.writer = None
+
+    def wait(self):
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return None
+        writer.join()
+        if writer.failure is not None:
+            raise writer.failure
+
+    def save(self, state, *args):
+        self.wait()
+        snapshot = {}
+        for name in state:
+            snapshot[name] = state[name].detach().clone().cpu()
+        self.writer = _Writer(self.write, snapshot, args)
+        self.writer.start()
+''',
+         why="a Thread subclass that keeps its failure; clone() then cpu()"),
+]

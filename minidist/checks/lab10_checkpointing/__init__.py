@@ -49,7 +49,7 @@ FUNCTIONS = {name: CHECKS.check(name, c, a, v, covered=cov, launch={"reference":
 
 #: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
 __all__ = ["CHECKS", "REFUSED", "box", "check_checkpoint_interval", "check_goodput", "check_latest_checkpoint",
-           "check_load_resharded", "check_save_sharded", "damage", "sha256_of", "split_range"]
+           "check_load_resharded", "check_save_sharded", "damage", "sha256_of", "split_range", "check_async_saver"]
 
 
 @CHECKS.entry(FUNCTIONS["save_sharded"])
@@ -87,3 +87,13 @@ GOODPUT = CHECKS.exercise("goodput")
 def check_goodput(fn, *, hidden: bool = False) -> None:
     """``goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None)``: the share of wall time kept,
     against :func:`minidist.cost.checkpoint.goodput` (hidden: nothing kept, a restart, no stall)."""
+
+
+ASYNC_SAVER = CHECKS.exercise("async_saver", answer=answers.async_saved, function="AsyncSaver")
+
+
+@CHECKS.entry(ASYNC_SAVER)
+def check_async_saver(fn, *, hidden: bool = False) -> None:
+    """``AsyncSaver(write)``: save() copies the state to host memory and returns while a thread writes it (the
+    state changed right after the call), one write at a time, a background failure raised once by the next
+    wait() (hidden: by the next save, which then writes nothing; a bf16 state)."""

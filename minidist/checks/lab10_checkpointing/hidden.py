@@ -32,3 +32,6 @@ INTERVAL = [dict(args=(20.0, 50000.0, 1)), dict(args=(5000.0, 8.0e6, 4096)), dic
 #: that stalls for nothing
 GOODPUT = [dict(args=(50000.0, 60.0, 11160.0)), dict(args=(1200.0, 30.0, 3600.0, 120.0)),
            dict(args=(300.0, 300.0, 7200.0, 0.0, 0.0))]
+
+#: AsyncSaver: a failure surfaced by the next save, and a bf16 state saved twice
+ASYNC = [dict(scenario="fails_then_save", seed=33), dict(scenario="two", seed=34, dtype=torch.bfloat16)]
