@@ -43,6 +43,8 @@ LABS = [
     ("lab8_memory", "scaler_flag_without_device", "test_memory_device", "bad = torch.zeros(1)"),
     ("lab9_expert_parallel", "dispatch_counts_without_device", "test_ep_device",
      "recv_counts = torch.empty(num_experts, dtype=torch.long)"),
+    ("lab11_overlap", "ag_output_without_device", "test_overlap_device",
+     "out = torch.empty((t * n, weight.shape[0]), dtype=x_shard.dtype)"),
 ]
 
 

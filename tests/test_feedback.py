@@ -72,6 +72,10 @@ MISTAKES = [
      ["12 query and 6 key/value heads do not both split over t = 4", "a ValueError"]),
     ("lab9_expert_parallel", "dispatch_rows_left_in_source_order", "test_ep_dispatch",
      ["expert_inputs differs from one process", "the right rows in the wrong order"]),
+    ("lab11_overlap", "ag_waits_before_matmul", "test_all_gather_matmul",
+     ["step 0's send was waited for before the matmul of step 0", "nothing overlapped"]),
+    ("lab11_overlap", "prefetch_everything_upfront", "test_prefetch_forward",
+     ["unit 2's all-gather was posted before unit 0 finished", "three units' full weights are held at once"]),
 ]
 
 
@@ -98,3 +102,22 @@ def test_a_classic_mistake_is_diagnosed_in_its_failure(lab, bug, test, words):
     message = failure_of(lab, bug, test)
     for word in words:
         assert word in message, message
+
+
+def test_feedback_quotes_no_hidden_line_when_a_test_cell_timed_out():
+    """nbclient's timeout error previews the cell's source: the feedback keeps the error's name and
+    the shown part of its message, never a hidden test's line."""
+    from nbformat.v4 import new_code_cell
+
+    from autograder.grading.worker.nbext import hiding
+    shown = "checks.check_allsum(allsum)"
+    full = shown + "\n### BEGIN HIDDEN TESTS\nchecks.check_allsum(allsum, hidden=True)\n### END HIDDEN TESTS"
+    cell = new_code_cell(full, metadata={"nbgrader": {"grade_id": "test_allsum", "grade": True, "points": 2}})
+    cell.outputs = [nbformat.v4.new_output("error", ename="CellTimeoutError", traceback=["frame", full],
+                                           evalue=f"A cell timed out after 20 seconds.\nHere is a preview "
+                                                  f"of the cell contents:\n-------------------\n{full}\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text=f"ran {full.splitlines()[2]}\nok\n")]
+    out, _ = hiding({"test_allsum": shown})().preprocess_cell(cell, {}, 0)
+    said = out.source + "".join(str(o) for o in out.outputs)
+    assert "hidden=True" not in said and "A cell timed out after 20 seconds." in said, said
+    assert out.outputs[0].traceback == [f"CellTimeoutError: {out.outputs[0].evalue}"] and "ok" in said

@@ -7,7 +7,7 @@
   named like an exercise outside the library's refused implementation or a thin adapter over it
   (:mod:`handed_out`), no hidden case table in what a job reads (the wheel), no bug bank (no bank's file, no
   entry's name or code; nor in the grading files, checked by ``make test``).
-* A function of the library that answers an exercise of labs 3, 9 and 10, pasted into the release's cell,
+* A function of the library that answers an exercise of labs 3, 9, 10 and 11, pasted into the release's cell,
   is flagged by the similarity report against minidist (calling it is refused: the labs' own tests).
 
 The student distribution is searched the same way in ``test_student_dist.py``.
@@ -97,6 +97,7 @@ LIBRARY_ANSWERS = {
     "lab9_expert_parallel": [],       # filled from the library's names (its exercises' names), below
     "lab10_checkpointing": [("minidist.checkpoint.portable", "save_portable", "save_sharded"),
                             ("minidist.checkpoint.portable", "load_portable", "load_resharded")],
+    "lab11_overlap": [],              # filled from the library's names (minidist.overlap's rings), below
 }
 ADAPTERS = {"lab3_zero_fsdp": "minidist.checks.lab3_zero_fsdp.stand_ins"}
 

@@ -7,7 +7,7 @@
   ``returned.py``, ``student_code.py``, ``quiet.py``), stand-ins (``stand_ins.py``), the docket
   (``docket.py``), the must-raise rule (``raises.py``), two shared kinds of check (``collectives.py``,
   ``training.py``), and where a lab's hidden cases come from (``withheld.py``);
-* a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab10_checkpointing``, and
+* a folder per lab, named like its notebook (``lab1_collectives`` ... ``lab11_overlap``, and
   ``toylab``, the grader's test fixture and docs/AUTHORING.md's worked example): ``__init__.py``
   (``REFUSED``, the registry ``CHECKS`` and the public checks), an exercise's cases and verdict in a
   module of its own (the toy lab's ``add.py``), or, where exercises share code, ``cases.py``,

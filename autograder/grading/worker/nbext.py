@@ -85,19 +85,38 @@ class HideHiddenTests(ClearHiddenTests):
     def preprocess_cell(self, cell, resources, cell_index):
         gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
         release = self.release_tests
+        before = cell.get("source", "")
         if cell.cell_type == "code" and gid in release:
             if cell.source != release[gid]:
                 cell.source = release[gid].rstrip("\n") + "\n# (hidden tests not shown)"
-            for o in cell.get("outputs", []):
-                if o.get("output_type") == "error":
-                    o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
         elif cell.cell_type == "code" and is_grade(cell):       # no release at hand: nbgrader's markers
             if self._remove_hidden_test_region(cell):
                 cell.source = cell.source.rstrip("\n") + "\n# (hidden tests not shown)"
-                for o in cell.get("outputs", []):
-                    if o.get("output_type") == "error":
-                        o["traceback"] = [f"{o.get('ename', 'Error')}: {o.get('evalue', '')}"]
+        if cell.source != before:
+            _cut_hidden(cell, hidden_lines(before, cell.source))
         return cell, resources
+
+
+def hidden_lines(full: str, shown: str) -> set[str]:
+    """The lines of a test cell's source that its shown source leaves out (its hidden tests), those long
+    enough to say something (a lone bracket is in every traceback)."""
+    kept = {l.strip() for l in shown.splitlines()}
+    return {l.strip() for l in full.splitlines() if len(l.strip()) >= 8 and l.strip() not in kept}
+
+
+def _cut_hidden(cell, hidden: set[str]) -> None:
+    """A test cell's tracebacks become the error's name and message, and no output quotes a hidden
+    line: nbclient's timeout error previews the cell's source in its message."""
+    def scrub(text: str) -> str:
+        text = text.split("Here is a preview of the cell contents")[0]
+        return "\n".join("(a hidden test's line)" if any(h in l for h in hidden) else l
+                         for l in text.split("\n"))
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "error":
+            o["evalue"] = scrub(o.get("evalue", ""))
+            o["traceback"] = [f"{o.get('ename', 'Error')}: {o['evalue']}"]
+        elif o.get("output_type") == "stream":
+            o["text"] = scrub(o.get("text", ""))
 
 
 def hiding(release_tests: dict) -> type:
