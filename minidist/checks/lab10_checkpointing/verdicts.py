@@ -129,11 +129,6 @@ def loaded(case, answer) -> str | None:
     if "not plain" in answer:
         return f"{label}: rank {answer['rank']} returned {answer['not plain']}; return a dict name -> tensor"
     state, layout = state_of(case), case["load"]
-    for r, opened in enumerate(answer["opened"]):
-        extra = sorted(set(opened) - _needed(state, case["saved"], layout, r) - {"metadata.json"})
-        if extra:
-            return (f"{label}: rank {r} opened {extra}, which hold nothing of its piece: open a shard's file only "
-                    "when its box overlaps yours (hi > lo in every dimension)")
     for r, got in enumerate(answer["pieces"]):
         if sorted(got) != sorted(state):
             return f"{label}: rank {r} got tensors {sorted(got)}; the checkpoint holds {sorted(state)}"
@@ -141,6 +136,11 @@ def loaded(case, answer) -> str | None:
             want = _piece(full, *box(full.shape, layout, r))
             if problem := _exact(f"rank {r}'s {name}", got[name], want):
                 return f"{label}: {problem}{_saved_piece(got[name], full, case['saved'], r)}"
+    for r, opened in enumerate(answer["opened"]):      # right pieces, but read from files it needs?
+        extra = sorted(set(opened) - _needed(state, case["saved"], layout, r) - {"metadata.json"})
+        if extra:
+            return (f"{label}: rank {r} opened {extra}, which hold nothing of its piece: open a shard's file only "
+                    "when its box overlaps yours (hi > lo in every dimension)")
     return None
 
 
