@@ -89,8 +89,14 @@ def test_each_rank_writes_its_shard_and_the_metadata_tiles_every_tensor(zero3_ru
     from minidist.cost.checkpoint import flat_shard_elements
     units = [91, 182, 182, 182, 70]         # TinyMLP's Linears: 6*13+13, 3 x (13*13+13), 13*5+5
     for r in range(4):
-        written = sum(math.prod(s["lengths"]) for t in meta["tensors"].values() for s in t["shards"] if s["rank"] == r)
+        written = sum(math.prod(s["lengths"]) for k, t in meta["tensors"].items() for s in t["shards"]
+                      if s["rank"] == r and not k.startswith("rng."))
         assert written == 3 * sum(flat_shard_elements(u, 4, r) for u in units) + (r == 0), r
+        # and its own random states, which only it writes (CPU torch, Python, numpy on CPU ranks)
+        assert {k for k in meta["tensors"] if k.startswith(f"rng.rank{r}.")} == {
+            f"rng.rank{r}.{s}" for s in ("cpu", "python", "numpy")}
+        assert all(s["rank"] == r for k, t in meta["tensors"].items() if k.startswith(f"rng.rank{r}.")
+                   for s in t["shards"])
 
 
 def _damaged_copy(src, dst, how):
@@ -101,10 +107,13 @@ def _damaged_copy(src, dst, how):
         path = os.path.join(dst, "rank00001.safetensors")
         with open(path, "r+b") as f:
             f.truncate(os.path.getsize(path) - 8)
-    elif how == "corrupted":
+    elif how == "corrupted":            # one byte of a model piece (what a load reads, not only verify)
         path = os.path.join(dst, "rank00002.safetensors")
         data = bytearray(open(path, "rb").read())
-        data[-3] ^= 0xFF
+        n = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + n])
+        name = next(k for k in header if k.startswith("hidden.1.weight@"))
+        data[8 + n + header[name]["data_offsets"][0] + 2] ^= 0xFF
         open(path, "wb").write(bytes(data))
     elif how == "foreign":
         with open(os.path.join(dst, "metadata.json"), "w") as f:

@@ -109,7 +109,22 @@ def latest_checkpoint(root):
             continue
     return None
 '''
-CHEATS = [("save_sharded", "through_the_checks", SAVE_THROUGH_THE_CHECKS, "checkpoints.write"),
+INTERVAL_THROUGH_THE_COST_MODEL = '''
+from minidist.cost import daly_interval, job_mtbf, young_interval
+
+def checkpoint_interval(save_s, gpu_mtbf_s, gpus):
+    m = job_mtbf(gpu_mtbf_s, gpus)
+    return {"mtbf_s": m, "young_s": young_interval(save_s, m), "daly_s": daly_interval(save_s, m)}
+'''
+GOODPUT_THROUGH_THE_COST_MODEL = '''
+import minidist.cost
+
+def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
+    return minidist.cost.goodput(interval_s, save_s, mtbf_s, restart_s, blocking_s)
+'''
+CHEATS = [("checkpoint_interval", "through_the_cost_model", INTERVAL_THROUGH_THE_COST_MODEL, "job_mtbf"),
+          ("goodput", "through_the_cost_model", GOODPUT_THROUGH_THE_COST_MODEL, "goodput"),
+          ("save_sharded", "through_the_checks", SAVE_THROUGH_THE_CHECKS, "checkpoints.write"),
           ("save_sharded", "through_the_library", SAVE_THROUGH_THE_LIBRARY, "portable.save_portable"),
           ("save_sharded", "writer_pasted", SAVE_WITH_THE_WRITER_PASTED, "portable.save_portable"),
           ("load_resharded", "through_the_library", LOAD_THROUGH_THE_LIBRARY, "portable.load_portable"),
@@ -194,7 +209,11 @@ def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_
     for f in files:
         source = open(os.path.join(PACKAGE, f)).read()
         tree = ast.parse(source, f)
-        assert "safetensors.torch" not in source and "write_safetensors" not in source, f"{f} writes files itself"
+        if f == "faults.py":        # wraps safetensors' save_file for one call (to make it fail), writes nothing
+            assert {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} == {"failing", "observed", "_is_named"}
+        else:
+            assert "safetensors.torch" not in source, f"{f} writes files itself"
+        assert "write_safetensors" not in source, f"{f} writes files itself"
         library = _library_names(tree)
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             if f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):

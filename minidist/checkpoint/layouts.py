@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from minidist.checkpoint.pieces import Piece, flat_pieces
 
-__all__ = ["State", "replicated", "flat_sharded", "trainer3d", "dtensors", "ensure_optimizer_state", "rng_state"]
+__all__ = ["State", "replicated", "flat_sharded", "trainer3d", "dtensors", "ensure_optimizer_state"]
 
 OPTIMIZER_STATES = {"Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq"), "SGD": ("momentum_buffer",)}
 
@@ -82,15 +82,32 @@ def _whole(key, t: torch.Tensor, owner: bool) -> State:
     return State([piece] if owner else [], [piece])
 
 
-def replicated(module: nn.Module, optimizer=None, *, owner: bool = True) -> State:
-    """A whole model (and its optimizer) on this rank; ``owner``: this rank writes it (DP rank 0)."""
+def replicated(module: nn.Module, optimizer=None, *, owner: bool = True, masters=None) -> State:
+    """A whole model (and its optimizer) on this rank; ``owner``: this rank writes it (DP rank 0).
+
+    ``masters``: mixed precision's fp32 master weights (one per trainable parameter, in
+    ``module.parameters()`` order, as :func:`minidist.memory_techniques.make_master_params` makes
+    them), which ``optimizer`` steps instead of the 16-bit weights. They are saved as
+    ``master.<name>``, the optimizer's states under the parameter's name as usual."""
     out = State()
     states = ensure_optimizer_state(optimizer) if optimizer is not None else ()
-    for name, p in module.named_parameters():
+    named = list(module.named_parameters())
+    stepped = {id(p): p for _, p in named}
+    if masters is not None:
+        masters = list(masters)
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        if len(masters) != len(trainable) or any(m.shape != p.shape for m, (_, p) in zip(masters, trainable)):
+            raise ValueError(f"{len(masters)} master weights for {len(trainable)} trainable parameters: masters are "
+                             "one fp32 copy per trainable parameter, in module.parameters() order")
+        stepped = {id(p): m for m, (_, p) in zip(masters, trainable)}
+        for m, (name, _) in zip(masters, trainable):
+            out += _whole(f"master.{name}", m.detach(), owner)
+    for name, p in named:
         out += _whole(name, p, owner)
-        if optimizer is not None and p in optimizer.state:
+        q = stepped.get(id(p))
+        if optimizer is not None and q is not None and q in optimizer.state:
             for s in states:
-                out += _whole(f"optim.{name}.{s}", optimizer.state[p][s], owner)
+                out += _whole(f"optim.{name}.{s}", optimizer.state[q][s], owner)
     return out + (_step_state(optimizer, owner) if optimizer is not None else State())
 
 
@@ -202,11 +219,3 @@ def dtensors(state_dict: dict) -> State:
         owner = all(c == 0 for c, pl in zip(coord, t.placements) if isinstance(pl, Replicate))
         out += _whole_at(key, t.to_local(), tuple(t.shape), tuple(offsets), owner)
     return out
-
-
-def rng_state(rank: int) -> State:
-    """This rank's CPU random state (``rng.rank<r>``); restored only when that rank exists again."""
-    key, state = f"rng.rank{rank}", torch.random.get_rng_state()
-    scratch = torch.empty_like(state)
-    return State([Piece(key, state, tuple(state.shape), (0,))], [Piece(key, scratch, tuple(state.shape), (0,))],
-                 [lambda: torch.random.set_rng_state(scratch)])

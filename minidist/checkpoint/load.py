@@ -2,28 +2,30 @@
 
 For each piece this rank must hold (:class:`~minidist.checkpoint.layouts.State`.load) and each
 saved shard of the same tensor, the overlap of the two boxes is read from the shard's file and
-copied into the piece (:mod:`minidist.checkpoint.pieces`). safetensors files are memory-mapped
-and sliced, so a rank reads only the shards that overlap what it holds, and of those only the
-rows it needs; the SHA-256 of a file is checked the first time a rank opens it
-(``verify=False`` skips that read). Every element of every piece must be filled exactly: a
-layout that needs a tensor the checkpoint lacks, or a different global shape, is an error
-before anything is copied.
+copied into the piece (:mod:`minidist.checkpoint.pieces`). A rank reads only the shards that
+overlap what it holds, and of those only the chunks its overlap touches, each checked against
+the CRC-32 recorded at save (:mod:`minidist.checkpoint.reads`): no load reads a whole file to
+verify it. Every element of every piece must be filled exactly: a layout that needs a tensor
+the checkpoint lacks, or a different global shape, is an error before anything is read.
 
 What can be wrong with a directory, each a :class:`CheckpointError` naming the file:
 no ``metadata.json`` (a torn save: the rename makes this impossible for our own saves, but
 directories get copied by hand), metadata that is not JSON or not ours (a foreign
 checkpoint), a file missing, shorter or longer than recorded (truncated), or whose bytes
-differ (corrupted). :func:`latest` returns the newest directory that passes all of these.
+differ (corrupted). :func:`verify` checks every file's SHA-256 (reading it whole);
+:func:`latest` returns the newest directory that passes :func:`verify`.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import torch
 
 from minidist.checkpoint.layouts import State
 from minidist.checkpoint.pieces import box_slices, intersect
+from minidist.checkpoint.reads import Reader
 from minidist.checkpoint.save import FORMAT, file_digest
 
 __all__ = ["CheckpointError", "read_metadata", "verify", "latest", "load"]
@@ -84,13 +86,19 @@ def latest(root: str) -> str | None:
     return None
 
 
-def load(path: str, state: State, *, verify_files: bool = True) -> dict:
+def load(path: str, state: State, *, verify_files: bool = True, stats: dict | None = None) -> dict:
     """Fill every piece of ``state.load`` from checkpoint ``path``; returns the saved ``extra``
-    (with ``step`` added). Every rank calls it for its own pieces; no rank communicates."""
-    from safetensors import safe_open
+    (with ``step`` added). Every rank calls it for its own pieces; no rank communicates.
+
+    Only the chunks of the saved pieces that overlap this rank's pieces are read, each once, and
+    (``verify_files``) checked against its CRC-32 (:mod:`~minidist.checkpoint.reads`); a piece
+    whose random state or other ``rng.`` key the checkpoint lacks is left as it is (``loaded``
+    False). ``stats``: a dict that receives ``bytes_read`` (headers included), ``by_file`` and
+    ``reads`` (the number of reads)."""
     meta = read_metadata(path)
     todo = []
     for piece in state.load:
+        piece.loaded = False
         t = meta["tensors"].get(piece.key)
         if t is None:
             if piece.key.startswith(OPTIONAL):
@@ -101,33 +109,33 @@ def load(path: str, state: State, *, verify_files: bool = True) -> dict:
             raise CheckpointError(f"{piece.key}: saved with global shape {tuple(t['shape'])}, this layout "
                                   f"expects {piece.global_shape}")
         todo.append((piece, t))
-    opened = {}
-
-    def handle(name):
-        if name not in opened:
-            _check_file(path, name, meta["files"][name], verify_files)
-            opened[name] = safe_open(os.path.join(path, name), framework="pt")
-        return opened[name]
-
+    # The plan first: which saved shard fills which part of which piece; every element accounted
+    # for before a byte is read.
+    by_shard: dict[tuple, tuple[dict, list]] = {}
     for piece, t in todo:
         filled = 0
-        for s in t["shards"]:
+        for i, s in enumerate(t["shards"]):
             box = intersect(s["offsets"], s["lengths"], piece.offsets, piece.lengths)
             if box is None:
                 continue
-            f = handle(s["file"])
-            with torch.device("cpu"):       # bytes read from a file are host memory, whatever the default device
-                if not piece.global_shape:
-                    src = f.get_tensor(s["name"])
-                else:
-                    src = f.get_slice(s["name"])[box_slices(*box, s["offsets"])]
-            dst = piece.tensor[box_slices(*box, piece.offsets)] if piece.global_shape else piece.tensor
-            with torch.no_grad():
-                dst.copy_(src.to(dst.dtype))
-            filled += src.numel()
+            by_shard.setdefault((s["file"], piece.key, i), (s, []))[1].append((piece, box))
+            filled += math.prod(box[1])
         if filled != piece.tensor.numel():
             raise CheckpointError(f"{piece.key}: the checkpoint's shards fill {filled} of the {piece.tensor.numel()} "
                                   f"elements this rank needs at {piece.offsets}")
+    reader = Reader(path, meta["files"], CheckpointError, verify_files)
+    try:
+        for _, (s, jobs) in sorted(by_shard.items(), key=lambda kv: kv[0]):
+            for (piece, box), src in zip(jobs, reader.read_boxes(s, [box for _, box in jobs])):
+                dst = piece.tensor[box_slices(*box, piece.offsets)] if piece.global_shape else piece.tensor
+                with torch.no_grad():
+                    dst.copy_(src.to(dst.dtype))
+    finally:
+        reader.close()
+    for piece, _ in todo:
+        piece.loaded = True
+    if stats is not None:
+        stats.update(bytes_read=reader.bytes_read, by_file=dict(reader.by_file), reads=reader.reads)
     for fn in state.after_load:
         fn()
     return dict(meta["extra"], step=meta["step"])

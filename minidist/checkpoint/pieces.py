@@ -16,7 +16,7 @@ model of torch.distributed.checkpoint (DCP) and of Megatron's distributed checkp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,11 +26,14 @@ __all__ = ["Piece", "flat_range_boxes", "flat_pieces", "intersect", "box_slices"
 @dataclass
 class Piece:
     """``tensor`` (a view into live state: writing it writes the model or the optimizer) is the
-    box of global tensor ``key`` (shape ``global_shape``) that starts at ``offsets``."""
+    box of global tensor ``key`` (shape ``global_shape``) that starts at ``offsets``. ``loaded``:
+    whether the last :func:`~minidist.checkpoint.load.load` filled it (an optional ``rng.`` piece
+    the checkpoint lacks is not)."""
     key: str
     tensor: torch.Tensor
     global_shape: tuple
     offsets: tuple
+    loaded: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.global_shape, self.offsets = tuple(int(s) for s in self.global_shape), tuple(int(o) for o in self.offsets)

@@ -47,7 +47,7 @@ from minidist.cost.memory_techniques import (PRECISIONS, activation_bytes, activ
                                              layer_forward_flops, mixed_precision_bytes_per_param,
                                              mixed_precision_memory_bytes, offload_memory_bytes,
                                              offload_traffic_bytes, recompute_flops)
-from minidist.cost.checkpoint import (checkpoint_bytes_per_rank, daly_interval, flat_shard_elements, goodput,
+from minidist.cost.checkpoint import (checkpoint_bytes_per_rank, daly_interval, flat_shard_elements, goodput, job_mtbf,
                                       save_seconds, young_interval)
 from minidist.cost.overlap import (collective_matmul, ddp_exposed, exposed_time, prefetch_exposed,
                                    prefetch_extra_bytes, queued_exposed, ring_bytes, ring_exposed)
@@ -70,7 +70,7 @@ __all__ = ["ALLREDUCE_ALGORITHMS", "BUSBW_FACTOR", "Fit", "TableRow", "algbw", "
 __all__ += ["PRECISIONS", "activation_bytes", "activation_bytes_paper", "activation_terms", "layer_forward_flops",
             "mixed_precision_bytes_per_param", "mixed_precision_memory_bytes", "offload_memory_bytes",
             "offload_traffic_bytes", "recompute_flops"]
-__all__ += ["checkpoint_bytes_per_rank", "daly_interval", "flat_shard_elements", "goodput", "save_seconds",
+__all__ += ["checkpoint_bytes_per_rank", "daly_interval", "flat_shard_elements", "goodput", "job_mtbf", "save_seconds",
             "young_interval"]
 __all__ += ["collective_matmul", "ddp_exposed", "exposed_time", "prefetch_exposed", "prefetch_extra_bytes",
             "queued_exposed", "ring_bytes", "ring_exposed"]

@@ -13,9 +13,10 @@ its two moments (12 bytes; 14 with the bf16 weights next to the fp32 master copy
 over one rank's own bandwidth: a replicated layout funnels everything through d times fewer
 writers, so it is slower than its size suggests.
 
-**How often.** With a mean time between failures M and a checkpoint costing C, saving every
-τ seconds of work wastes C/τ on saving and, on average, (τ + C)/2 of work per failure
-(redone from the last checkpoint), plus R to restart. Minimising C/τ + τ/(2M) gives
+**How often.** A job fails when any of its N GPUs does: with independent failures at a constant
+rate, the job's MTBF is the per-GPU one divided by N (M = M_gpu / N). With a mean time between
+failures M and a checkpoint costing C, saving every τ seconds of work wastes C/τ on saving and,
+on average, (τ + C)/2 of work per failure (redone from the last checkpoint), plus R to restart. Minimising C/τ + τ/(2M) gives
 Young's interval (J. W. Young, "A first order approximation to the optimum checkpoint
 interval", CACM 1974):
 
@@ -38,8 +39,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["BYTES_PER_PARAM", "flat_shard_elements", "checkpoint_bytes_per_rank", "save_seconds", "young_interval",
-           "daly_interval", "goodput", "LLAMA3_MTBF_S"]
+__all__ = ["BYTES_PER_PARAM", "flat_shard_elements", "checkpoint_bytes_per_rank", "save_seconds", "job_mtbf",
+           "young_interval", "daly_interval", "goodput", "LLAMA3_MTBF_S"]
 
 # fp32 weight and Adam's two moments; mixed precision adds the bf16 weights to the fp32 master copy
 BYTES_PER_PARAM = {"adam": 12, "adam-mixed": 14, "sgd": 8}
@@ -80,6 +81,14 @@ def save_seconds(bytes_per_rank: list[int], storage_bw: float, rank_bw: float | 
         raise ValueError("bandwidths must be positive")
     t = sum(bytes_per_rank) / storage_bw
     return max(t, max(bytes_per_rank) / rank_bw) if rank_bw else t
+
+
+def job_mtbf(gpu_mtbf_s: float, gpus: int) -> float:
+    """The MTBF of a job on ``gpus`` GPUs, each failing independently every ``gpu_mtbf_s`` seconds on
+    average: the failure rates add, so M = M_gpu / N."""
+    if gpu_mtbf_s <= 0 or isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"need a per-GPU MTBF > 0 and gpus >= 1, got {gpu_mtbf_s!r} and {gpus!r}")
+    return gpu_mtbf_s / gpus
 
 
 def young_interval(cost_s: float, mtbf_s: float) -> float:

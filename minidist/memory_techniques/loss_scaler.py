@@ -28,6 +28,7 @@ API (used by lab 8 and deck 08):
     found_inf = scaler.unscale_(params)   # grads /= S in place; True on every rank if any rank overflowed
     scaler.found_inf(params)              # the same check without unscaling (offload checks on the device)
     scaler.update(found_inf)              # backoff or growth; scaler.history: S before each update
+    scaler.state_dict() / scaler.load_state_dict(state)   # plain JSON: a checkpoint's extra
 """
 from __future__ import annotations
 
@@ -116,7 +117,31 @@ class DynamicLossScaler:
         return self.scale_value
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale_value, "clean_steps": self.clean_steps, "skipped": self.skipped}
+        """Plain JSON (a checkpoint's ``extra``): the scale, the clean steps since the last change of
+        it, the skipped steps, and the policy (``growth_factor``, ``backoff_factor``, ``growth_interval``)."""
+        return {"scale": self.scale_value, "clean_steps": self.clean_steps, "skipped": self.skipped,
+                "growth_factor": self.growth_factor, "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (:meth:`state_dict`'s): the same scale and clean-step count, so the
+        next growth or backoff comes when it would have. A state saved under another policy is a
+        ValueError (as :class:`minidist.checkpoint.sampler.ResumableSampler` refuses another data
+        order). ``history`` is this process's own record and starts empty."""
+        if not isinstance(state, dict) or not {"scale", "clean_steps", "skipped"} <= state.keys():
+            raise ValueError(f"a loss scaler's state has 'scale', 'clean_steps' and 'skipped', got {state!r}")
+        for k in ("growth_factor", "backoff_factor", "growth_interval"):
+            if k in state and state[k] != getattr(self, k):
+                raise ValueError(f"the saved loss scaler has {k}={state[k]!r}, this one {getattr(self, k)!r}: "
+                                 "another scaling policy cannot be resumed")
+        scale, clean, skipped = state["scale"], state["clean_steps"], state["skipped"]
+        if not (isinstance(scale, (int, float)) and scale > 0):
+            raise ValueError(f"a loss scale must be a number > 0, got {scale!r}")
+        if not (isinstance(clean, int) and 0 <= clean < self.growth_interval and isinstance(skipped, int)
+                and skipped >= 0):
+            raise ValueError(f"clean_steps must be an int in [0, {self.growth_interval}) and skipped an int >= 0, "
+                             f"got {clean!r} and {skipped!r}")
+        self.scale_value, self.clean_steps, self.skipped = float(scale), clean, skipped
 
 
 def _communicates(group) -> bool:

@@ -40,13 +40,30 @@ def init_from_env(backend: str | None = None, timeout: float = 600.0, device: st
         if kind == "cuda":
             prepare_nccl_environment()      # the flight recorder dumps where torch's default says
         dist.init_process_group(backend_for(kind), timeout=datetime.timedelta(seconds=timeout),
-                                **({"device_id": dev} if kind == "cuda" else {}))
+                                **_attempt_store(timeout), **({"device_id": dev} if kind == "cuda" else {}))
         # Torn down before the interpreter's own teardown: left to that, gloo's threads were
         # sometimes destroyed while joinable and the rank aborted at exit ("terminate called
         # without an active exception"; 4 of 15 runs of tests/test_torchrun.py's job).
         atexit.register(_destroy)
     _trace.install()
     return dist.get_rank(), dist.get_world_size()
+
+
+def _attempt_store(timeout: float) -> dict:
+    """The agent's store, under a prefix of this restart attempt, where the elastic agent shares it.
+
+    torchrun's agent (torch 2.13) keeps one TCPStore for every round of its rendezvous and lets
+    the workers use it as it is: after a restart, a rank could read the gloo address its peer
+    wrote in the previous attempt and fail with "connectFullMesh ... Connection refused" (2 of 5
+    runs of tests/test_torchrun.py's elastic job). A prefix per attempt keeps each attempt's keys
+    apart. Elsewhere: {} (init_process_group reads the environment itself)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"minidist/attempt_{attempt}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def _destroy():

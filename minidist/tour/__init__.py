@@ -29,7 +29,7 @@ TOUR_MODULES = [
     "minidist.tour.parallel3d",      # DP 2 x PP 2 x TP 2 TinyGPT on 8 ranks: loss, weights, bytes per axis, memory
     "minidist.tour.memory_techniques",  # mixed precision under ZeRO, selective/full recomputation, offload
     "minidist.tour.expert_parallel", # MoE dispatch/combine, layer vs one process (drops, skew), DP 2 x EP 2 step
-    "minidist.tour.checkpoint",      # reshard ZeRO-3 x 4 -> DDP x 2, async vs blocking save, restart after a crash
+    "minidist.tour.checkpoint",      # reshard ZeRO-3 x 4 -> DDP x 2, async vs blocking save, restarts
     "minidist.tour.overlap",         # async TP rings, DDP buckets during backward, FSDP prefetch vs their plain versions
 ]
 

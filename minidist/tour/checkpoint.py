@@ -12,6 +12,11 @@
 * **restart**: ZeRO-3 on 4 ranks, rank 1 killed in the middle of the step-4 save (its file written,
   its record not), ``launch(max_restarts=1)`` restarts, the job resumes from step 2. max_err: the
   final weights and moments against the uninterrupted run (bit-identical expected).
+* **restart, fp16 with noise**: DDP with fp16 mixed precision and a dynamic loss scale on 2 ranks,
+  Gaussian noise drawn from each rank's generator; rank 1 dies mid-step at step 4 and the job
+  resumes from step 2. max_err: the final weights, masters and moments against the uninterrupted
+  run; ``passed`` also needs the loss scaler's state and the data position (the metadata's
+  ``extra``) equal: what the random states and the scaler's state saved beside the tensors buy.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import tempfile
 
 import torch
 
+from minidist.checkpoint import read_metadata
 from minidist.cost.checkpoint import flat_shard_elements
 from minidist.harness import checkpoint as harness
 from minidist.models import TinyMLP
@@ -30,6 +36,7 @@ from minidist.tour import TourEntry
 P, STEPS, EVERY = 4, 4, 2
 WIDE = 512          # the async row's TinyMLP width: about 1.6 M parameters, 19 MB of model states
 ZERO3 = ("zero", 3)
+FP16, NOISE = ("ddp", "fp16"), 0.05
 
 
 def _err(a: dict, b: dict) -> float:
@@ -39,7 +46,9 @@ def _err(a: dict, b: dict) -> float:
 def _written(path: str) -> dict[int, int]:
     from minidist.checkpoint import verify
     meta, out = verify(path), {}
-    for t in meta["tensors"].values():
+    for key, t in meta["tensors"].items():
+        if key.startswith("rng."):          # each rank's random states: a few KB, not model states
+            continue
         for s in t["shards"]:
             n = 1
             for x in s["lengths"]:
@@ -99,15 +108,35 @@ def _restart(tmp: str) -> dict:
                     f"step {out[0]['start']}, {STEPS - out[0]['start']} steps redone"}
 
 
+def _restart_fp16(tmp: str) -> dict:
+    full, root, marker = os.path.join(tmp, "full"), os.path.join(tmp, "crash"), os.path.join(tmp, "crash-once")
+    launch(harness.train, 2, FP16, full, STEPS, every=EVERY, noise=NOISE, timeout=120)
+    open(marker, "w").close()
+    lost = []
+    out = launch(harness.train, 2, FP16, root, STEPS, every=EVERY, noise=NOISE, crash_at=(1, 3, "step"),
+                 crash_marker=marker, max_restarts=1, on_restart=lambda attempt, err: lost.append(str(err)),
+                 timeout=120)
+    last = f"step_{STEPS:08d}"
+    err = _err(harness.full_state(os.path.join(root, last), FP16), harness.full_state(os.path.join(full, last), FP16))
+    extra = read_metadata(os.path.join(root, last))["extra"], read_metadata(os.path.join(full, last))["extra"]
+    return {"max_err": err, "bytes_per_rank": None, "bytes_theory": None, "tolerance": 0.0,
+            "passed": len(lost) == 1 and out[0]["start"] == EVERY and err == 0.0 and extra[0] == extra[1],
+            "note": f"rank 1 killed mid-step at step 4; restarted from step {out[0]['start']}; loss scale "
+                    f"{extra[0]['scaler']['scale']:g} and data position {extra[0]['sampler']['position']} "
+                    f"{'equal' if extra[0] == extra[1] else 'DIFFERENT'} to the uninterrupted run's"}
+
+
 ROWS = {"checkpoint: reshard ZeRO-3 x 4 -> DDP x 2": _reshard, "checkpoint: async vs blocking save": _async,
-        "checkpoint: restart after a crash mid-save": _restart}
+        "checkpoint: restart after a crash mid-save": _restart,
+        "checkpoint: restart of fp16 with noise mid-step": _restart_fp16}
+WORLD = {"checkpoint: restart of fp16 with noise mid-step": 2}      # the others: P
 
 
 def tour_row(label: str) -> dict:
     with timed() as clock, tempfile.TemporaryDirectory(prefix="minidist-tour-ckpt-") as tmp:
         row = ROWS[label](tmp)
-    return {"technique": label, "world_size": P} | row | {"time_s": clock.seconds}
+    return {"technique": label, "world_size": WORLD.get(label, P)} | row | {"time_s": clock.seconds}
 
 
 def tour_entries() -> list[TourEntry]:
-    return [TourEntry(label, P, lambda k=label: tour_row(k)) for label in ROWS]
+    return [TourEntry(label, WORLD.get(label, P), lambda k=label: tour_row(k)) for label in ROWS]

@@ -48,7 +48,56 @@ BUGS = [
         catches=[SAVE],
         why="hashes the tensors' bytes, not the file: a reader checking the file against it refuses every checkpoint",
     ),
+    dict(
+        name="save_metadata_after_rename",
+        cell="save_sharded",
+        replace=[("""    with open(os.path.join(tmp, "metadata.json"), "w") as f:    # last: its presence means complete
+        json.dump(meta, f)
+    os.rename(tmp, path)                     # the commit: one atomic step""",
+                  """    os.rename(tmp, path)
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump(meta, f)""")],
+        catches=[SAVE],
+        why="renames, then writes metadata.json: a crash between the two leaves path without its metadata",
+    ),
     # ------------------------------------------------------------------ load_resharded
+    dict(
+        name="load_assemble_then_slice",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    if not os.path.isfile(os.path.join(path, "metadata.json")):
+        raise FileNotFoundError(f"torn checkpoint: {os.path.join(path, 'metadata.json')} does not exist")
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    out = {}
+    for name, t in meta["tensors"].items():
+        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        for s in t["shards"]:
+            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                full[tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
+        off, ln = box(tuple(t["shape"]), layout, rank)
+        out[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+    return out
+''',
+        catches=[LOAD],
+        why="rebuilds every full tensor from every file, then slices its piece: opens files that hold nothing of "
+            "it (and a torn checkpoint raises FileNotFoundError)",
+    ),
+    dict(
+        name="load_opens_touching_shards",
+        cell="load_resharded",
+        replace=[("if any(h <= l for l, h in zip(lo, hi)):", "if any(h < l for l, h in zip(lo, hi)):")],
+        catches=[LOAD],
+        why="opens a shard whose box only touches its own (hi == lo): a file read for nothing",
+    ),
+    dict(
+        name="load_torn_filenotfound",
+        cell="load_resharded",
+        replace=[('    if not os.path.exists(meta_path):\n'
+                  '        raise ValueError(f"{meta_path} is missing: a torn checkpoint (the metadata is written last)")\n',
+                  "")],
+        catches=[LOAD],
+        why="no check for a torn checkpoint: open() raises FileNotFoundError where the text asks for a ValueError",
+    ),
     dict(
         name="load_same_layout_assumed",
         cell="load_resharded",
@@ -116,14 +165,35 @@ BUGS = [
         cell="latest_checkpoint",
         replace=[("""                       and sha256_of(os.path.join(path, name)) == rec["sha256"]\n""", "")],
         catches=[LATEST],
-        why="checks sizes, not checksums: a corrupted byte goes unnoticed (hidden)",
+        why="checks sizes, not checksums: a corrupted byte goes unnoticed",
     ),
     dict(
         name="latest_takes_tmp",
         cell="latest_checkpoint",
         replace=[('m = re.fullmatch(r"step_(\\d+)", d)', 'm = re.match(r"step_(\\d+)", d)')],
         catches=[LATEST],
-        why="a crashed save's step_101.tmp counts as step 101 (hidden)",
+        why="a crashed save's step_3.tmp counts as step 3",
+    ),
+    dict(
+        name="latest_newest_mtime",
+        cell="latest_checkpoint",
+        replace=[("for _, d in sorted(steps, reverse=True):",
+                  "for _, d in sorted(steps, key=lambda s: os.path.getmtime(os.path.join(root, s[1])), reverse=True):")],
+        catches=[LATEST],
+        why="newest by modification time: a smaller step written later wins",
+    ),
+    dict(
+        name="latest_files_found_not_listed",
+        cell="latest_checkpoint",
+        replace=[("""            good = all(os.path.exists(os.path.join(path, name))
+                       and os.path.getsize(os.path.join(path, name)) == rec["bytes"]
+                       and sha256_of(os.path.join(path, name)) == rec["sha256"]
+                       for name, rec in meta["files"].items())""",
+                  """            good = all(os.path.getsize(os.path.join(path, name)) == meta["files"][name]["bytes"]
+                       and sha256_of(os.path.join(path, name)) == meta["files"][name]["sha256"]
+                       for name in os.listdir(path) if name in meta["files"])""")],
+        catches=[LATEST],
+        why="checks the files it finds, not the files the metadata lists: a deleted shard goes unnoticed",
     ),
 ]
 
@@ -193,23 +263,33 @@ ALTERNATIVES = [
         why="rank by rank, each writing its own file (as each rank would on a job), then the metadata",
     ),
     dict(
-        name="load_assemble_then_slice",
+        name="load_file_cached",
         cell="load_resharded",
         code='''def load_resharded(path, layout, rank):
-    if not os.path.isfile(os.path.join(path, "metadata.json")):
-        raise FileNotFoundError(f"torn checkpoint: {os.path.join(path, 'metadata.json')} does not exist")
-    meta = json.load(open(os.path.join(path, "metadata.json")))
-    out = {}
+    from safetensors.torch import load_file
+    try:
+        with open(os.path.join(path, "metadata.json")) as f:
+            meta = json.load(f)
+    except FileNotFoundError as err:
+        raise ValueError(f"torn checkpoint: {err.filename} (metadata.json) is missing") from None
+    out, cache = {}, {}
     for name, t in meta["tensors"].items():
-        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]), device="cpu")
+        off, ln = box(t["shape"], layout, rank)
+        piece = torch.empty(ln, dtype=getattr(torch, t["dtype"]), device="cpu")
         for s in t["shards"]:
-            with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
-                full[tuple(slice(o, o + n) for o, n in zip(s["offsets"], s["lengths"]))] = f.get_tensor(name)
-        off, ln = box(tuple(t["shape"]), layout, rank)
-        out[name] = full[tuple(slice(o, o + n) for o, n in zip(off, ln))].clone()
+            ends = [(max(a, b), min(a + n, b + m)) for a, n, b, m in zip(off, ln, s["offsets"], s["lengths"])]
+            if any(hi <= lo for lo, hi in ends):
+                continue
+            if s["file"] not in cache:
+                cache[s["file"]] = load_file(os.path.join(path, s["file"]), device="cpu")
+            src = cache[s["file"]][name]
+            piece[tuple(slice(lo - a, hi - a) for (lo, hi), a in zip(ends, off))] = \\
+                src[tuple(slice(lo - b, hi - b) for (lo, hi), b in zip(ends, s["offsets"]))]
+        out[name] = piece
     return out
 ''',
-        why="rebuilds every full tensor, then slices its piece (reads more than it needs, but right)",
+        why="each needed file read whole once (load_file) and kept; a torn checkpoint's FileNotFoundError turned "
+            "into the ValueError",
     ),
     dict(
         name="load_narrow",
@@ -289,4 +369,161 @@ def latest_checkpoint(root):
 ''',
         why="verifies every candidate, then takes the largest step",
     ),
+]
+
+INTERVAL, GOODPUT = "test_checkpoint_interval", "test_goodput"
+
+BUGS += [
+    dict(name="interval_gpu_mtbf", cell="checkpoint_interval",
+         replace=[("mtbf = gpu_mtbf_s / gpus", "mtbf = gpu_mtbf_s")], catches=[INTERVAL],
+         why="the per-GPU MTBF used as the job's: intervals √N times too long"),
+    dict(name="interval_young_without_2", cell="checkpoint_interval",
+         replace=[("young = math.sqrt(2 * save_s * mtbf)", "young = math.sqrt(save_s * mtbf)")], catches=[INTERVAL],
+         why="√(C·M): Young's interval without its factor 2"),
+    dict(name="interval_daly_without_minus_c", cell="checkpoint_interval",
+         replace=[("daly = young * (1 + math.sqrt(x) / 3 + x / 9) - save_s", "daly = young * (1 + math.sqrt(x) / 3 + x / 9)")],
+         catches=[INTERVAL], why="Daly's formula without its final − C"),
+    dict(name="interval_daly_always_formula", cell="checkpoint_interval",
+         replace=[("    if save_s >= 2 * mtbf:\n", "    if False:\n")], catches=[INTERVAL],
+         why="Daly's formula where C >= 2M, where Daly's optimum is M (hidden)"),
+    dict(name="goodput_blocking_ignored", cell="goodput",
+         replace=[("stall = save_s if blocking_s is None else blocking_s", "stall = save_s")], catches=[GOODPUT],
+         why="an asynchronous save counted as stalling training for all of C"),
+    dict(name="goodput_no_restart", cell="goodput",
+         replace=[(" - restart_s / mtbf_s\n", "\n")], catches=[GOODPUT],
+         why="the restart's R/M left out"),
+    dict(name="goodput_lost_tau_only", cell="goodput",
+         replace=[("(interval_s + save_s) / (2 * mtbf_s)", "interval_s / (2 * mtbf_s)")], catches=[GOODPUT],
+         why="τ/(2M) for the work a failure loses, without the save in progress"),
+    dict(name="goodput_negative", cell="goodput",
+         replace=[("return max(0.0, kept)", "return kept")], catches=[GOODPUT],
+         why="no floor at 0: a negative share of wall time (hidden)"),
+]
+
+ALTERNATIVES += [
+    dict(name="interval_pow_and_ratio", cell="checkpoint_interval",
+         code='''def checkpoint_interval(save_s, gpu_mtbf_s, gpus):
+    m = gpu_mtbf_s / gpus
+    r = save_s / (2 * m)
+    young = (2 * save_s * m) ** 0.5
+    daly = m if r >= 1 else young + young * r ** 0.5 / 3 + young * r / 9 - save_s
+    return dict(mtbf_s=m, young_s=young, daly_s=daly)
+''',
+         why="** 0.5 and the ratio C/(2M), Daly's terms expanded"),
+    dict(name="interval_rate_sum", cell="checkpoint_interval",
+         code='''def checkpoint_interval(save_s, gpu_mtbf_s, gpus):
+    rate = gpus * (1.0 / gpu_mtbf_s)          # failures per second, all GPUs together
+    mtbf = 1.0 / rate
+    young = math.sqrt(2.0 * save_s * mtbf)
+    x = save_s / (2.0 * mtbf)
+    daly = mtbf if save_s >= 2.0 * mtbf else math.sqrt(2.0 * save_s * mtbf) * (1 + math.sqrt(x) / 3 + x / 9) - save_s
+    return {"daly_s": float(daly), "young_s": float(young), "mtbf_s": float(mtbf)}
+''',
+         why="the job's failure rate as the sum of the GPUs' rates"),
+    dict(name="goodput_terms", cell="goodput",
+         code='''def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
+    stalled = (save_s if blocking_s is None else blocking_s) / interval_s
+    redone = (interval_s + save_s) / 2 / mtbf_s
+    restarting = restart_s / mtbf_s
+    return max(1.0 - stalled - redone - restarting, 0.0)
+''',
+         why="each loss named, then the floor"),
+    dict(name="goodput_if_negative", cell="goodput",
+         code='''def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
+    if blocking_s is None:
+        blocking_s = save_s
+    g = 1 - blocking_s / interval_s - (interval_s + save_s) / (2 * mtbf_s) - restart_s / mtbf_s
+    if g < 0:
+        g = 0.0
+    return g
+''',
+         why="the default filled in, an if for the floor"),
+]
+
+ASYNC = "test_async_saver"
+
+BUGS += [
+    dict(name="async_no_copy", cell="async_saver",
+         replace=[('copy = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}', "copy = dict(state)")],
+         catches=[ASYNC], why="writes the live tensors: the next step changes them while the thread writes"),
+    dict(name="async_cpu_aliases", cell="async_saver",
+         replace=[('copy = {name: t.detach().to("cpu", copy=True) for name, t in state.items()}',
+                   'copy = {name: t.detach().cpu() for name, t in state.items()}')],
+         catches=[ASYNC], why=".cpu() copies from a GPU but returns the same tensor on the CPU: the write sees the next "
+                              "step's values"),
+    dict(name="async_blocking", cell="async_saver",
+         replace=[("        self.thread = threading.Thread(target=run, daemon=True)\n        self.thread.start()\n",
+                   "        run()\n")],
+         catches=[ASYNC], why="writes on the calling thread: training waits for the whole write"),
+    dict(name="async_no_wait_before_next", cell="async_saver",
+         replace=[("        self.wait()                                  # one save at a time; a failure surfaces here\n",
+                   "")],
+         catches=[ASYNC], why="starts the next write while the previous one runs: two writes at once, and a failure "
+                              "never surfaces at the next save"),
+    dict(name="async_error_swallowed", cell="async_saver",
+         replace=[("                self.error = err", "                print('background save failed:', err)")],
+         catches=[ASYNC], why="a failed background write is printed, not raised: the job believes it has a checkpoint"),
+    dict(name="async_error_raised_forever", cell="async_saver",
+         replace=[("            err, self.error = self.error, None\n            raise err",
+                   "            raise self.error")],
+         catches=[ASYNC], why="the failure is kept: every later wait() and save() raises it again"),
+]
+
+ALTERNATIVES += [
+    dict(name="async_executor", cell="async_saver",
+         code='''from concurrent.futures import ThreadPoolExecutor
+
+
+class AsyncSaver:
+    def __init__(self, write):
+        self._write = write
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._pending = None
+
+    def save(self, state, *args):
+        self.wait()
+        host = {k: torch.empty_like(v, device="cpu").copy_(v) for k, v in state.items()}
+        self._pending = self._pool.submit(self._write, host, *args)
+
+    def wait(self):
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()          # re-raises the write's exception, once (the future is dropped)
+''',
+         why="a one-worker ThreadPoolExecutor; Future.result() raises the write's error"),
+    dict(name="async_thread_subclass", cell="async_saver",
+         code='''class _Writer(threading.Thread):
+    def __init__(self, write, state, args):
+        super().__init__(daemon=True)
+        self.write, self.state, self.args, self.failure = write, state, args, None
+
+    def run(self):
+        try:
+            self.write(self.state, *self.args)
+        except Exception as e:
+            self.failure = e
+
+
+class AsyncSaver:
+    def __init__(self, write):
+        self.write = write
+        self.writer = None
+
+    def wait(self):
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return None
+        writer.join()
+        if writer.failure is not None:
+            raise writer.failure
+
+    def save(self, state, *args):
+        self.wait()
+        snapshot = {}
+        for name in state:
+            snapshot[name] = state[name].detach().clone().cpu()
+        self.writer = _Writer(self.write, snapshot, args)
+        self.writer.start()
+''',
+         why="a Thread subclass that keeps its failure; clone() then cpu()"),
 ]

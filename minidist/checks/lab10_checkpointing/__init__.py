@@ -12,9 +12,11 @@ error reaches the caller, the previous checkpoint untouched). ``load_resharded``
 checkpoint the library saved under one layout into another (fewer ranks, rows to columns,
 replicated to sharded), bit-exact, and must refuse a checkpoint without its metadata.
 ``latest_checkpoint`` must choose the newest good checkpoint among good, torn, truncated,
-corrupted and garbled ones. ``minidist.checkpoint`` (the library's own) is refused while graded
-code runs, and so is :mod:`.checkpoints` (the checkpoints the checks start from, written by the
-library before the student's code runs). The cases are in ``cases.py``, the code that runs the
+corrupted and garbled ones. ``checkpoint_interval`` and ``goodput`` (how often to save, and the
+share of time left for training) are checked against :mod:`minidist.cost.checkpoint`
+(``checkpoint_interval.py``, ``goodput.py``). ``minidist.checkpoint`` (the library's own) and
+that cost model are refused while graded code runs, and so is :mod:`.checkpoints` (the
+checkpoints the checks start from, written by the library before the student's code runs). The cases are in ``cases.py``, the code that runs the
 student's functions in ``answers.py``, the comparisons in ``verdicts.py`` (docs/AUTHORING.md); the
 helpers the notebook hands out in ``helpers.py``.
 """
@@ -27,9 +29,11 @@ from minidist.checks.lab10_checkpointing.checkpoints import damage
 from minidist.checks.lab10_checkpointing.helpers import box, sha256_of, split_range
 
 #: minidist's checkpointing (and torch's) is refused in graded code, and so are the checkpoints the
-#: checks write with it (:mod:`.checkpoints`); the lab hands out no helper from them.
+#: checks write with it (:mod:`.checkpoints`) and the cost model the interval and goodput are checked
+#: against (:mod:`minidist.cost.checkpoint`); the lab hands out no helper from them.
 REFUSED = Refusal("distributed checkpointing",
-                  ("minidist.checkpoint", "torch.distributed.checkpoint", checkpoints.__name__), checks=__name__)
+                  ("minidist.checkpoint", "torch.distributed.checkpoint", "minidist.cost.checkpoint",
+                   checkpoints.__name__), checks=__name__)
 CHECKS = Registry(__name__, refusal=REFUSED)
 
 _TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, cases.save_covered,
@@ -44,8 +48,8 @@ FUNCTIONS = {name: CHECKS.check(name, c, a, v, covered=cov, launch={"reference":
              for name, (c, a, v, cov, root) in _TABLE.items()}
 
 #: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
-__all__ = ["CHECKS", "REFUSED", "box", "check_latest_checkpoint", "check_load_resharded", "check_save_sharded",
-           "damage", "sha256_of", "split_range"]
+__all__ = ["CHECKS", "REFUSED", "box", "check_checkpoint_interval", "check_goodput", "check_latest_checkpoint",
+           "check_load_resharded", "check_save_sharded", "damage", "sha256_of", "split_range", "check_async_saver"]
 
 
 @CHECKS.entry(FUNCTIONS["save_sharded"])
@@ -65,3 +69,31 @@ def check_load_resharded(fn, *, hidden: bool = False) -> None:
 def check_latest_checkpoint(fn, *, hidden: bool = False) -> None:
     """``latest_checkpoint``: the newest good checkpoint among good, torn, truncated, corrupted and garbled
     ones (hidden: step_99 against step_100)."""
+
+
+CHECKPOINT_INTERVAL = CHECKS.exercise("checkpoint_interval")
+
+
+@CHECKS.entry(CHECKPOINT_INTERVAL)
+def check_checkpoint_interval(fn, *, hidden: bool = False) -> None:
+    """``checkpoint_interval(save_s, gpu_mtbf_s, gpus)``: the job's MTBF from the per-GPU one, Young's and
+    Daly's intervals, against :mod:`minidist.cost.checkpoint` (hidden: one GPU, C >= 2M, a tiny save)."""
+
+
+GOODPUT = CHECKS.exercise("goodput")
+
+
+@CHECKS.entry(GOODPUT)
+def check_goodput(fn, *, hidden: bool = False) -> None:
+    """``goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None)``: the share of wall time kept,
+    against :func:`minidist.cost.checkpoint.goodput` (hidden: nothing kept, a restart, no stall)."""
+
+
+ASYNC_SAVER = CHECKS.exercise("async_saver", answer=answers.async_saved, function="AsyncSaver")
+
+
+@CHECKS.entry(ASYNC_SAVER)
+def check_async_saver(fn, *, hidden: bool = False) -> None:
+    """``AsyncSaver(write)``: save() copies the state to host memory and returns while a thread writes it (the
+    state changed right after the call), one write at a time, a background failure raised once by the next
+    wait() (hidden: by the next save, which then writes nothing; a bf16 state)."""

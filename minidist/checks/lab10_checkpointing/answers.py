@@ -1,24 +1,26 @@
 """Lab 10's answers, the only code of its checks that calls student code: what the student's function
 did on one case, as plain data. Each runs in this process, in the case's temporary root, which
 ``reference`` is (built by :mod:`.checkpoints` before the student's code runs, outside the refusal;
-removed here): ``save_sharded`` on a state (one whose k-th tensor cannot be read, in a crash case:
-the disk filled up) next to the previous checkpoint, then everything it left on disk read back;
-``load_resharded`` on a checkpoint the library wrote, for every rank of the new layout;
-``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
+removed here): ``save_sharded`` on a state next to the previous checkpoint, then everything it left
+on disk read back; in a crash case the disk fills up at one point of the save (reading the k-th
+tensor, writing the k-th file, writing ``metadata.json``) or the rename fails; ``load_resharded``
+on a checkpoint the library wrote, for every rank of the new layout, with the files each rank opens
+observed; ``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
 from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping
 
 import torch
 
 from minidist.checks.kit.compare import digest
 from minidist.checks.kit.returned import foreign_part
+from minidist.checks.lab10_checkpointing import async_saver
 from minidist.checks.lab10_checkpointing.helpers import sha256_of
 from minidist.checks.lab10_checkpointing.cases import state_of
-
-CRASH = "No space left on device (injected: the disk filled up in the middle of the save)"
+from minidist.checks.lab10_checkpointing.faults import CRASH, failing, observed
 
 
 class _DiskFull(Mapping):
@@ -83,7 +85,8 @@ def saved(fn, case, reference) -> dict:
         given = _DiskFull(state, list(state)[case["crash_at"]]) if "crash_at" in case else dict(state)
         out = {"raised": None}
         try:
-            fn(given, dict(case["layout"]), path)
+            with failing(fn, case.get("fail")):
+                fn(given, dict(case["layout"]), path)
         except Exception as err:     # noqa: BLE001  (the crash case must raise; others must not)
             out["raised"] = _error(err)
         out["entries"] = sorted(os.listdir(root))
@@ -103,14 +106,17 @@ def loaded(fn, case, reference) -> dict:
             except Exception as err:      # noqa: BLE001
                 return {"raised": _error(err)}
             return {"raised": None}
-        pieces = []
+        pieces, opened = [], []
         for r in range(case["load"]["world"]):
-            got = fn(path, dict(case["load"]), r)
+            mine = []
+            with observed(fn, mine):
+                got = fn(path, dict(case["load"]), r)
+            opened.append(sorted(set(mine)))
             foreign = foreign_part(got)
             if foreign is not None or not isinstance(got, dict):
                 return {"rank": r, "not plain": foreign or f"a {type(got).__name__}"}
             pieces.append({k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()})
-    return {"pieces": pieces}
+    return {"pieces": pieces, "opened": opened}
 
 
 def chosen(fn, case, reference) -> dict:
@@ -123,3 +129,85 @@ def chosen(fn, case, reference) -> dict:
         got = os.fspath(got)
         inside = os.path.dirname(os.path.abspath(got)) == os.path.abspath(root)
         return {"returned": os.path.basename(got) if inside else got, "inside_root": inside}
+
+
+FAILED_WRITE = "No space left on device (injected: the background write failed)"
+RELEASE_S = 1.5         # how long a write waits to be released: save() must have returned by then
+
+
+class _Writes:
+    """The ``write`` an AsyncSaver is given: records each call (its state, arguments, overlap); call k
+    finishes only once ``releases[k]`` is set, or after RELEASE_S."""
+
+    def __init__(self, fail: bool, saves: int):
+        self.fail, self.calls, self.started, self.active, self.max_active = fail, [], 0, 0, 0
+        self.releases, self.lock = [threading.Event() for _ in range(saves + 1)], threading.Lock()
+
+    def __call__(self, state, *args):
+        with self.lock:
+            k = min(self.started, len(self.releases) - 1)
+            self.started += 1
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        try:
+            self.releases[k].wait(RELEASE_S)
+            written = {n: (v.detach().clone(), v.untyped_storage().data_ptr()) if isinstance(v, torch.Tensor) else v
+                       for n, v in dict(state).items()}
+            self.calls.append((written, [a if isinstance(a, (str, int, float)) else repr(a) for a in args]))
+            if self.fail:
+                raise OSError(28, FAILED_WRITE)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def release_all(self):
+        for event in self.releases:
+            event.set()
+
+
+def async_saved(fn, case) -> dict:
+    """One scenario of ``AsyncSaver`` (:mod:`.async_saver`): saves of states that change right after
+    each call, with the check's own ``write``; everything as plain data."""
+    scenario = case["scenario"]
+    saves = 2 if scenario in ("two", "fails_then_save") else 1
+    writes = _Writes(fail=scenario.startswith("fails"), saves=saves)
+    states = [async_saver.state_of(case, k) for k in range(saves)]
+    storages = [{n: v.untyped_storage().data_ptr() for n, v in st.items()} for st in states]
+    saver, out = fn(writes), {"raised": None, "failure": str(OSError(28, FAILED_WRITE))}
+    try:
+        if scenario in ("one", "two"):
+            early = []
+            # No write is released before the last save returned: a second save waits for the first write
+            # until that one gives up waiting (RELEASE_S), and one that does not wait runs two writes at once.
+            for k, state in enumerate(states):
+                saver.save(state, f"step_{k}")
+                early.append(len(writes.calls) == k)         # write k has not finished: it waits for its release
+                for t in state.values():
+                    t.add_(1)                       # the next step changes the state right after the call
+            writes.release_all()
+            out["waited"] = None
+            try:
+                saver.wait()
+            except Exception as err:       # noqa: BLE001
+                out["waited"] = _error(err)["type"]
+            out |= {"returned_early": all(early), "args": [a for _, a in writes.calls],
+                    "written": [{n: v[0] for n, v in w.items()} for w, _ in writes.calls],
+                    "same_storage": [any(w[n][1] == storages[i].get(n) for n in w)
+                                     for i, (w, _) in enumerate(writes.calls)]}
+        else:
+            writes.release_all()
+            try:
+                saver.save(states[0], "step_0")
+                saver.wait() if scenario == "fails" else saver.save(states[1], "step_1")
+            except Exception as err:      # noqa: BLE001  (the write's error must come out here)
+                out["raised"] = _error(err)
+            out["again"] = None
+            try:
+                saver.wait()
+            except Exception as err:      # noqa: BLE001
+                out["again"] = _error(err)["type"]
+            out["writes"] = writes.started
+    finally:
+        writes.release_all()
+    out["max_active"] = writes.max_active
+    return out

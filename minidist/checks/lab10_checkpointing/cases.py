@@ -10,7 +10,8 @@ import torch
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.withheld import hidden_cases
 
-GRADED = ("save_sharded", "load_resharded", "latest_checkpoint")
+#: every graded function of the lab (its test cell is test_<name>); the last three have their cases in modules of their own
+GRADED = ("save_sharded", "load_resharded", "latest_checkpoint", "checkpoint_interval", "goodput", "async_saver")
 
 #: the model states a case saves: name -> shape (a weight, a bias, Adam's moments of the weight)
 SMALL = {"fc.weight": (8, 6), "fc.bias": (8,), "optim.fc.weight.exp_avg": (8, 6)}
@@ -26,10 +27,17 @@ def state_of(case: dict) -> dict[str, torch.Tensor]:
     return {name: seeded(shape, case["seed"] + i, dtype) for i, (name, shape) in enumerate(case["shapes"].items())}
 
 
+#: where a crash case's save fails (``fail``; ``crash_at``: reading the k-th tensor of the state)
+FAILS = {"metadata": "the disk full while writing metadata.json", "rename": "the rename failing"}
+
+
 def save_cases(hidden: bool) -> list[dict]:
     cases = [dict(seed=1, shapes=SMALL, layout=lay("rows", 2)),
              dict(seed=2, shapes=SMALL, layout=lay("replicated", 4)),
-             dict(seed=3, shapes=SMALL, layout=lay("cols", 2), crash_at=2)]
+             dict(seed=3, shapes=SMALL, layout=lay("cols", 2), dtype=torch.float64),
+             dict(seed=8, shapes=SMALL, layout=lay("rows", 2), crash_at=2),
+             dict(seed=9, shapes=SMALL, layout=lay("rows", 2), fail="metadata"),
+             dict(seed=10, shapes=SMALL, layout=lay("cols", 2), fail="rename")]
     if hidden:
         cases += hidden_cases(__package__, "save_sharded").SAVE
     return cases
@@ -38,6 +46,7 @@ def save_cases(hidden: bool) -> list[dict]:
 def load_cases(hidden: bool) -> list[dict]:
     cases = [dict(seed=11, shapes=SMALL, saved=lay("rows", 4), load=lay("rows", 2)),       # 4 ranks -> 2
              dict(seed=12, shapes=SMALL, saved=lay("rows", 2), load=lay("cols", 2)),       # rows -> columns
+             dict(seed=18, shapes=SMALL, saved=lay("cols", 2), load=lay("rows", 4), dtype=torch.bfloat16),
              dict(seed=13, shapes=SMALL, saved=lay("rows", 2), load=lay("rows", 2), torn=True)]
     if hidden:
         cases += hidden_cases(__package__, "load_resharded").LOAD
@@ -45,10 +54,13 @@ def load_cases(hidden: bool) -> list[dict]:
 
 
 def latest_cases(hidden: bool) -> list[dict]:
-    """Directories under a root, each (name, what happened to it), and the one a restart must use."""
+    """Directories under a root, each (name, what happened to it), written in the listed order (each a
+    minute after the one before), and the one a restart must use."""
     cases = [dict(dirs=[("step_2", "good"), ("step_4", "good"), ("step_6", "torn")], want="step_4"),
-             dict(dirs=[("step_9", "good"), ("step_10", "good")], want="step_10"),
-             dict(dirs=[("step_3", "good"), ("step_5", "truncated")], want="step_3")]
+             dict(dirs=[("step_10", "good"), ("step_9", "good")], want="step_10"),        # step_9 written later
+             dict(dirs=[("step_3", "good"), ("step_5", "truncated")], want="step_3"),
+             dict(dirs=[("step_1", "good"), ("step_2", "corrupted"), ("step_3.tmp", "good")], want="step_1"),
+             dict(dirs=[("step_5", "good"), ("step_6", "missing")], want="step_5")]
     if hidden:
         cases += hidden_cases(__package__, "latest_checkpoint").LATEST
     return cases
@@ -57,9 +69,15 @@ def latest_cases(hidden: bool) -> list[dict]:
 def describe(case: dict) -> str:
     d = lambda l: f"{l['kind']} on {l['world']}"      # noqa: E731
     if "layout" in case:
-        return f"{d(case['layout'])} ranks" + (f", a crash at the tensor #{case['crash_at']}" if "crash_at" in case else "")
+        dtype = f", {str(case['dtype']).removeprefix('torch.')}" if "dtype" in case else ""
+        crash = (f", a crash at the tensor #{case['crash_at']}" if "crash_at" in case else
+                 f", {FAILS.get(case['fail']) or 'the disk full while writing file #%d' % case['fail'][1]}"
+                 if "fail" in case else "")
+        return f"{d(case['layout'])} ranks{dtype}{crash}"
     if "saved" in case:
-        return f"saved {d(case['saved'])}, loaded {d(case['load'])}" + (" (metadata.json missing)" if case.get("torn") else "")
+        dtype = f", {str(case['dtype']).removeprefix('torch.')}" if "dtype" in case else ""
+        return (f"saved {d(case['saved'])}, loaded {d(case['load'])}{dtype}"
+                + (" (metadata.json missing)" if case.get("torn") else ""))
     return ", ".join(f"{n} {h}" for n, h in case["dirs"]) or "an empty root"
 
 

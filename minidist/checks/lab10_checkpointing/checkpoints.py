@@ -19,7 +19,8 @@ def write(state: dict, layout: dict, path: str) -> None:
 
 def damage(path: str, how: str) -> None:
     """What a crash or a disk leaves behind: ``torn`` (no metadata), ``truncated`` (a file cut short),
-    ``corrupted`` (a byte flipped, same size), ``garbled`` (metadata that is not JSON)."""
+    ``corrupted`` (a byte flipped, same size), ``garbled`` (metadata that is not JSON), ``missing``
+    (a file the metadata lists deleted)."""
     meta_path = os.path.join(path, "metadata.json")
     files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if how == "torn":
@@ -33,6 +34,8 @@ def damage(path: str, how: str) -> None:
         data = bytearray(open(f, "rb").read())
         data[-2] ^= 0xFF
         open(f, "wb").write(bytes(data))
+    elif how == "missing":
+        os.remove(os.path.join(path, files[-1]))
     elif how == "garbled":
         with open(meta_path, "w") as fh:
             fh.write('{"tensors": {')
@@ -61,11 +64,21 @@ def before_load(case: dict) -> tempfile.TemporaryDirectory:
     return root
 
 
+#: the modification time of a case's first directory; each next one a minute later
+WRITTEN_AT = 1_700_000_000
+
+
 def before_latest(case: dict) -> tempfile.TemporaryDirectory:
-    """A root holding the case's directories, each saved and then damaged as the case says."""
+    """A root holding the case's directories, each saved and then damaged as the case says, in the
+    case's order: each directory (and what it holds) a minute newer than the one before, so a case
+    can list a smaller step after a larger one (the newest by time is not the largest step)."""
     root = _root()
     for i, (name, how) in enumerate(case["dirs"]):
         path = os.path.join(root.name, name)
         write(state_of(dict(seed=40 + i, shapes={"w": (4, 3), "b": (4,)})), {"kind": "rows", "world": 2}, path)
         damage(path, how)
+        at = WRITTEN_AT + 60 * i
+        for entry in os.listdir(path):
+            os.utime(os.path.join(path, entry), (at, at))
+        os.utime(path, (at, at))
     return root

@@ -1,12 +1,14 @@
 """Lab 10's verdicts: what is wrong with an answer, from the case alone (no student code runs here).
 
-* ``save_sharded``: the checkpoint directory appears only when complete (a crash leaves no
-  ``path`` at all, the error reaches the caller, the previous checkpoint is untouched); its metadata
+* ``save_sharded``: the checkpoint directory appears only when complete (a crash at any point of
+  the save, the rename included, leaves no ``path`` at all, the error reaches the caller, the
+  previous checkpoint is untouched); its metadata
   lists every tensor's shape, dtype and shards; each rank's shard is exactly the box the layout gives
   it (so the bytes per rank are the formula's: ``tensor_split`` rows or columns, a replica on rank 0
   only), bit-exact; each file's size and SHA-256 are the metadata's.
 * ``load_resharded``: every rank of the new layout gets its box of every tensor, bit-exact (a copy
-  changes no bit); a checkpoint without ``metadata.json`` is refused with an error naming it.
+  changes no bit), opening only the files whose shards overlap its piece; a checkpoint without
+  ``metadata.json`` is refused with a ``ValueError`` naming it.
 * ``latest_checkpoint``: the newest ``step_<n>`` (by n) whose metadata parses and whose files have
   the recorded sizes and checksums; ``None`` when there is none.
 """
@@ -21,7 +23,7 @@ from minidist.checks.kit.compare import tensor_error
 from minidist.checks.lab10_checkpointing.helpers import box
 from minidist.checks.lab10_checkpointing.cases import describe, state_of
 
-EXACT = {torch.float32: 0.0, torch.float64: 0.0}
+EXACT = {torch.float32: 0.0, torch.float64: 0.0, torch.bfloat16: 0.0}
 
 
 def _owns(layout: dict, rank: int) -> bool:
@@ -43,13 +45,13 @@ def saved(case, answer) -> str | None:
         return f"{label}: changed the state it was given (a save must leave the training state as it is)"
     if not answer["previous_intact"]:
         return f"{label}: the previous checkpoint (step_1) changed: a save must not touch it"
-    if "crash_at" in case:
+    if "crash_at" in case or "fail" in case:
         if answer["raised"] is None:
-            return f"{label}: the disk filled up while saving, but save_sharded returned as if it had saved"
+            return f"{label}: the save failed part way, but save_sharded returned as if it had saved"
         if "saved" in answer:
-            return (f"{label}: after the crash the directory {answer['entries'][-1]!r} exists holding "
-                    f"{answer['saved']['files']}: a torn checkpoint that a restart could load. Write into a "
-                    "temporary directory and rename it to path only when everything is written")
+            return (f"{label}: after the crash the directory 'step_2' exists holding "
+                    f"{answer['saved']['files']}: a torn checkpoint that a restart could load. Write everything, "
+                    "metadata.json last, into a temporary directory and rename it to path only then")
         return None
     if answer["raised"] is not None:
         return f"{label}: raised {answer['raised']['type']}: {answer['raised']['message']}"
@@ -121,9 +123,9 @@ def loaded(case, answer) -> str | None:
         raised = answer["raised"]
         if raised is None:
             return f"{label}: returned from a checkpoint without metadata.json; refuse a torn checkpoint with an error"
-        if "metadata.json" not in raised["message"]:
-            return (f"{label}: raised {raised['type']}: {raised['message'][:120]!r}; the error must name the missing "
-                    "file, metadata.json")
+        if raised["type"] != "ValueError" or "metadata.json" not in raised["message"]:
+            return (f"{label}: raised {raised['type']}: {raised['message'][:120]!r}; refuse a torn checkpoint with a "
+                    "ValueError that names the missing file, metadata.json")
         return None
     if "not plain" in answer:
         return f"{label}: rank {answer['rank']} returned {answer['not plain']}; return a dict name -> tensor"
@@ -135,7 +137,24 @@ def loaded(case, answer) -> str | None:
             want = _piece(full, *box(full.shape, layout, r))
             if problem := _exact(f"rank {r}'s {name}", got[name], want):
                 return f"{label}: {problem}{_saved_piece(got[name], full, case['saved'], r)}"
+    for r, opened in enumerate(answer["opened"]):      # right pieces, but read from files it needs?
+        extra = sorted(set(opened) - _needed(state, case["saved"], layout, r) - {"metadata.json"})
+        if extra:
+            return (f"{label}: rank {r} opened {extra}, which hold nothing of its piece: open a shard's file only "
+                    "when its box overlaps yours (hi > lo in every dimension)")
     return None
+
+
+def _needed(state: dict, saved: dict, layout: dict, r: int) -> set:
+    """The files of a checkpoint saved under ``saved`` that hold part of rank r's piece under ``layout``."""
+    need = set()
+    for full in state.values():
+        off, ln = box(full.shape, layout, r)
+        for s in range(saved["world"]):
+            soff, sln = box(full.shape, saved, s)
+            if _owns(saved, s) and all(max(a, b) < min(a + n, b + m) for a, n, b, m in zip(off, ln, soff, sln)):
+                need.add(f"rank{s}.safetensors")
+    return need
 
 
 def _saved_piece(got, full, saved: dict, r: int) -> str:
