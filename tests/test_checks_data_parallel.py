@@ -12,7 +12,7 @@ import torch.distributed as dist
 from conftest import ROOT
 from minidist.checks import lab2_data_parallel as lab2
 from minidist.checks import lab3_zero_fsdp as lab3
-from minidist.checks.kit.refusal import StudentAssertion
+from minidist.checks.kit.run import StudentRaised
 from minidist.checks.lab3_zero_fsdp import cases as lab3_cases
 from minidist.checks.lab3_zero_fsdp import given as lab3_given
 from minidist.checks.lab3_zero_fsdp import stand_ins as lab3_stand_ins
@@ -297,9 +297,10 @@ def test_each_stage_grades_its_functions_and_the_reference_stands_in_for_the_oth
 def test_a_students_own_assert_reads_as_theirs():
     def asserting(params, cap_bytes):
         assert cap_bytes > 10 ** 9, "my own sanity check"
-    with pytest.raises(StudentAssertion, match=r"raised AssertionError itself \(test_checks_data_parallel.py, "
-                                               r"line \d+\).*my own sanity check"):
-        lab2.check_make_buckets(asserting)
+    with pytest.raises(StudentRaised, match=r"^make_buckets \(.*\): make_buckets raised AssertionError itself "
+                                            r"\(test_checks_data_parallel.py, line \d+\).*my own sanity check") as err:
+        lab2.check_make_buckets(asserting)      # the case first, then the student's line and words
+    assert err.value.raised == "StudentAssertion"
 
 
 # ----------------------------------------------------------------------------- correct alternatives

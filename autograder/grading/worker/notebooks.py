@@ -176,8 +176,8 @@ def _launch_line(evalue: str) -> str:
     lines = [l.strip() for l in _ANSI.sub("", evalue).split("\n") if l.strip()]
     if not lines:
         return ""
-    rank = next((l for l in lines[1:] if re.match(r"rank \d+ (raised|failed|blocked|killed|exited|still)", l)
-                 or re.match(r"rank \d+: ", l)), None)
+    rank = next((l for l in lines[1:] if re.match(r"ranks? [\d, -]+ (raised|failed|blocked|killed|exited|still)", l)
+                 or re.match(r"rank \d+: ", l)), None)          # "ranks 0-7 raised": identical reports folded
     head = lines[0] if len(lines) == 1 or not lines[0].endswith(":") else f"{lines[0]} {lines[1]}"
     s = f"{head} | {rank}" if rank and rank not in head else head
     return s if len(s) <= 240 else s[:237] + "..."

@@ -33,10 +33,6 @@ from minidist.runtime import plain_data
 from minidist.runtime.device import device as rank_device
 from minidist.runtime.rank_process import format_frame
 
-class WrongAnswer(AssertionError):
-    """An answer the student's code made, which its verdict found wrong (the code ran to its end)."""
-
-
 class StudentRaised(AssertionError):
     """The student's code raised ``raised`` (its type's name) while a check made here called it."""
 
@@ -118,7 +114,7 @@ def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict
 
 def _not_written(failure: BaseException) -> bool:
     """Whether the student's code raised NotImplementedError (a stub of the release), here or on a rank."""
-    raised = [getattr(failure, "raised", None)] + [m for text in (getattr(failure, "failures", None) or {}).values()
+    raised = [getattr(failure, "raised", None), type(failure).__name__] + [m for text in (getattr(failure, "failures", None) or {}).values()
                                                    for m in re.findall(r"raised: (\w+)", text)]
     return "NotImplementedError" in raised
 
@@ -152,7 +148,7 @@ def _answer_all(check, fn, params: dict, cases: list, refusal, stand_ins: dict, 
                 sizes.setdefault(item.t, []).append(problem is None)
             failed = failed or (check.stated(item, problem) if problem else None)
         if failed:
-            raise WrongAnswer(failed + by_group_size(sizes))
+            raise AssertionError(failed + by_group_size(sizes))
 
 
 def _here(record, refusal, check, fn, case):
@@ -166,7 +162,7 @@ def _here(record, refusal, check, fn, case):
     try:
         with default_device(record.device, record.here) if record is not None else contextlib.nullcontext():
             return graded_call(refusal, check.shown, check.answer, fn, case, **before)
-    except AssertionError:
+    except (AssertionError, NotImplementedError):   # a failed check; a function not written yet says so itself
         raise
     except Exception as err:     # noqa: BLE001  the student's code raised: say in which case, and where
         raise StudentRaised(student_raised(check.shown, case, err), type(err).__name__) from None
@@ -212,7 +208,7 @@ def _require(check, params: dict, index: int, case, answer) -> None:
         raise AssertionError(f"{check.shown} returned something that is not plain data ({err})") from None
     problem = check.problem(case, plain_data.loads(data))
     if problem:
-        raise WrongAnswer(problem)
+        raise AssertionError(problem)    # a wrong answer reads as an assertion, as the grader classes it
     problem = docket.file(check.key, params, index, data, check.shown)
     if problem:
         raise AssertionError(problem)
