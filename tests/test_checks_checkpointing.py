@@ -158,10 +158,12 @@ def notebook():
 
 def test_the_solution_earns_every_test(notebook, capsys):
     namespace, tests = notebook
-    assert sorted(tests) == sorted(f"test_{name}" for name in cases.GRADED)
+    assert sorted(tests) == sorted([f"test_{name}" for name in cases.GRADED] + ["test_load_resharded_device"])
     for test_id, source in tests.items():
         exec(compile(source, f"<grader {test_id}>", "exec"), dict(namespace))      # visible and hidden cases
-    assert capsys.readouterr().out.count("✓") == 2 * len(cases.GRADED)
+    out = capsys.readouterr().out
+    assert out.count("✓") == 2 * len(cases.GRADED) + 1, out       # + load_resharded's device check
+    assert "✓ load_resharded (device check)" in out
 
 
 @pytest.mark.parametrize("name, how, source, target", CHEATS, ids=[f"{c[0]}-{c[1]}" for c in CHEATS])

@@ -10,6 +10,7 @@ library writes (minidist.checkpoint.portable), so a wrong save fails its own tes
 
 SAVE = "test_save_sharded"
 LOAD = "test_load_resharded"
+LOAD_DEVICE = "test_load_resharded_device"
 LATEST = "test_latest_checkpoint"
 
 BUGS = [
@@ -115,6 +116,23 @@ BUGS = [
 ''',
         catches=[LOAD],
         why="reads its own rank's file: correct only when the checkpoint was saved under the same layout",
+    ),
+    dict(
+        name="load_pieces_without_device",
+        cell="load_resharded",
+        replace=[('mine = torch.empty(lengths, dtype=getattr(torch, t["dtype"]), device="cpu")',
+                  'mine = torch.empty(lengths, dtype=getattr(torch, t["dtype"]))')],
+        catches=[LOAD_DEVICE],
+        why="the pieces are made without device=\"cpu\": right on a laptop, on the GPU (or meta) a process set "
+            "as its default device on a node, not in host memory (only the device check sees it)",
+    ),
+    dict(
+        name="load_slices_on_default_device",
+        cell="load_resharded",
+        replace=[('with torch.device("cpu"), safe_open(', "with safe_open(")],
+        catches=[LOAD_DEVICE],
+        why="the slices are read outside torch.device(\"cpu\"): safetensors makes them on the default device, "
+            "so under a GPU (or meta) default the copy into the host piece reads from another device",
     ),
     dict(
         name="load_torn_returns_empty",
@@ -290,6 +308,31 @@ ALTERNATIVES = [
 ''',
         why="each needed file read whole once (load_file) and kept; a torn checkpoint's FileNotFoundError turned "
             "into the ValueError",
+    ),
+    dict(
+        name="load_under_cpu_default",
+        cell="load_resharded",
+        code='''def load_resharded(path, layout, rank):
+    if not os.path.exists(os.path.join(path, "metadata.json")):
+        raise ValueError(f"torn checkpoint at {path}: no metadata.json")
+    with open(os.path.join(path, "metadata.json")) as f:
+        meta = json.load(f)
+    out = {}
+    with torch.device("cpu"):                # everything below is made in host memory
+        for name, t in meta["tensors"].items():
+            off, ln = box(t["shape"], layout, rank)
+            piece = torch.zeros(ln, dtype=getattr(torch, t["dtype"]))
+            for s in t["shards"]:
+                lo = [max(a, b) for a, b in zip(off, s["offsets"])]
+                hi = [min(a + n, b + m) for a, n, b, m in zip(off, ln, s["offsets"], s["lengths"])]
+                if all(l < h for l, h in zip(lo, hi)):
+                    with safe_open(os.path.join(path, s["file"]), framework="pt") as f:
+                        piece[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, off))] = \\
+                            f.get_slice(name)[tuple(slice(l - b, h - b) for l, h, b in zip(lo, hi, s["offsets"]))]
+            out[name] = piece
+    return out
+''',
+        why="the whole load under torch.device(\"cpu\"): pieces and slices made in host memory without device=",
     ),
     dict(
         name="load_narrow",

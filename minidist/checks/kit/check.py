@@ -89,7 +89,8 @@ class Check:
     case that failed anywhere; ``prepare()``: run in the calling process before the ranks are launched
     (what forked ranks should inherit rather than each load, lab 5's ``torch._dynamo``);
     ``default_device``: torch's default device where the answer is made (``"meta"``: the device check,
-    :mod:`minidist.checks.kit.device_check`, made with its ``on_meta``)."""
+    :mod:`minidist.checks.kit.device_check`, made with its ``on_meta``); ``device_advice``: the device
+    check's last line, what such a tensor would do on a GPU node (default: device_check's ``GPU_NODE``)."""
     lab: str
     name: str
     cases: Callable[..., list]
@@ -108,6 +109,7 @@ class Check:
     stop_at_first_failure: bool = False
     prepare: Callable[[], None] | None = None
     default_device: str | None = None
+    device_advice: str | None = None
 
     def __post_init__(self):
         if self.where not in WHERE:
@@ -225,12 +227,13 @@ class Registry:
         options.setdefault("covered", getattr(module, "covered", None))
         return self.check(name, module.cases, options.pop("answer", called), module.verdict, **options)
 
-    def devices(self, *checks: Check) -> dict[str, tuple[Check, ...]]:
+    def devices(self, *checks: Check, advice: str | None = None) -> dict[str, tuple[Check, ...]]:
         """The device checks of ``checks`` (:func:`~minidist.checks.kit.device_check.on_meta`), by graded
-        function: what ``check_device(fn)`` runs (``entry(..., by=BY_NAME)``)."""
+        function: what ``check_device(fn)`` runs (``entry(..., by=BY_NAME)``); ``advice``: their failure's
+        last line, where the default (tensors belong on their inputs' device) is not the lab's rule."""
         out: dict[str, tuple[Check, ...]] = {}
         for check in checks:
-            out[check.function] = out.get(check.function, ()) + (self._add(on_meta(check)),)
+            out[check.function] = out.get(check.function, ()) + (self._add(on_meta(check, advice=advice)),)
         return out
 
     def entry(self, checks, by: str | None = None):

@@ -66,16 +66,17 @@ def device_verdict(verdict):
     return judged
 
 
-def on_meta(check, **params):
+def on_meta(check, advice: str | None = None, **params):
     """The device check of ``check``: its first case for ``params`` (default: the visible ones), run with
     torch's default device ``meta`` where the answer is made (the launched ranks, or this process for a
-    ``"here"`` check), judged by ``check``'s own verdict. Name and title end in "device"; no params."""
+    ``"here"`` check), judged by ``check``'s own verdict. Name and title end in "device"; no params.
+    ``advice``: the failure's last line (default :data:`GPU_NODE`)."""
     given = {p: params.get(p, False if p == "hidden" else None) for p in check.params}
     given = {p: v for p, v in given.items() if v is not None}
     first_case = lambda: check.cases(**given)[:1]       # noqa: E731
     return dataclasses.replace(check, name=f"{check.name} device", title=f"{check.shown} (device check)",
                                cases=first_case, params=(), default_device=META, stop_at_first_failure=False,
-                               verdict=device_verdict(check.verdict),
+                               verdict=device_verdict(check.verdict), device_advice=advice,
                                covered=lambda: "one visible case with torch's default device meta, as a GPU "
                                                "node sees it: every tensor it made is on its inputs' device")
 
@@ -160,8 +161,9 @@ class Record:
     """What one run of a device check recorded: its ranks' lines (files in ``folder``, written by
     :func:`in_rank`; ``launched`` is what the launch hands them) and this process's (``here``)."""
 
-    def __init__(self, device: str, folder: str):
+    def __init__(self, device: str, folder: str, advice: str | None = None):
         self.device, self.folder, self.here = device, folder, []
+        self.advice = advice or GPU_NODE
         self.launched = (device, folder)
 
     def lines(self) -> list[str]:
@@ -181,7 +183,7 @@ class Record:
         made = "\n".join("  " + line.replace("\n", "\n  ") for line in lines)
         return (f"{shown}: your code made {'a tensor' if len(lines) == 1 else 'tensors'} without device= "
                 f"(here on 'meta', the default device of this check):\n{made}\n"
-                f"What it did here: {consequence(failure)}\n{GPU_NODE}")
+                f"What it did here: {consequence(failure)}\n{self.advice}")
 
 
 def consequence(failure: BaseException) -> str:

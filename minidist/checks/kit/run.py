@@ -93,7 +93,7 @@ def _device_check(check, fn, params: dict, cases: list, refusal, stand_ins: dict
     shown nothing about its tensors: it fails, saying so."""
     __tracebackhide__ = True            # noqa: F841  (IPython: the student's line first, not the kit's)
     with tempfile.TemporaryDirectory(prefix="minidist-device-") as folder:
-        record = Record(check.default_device, folder)
+        record = Record(check.default_device, folder, check.device_advice)
         try:
             _answer_all(check, fn, params, cases, refusal, stand_ins, record)
             return

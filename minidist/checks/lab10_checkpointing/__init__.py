@@ -4,6 +4,7 @@ in this process, in a temporary directory of its own. A lab test cell is a one-l
 
     checks.check_save_sharded(save_sharded)
     checks.check_save_sharded(save_sharded, hidden=True)
+    checks.check_device(load_resharded)     # the loaded pieces in host memory, whatever the default device
 
 ``save_sharded`` is checked on what it leaves on disk: the shards each rank writes (the layout's
 boxes, bit-exact: the bytes per rank are the formula's), the metadata (shapes, dtypes, offsets,
@@ -12,7 +13,8 @@ error reaches the caller, the previous checkpoint untouched). ``load_resharded``
 checkpoint the library saved under one layout into another (fewer ranks, rows to columns,
 replicated to sharded), bit-exact, and must refuse a checkpoint without its metadata.
 ``latest_checkpoint`` must choose the newest good checkpoint among good, torn, truncated,
-corrupted and garbled ones. ``checkpoint_interval`` and ``goodput`` (how often to save, and the
+corrupted and garbled ones; ``check_device`` runs ``load_resharded``'s first visible case with torch's default device
+``meta`` (kit/device_check.py): every piece it returns must be on the CPU. ``checkpoint_interval`` and ``goodput`` (how often to save, and the
 share of time left for training) are checked against :mod:`minidist.cost.checkpoint`
 (``checkpoint_interval.py``, ``goodput.py``). ``minidist.checkpoint`` (the library's own) and
 that cost model are refused while graded code runs, and so is :mod:`.checkpoints` (the
@@ -22,7 +24,7 @@ helpers the notebook hands out in ``helpers.py``.
 """
 from __future__ import annotations
 
-from minidist.checks.kit.check import Registry
+from minidist.checks.kit.check import BY_NAME, Registry
 from minidist.checks.kit.refusal import Refusal
 from minidist.checks.lab10_checkpointing import answers, cases, checkpoints, verdicts
 from minidist.checks.lab10_checkpointing.checkpoints import damage
@@ -46,9 +48,13 @@ _TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, case
 #: student's code runs, outside the refusal
 FUNCTIONS = {name: CHECKS.check(name, c, a, v, covered=cov, launch={"reference": root})
              for name, (c, a, v, cov, root) in _TABLE.items()}
+#: the function that makes tensors of its own (the pieces it reads into host memory)
+DEVICE = CHECKS.devices(FUNCTIONS["load_resharded"], advice=(
+    "On a GPU node whose default device is its GPU, that tensor would be there, not in host memory where a loaded "
+    "piece belongs: make it with device=\"cpu\", and read safetensors' slices under with torch.device(\"cpu\")."))
 
 #: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
-__all__ = ["CHECKS", "REFUSED", "box", "check_checkpoint_interval", "check_goodput", "check_latest_checkpoint",
+__all__ = ["CHECKS", "REFUSED", "box", "check_checkpoint_interval", "check_device", "check_goodput", "check_latest_checkpoint",
            "check_load_resharded", "check_save_sharded", "damage", "sha256_of", "split_range", "check_async_saver"]
 
 
@@ -62,7 +68,15 @@ def check_save_sharded(fn, *, hidden: bool = False) -> None:
 @CHECKS.entry(FUNCTIONS["load_resharded"])
 def check_load_resharded(fn, *, hidden: bool = False) -> None:
     """``load_resharded``: a checkpoint the library saved under one layout, loaded into another (fewer ranks,
-    rows to columns, replicated to sharded), bit-exact; a checkpoint without its metadata refused."""
+    rows to columns, replicated to sharded), bit-exact, every piece on the CPU; a checkpoint without its
+    metadata refused."""
+
+
+@CHECKS.entry(DEVICE, by=BY_NAME)
+def check_device(fn) -> None:
+    """Where the pieces of ``load_resharded`` (found by its name) live: its first visible case, run with
+    torch's default device ``meta`` (kit/device_check.py). A piece not on the CPU fails, naming the line
+    that made a tensor without ``device=``: host memory is where a loaded piece belongs."""
 
 
 @CHECKS.entry(FUNCTIONS["latest_checkpoint"])

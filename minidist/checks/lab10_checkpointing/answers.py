@@ -106,7 +106,7 @@ def loaded(fn, case, reference) -> dict:
             except Exception as err:      # noqa: BLE001
                 return {"raised": _error(err)}
             return {"raised": None}
-        pieces, opened = [], []
+        pieces, opened, devices = [], [], []
         for r in range(case["load"]["world"]):
             mine = []
             with observed(fn, mine):
@@ -115,8 +115,11 @@ def loaded(fn, case, reference) -> dict:
             foreign = foreign_part(got)
             if foreign is not None or not isinstance(got, dict):
                 return {"rank": r, "not plain": foreign or f"a {type(got).__name__}"}
-            pieces.append({k: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()})
-    return {"pieces": pieces, "opened": opened}
+            # where each piece is, as returned (a piece on ``meta`` has no data to compare: the device says it all)
+            devices.append({k: str(v.device) for k, v in got.items() if isinstance(v, torch.Tensor)})
+            pieces.append({k: (f"a tensor on {v.device}" if v.is_meta else v.detach().cpu().clone())
+                           if isinstance(v, torch.Tensor) else v for k, v in got.items()})
+    return {"pieces": pieces, "opened": opened, "devices": devices}
 
 
 def chosen(fn, case, reference) -> dict:

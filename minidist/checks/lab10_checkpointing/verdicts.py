@@ -129,6 +129,12 @@ def loaded(case, answer) -> str | None:
         return None
     if "not plain" in answer:
         return f"{label}: rank {answer['rank']} returned {answer['not plain']}; return a dict name -> tensor"
+    for r, devices in enumerate(answer["devices"]):    # host memory, whatever torch's default device is
+        elsewhere = {name: d for name, d in devices.items() if d != "cpu"}
+        if elsewhere:
+            name, d = sorted(elsewhere.items())[0]
+            return (f"{label}: rank {r}'s {name} is on {d}, not the CPU: a loaded piece belongs in host memory, "
+                    "whatever torch's default device is")
     state, layout = state_of(case), case["load"]
     for r, got in enumerate(answer["pieces"]):
         if sorted(got) != sorted(state):
