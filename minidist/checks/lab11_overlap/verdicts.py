@@ -111,6 +111,23 @@ def _calls(answer, t: int) -> str | None:
     return None
 
 
+def _hidden_behind(answer, t: int, first_step: int, sent: str) -> str | None:
+    """Each of the t-1 messages is posted before the matmul it hides and waited for after it: the
+    ring all-gather hides step s's message behind step s's matmul (``first_step=0``), the
+    reduce-scatter hides it behind the next one's (``first_step=1``: the accumulator travels after
+    its first partial product)."""
+    sends, recvs = ([e for e in sorted(answer["comm"], key=lambda e: e[START]) if e[OP] == op]
+                    for op in ("isend", "irecv"))
+    computed = answer["computed"]
+    for k in range(t - 1):
+        s = k + first_step
+        doing = f"the matmul of step {s} (chunk {computed[s][0]})"
+        if problem := first([_overlaps(f"step {s}'s {sent}", sends[k], computed[s], doing),
+                             _overlaps(f"step {s}'s receive", recvs[k], computed[s], doing)]):
+            return problem
+    return None
+
+
 def ag_matmul(item, answer) -> str | None:
     case, r, t = item.case, item.r, item.t
     if problem := _result(answer, ag_reference(case, t), t):
@@ -120,15 +137,7 @@ def ag_matmul(item, answer) -> str | None:
     shard = _size(case, ag_shards(case, t)[r].shape)
     if problem := first([_ring(answer, r, t, item.rank - r, shard, "shard"), _calls(answer, t)]):
         return problem
-    sends, recvs = ([e for e in sorted(answer["comm"], key=lambda e: e[START]) if e[OP] == op]
-                    for op in ("isend", "irecv"))
-    computed = answer["computed"]
-    for s in range(t - 1):
-        doing = f"the matmul of step {s} (chunk {computed[s][0]})"
-        if problem := first([_overlaps(f"step {s}'s send", sends[s], computed[s], doing),
-                             _overlaps(f"step {s}'s receive", recvs[s], computed[s], doing)]):
-            return problem
-    return None
+    return _hidden_behind(answer, t, first_step=0, sent="send")
 
 
 def rs_matmul(item, answer) -> str | None:
@@ -140,15 +149,7 @@ def rs_matmul(item, answer) -> str | None:
     chunk = _size(case, (case["n"], case["m"]))
     if problem := first([_ring(answer, r, t, item.rank - r, chunk, "output chunk"), _calls(answer, t)]):
         return problem
-    sends, recvs = ([e for e in sorted(answer["comm"], key=lambda e: e[START]) if e[OP] == op]
-                    for op in ("isend", "irecv"))
-    computed = answer["computed"]
-    for s in range(t - 1):
-        doing = f"the matmul of step {s + 1} (chunk {computed[s + 1][0]})"
-        if problem := first([_overlaps(f"step {s + 1}'s send of the accumulator", sends[s], computed[s + 1], doing),
-                             _overlaps(f"step {s + 1}'s receive", recvs[s], computed[s + 1], doing)]):
-            return problem
-    return None
+    return _hidden_behind(answer, t, first_step=1, sent="send of the accumulator")
 
 
 # ----------------------------------------------------------------------------- exposed_time
