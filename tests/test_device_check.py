@@ -166,6 +166,19 @@ def test_a_here_check_on_meta_names_the_line_and_restores_the_default_device(cap
     assert HERE.cases() == [1] and HERE.params == ()
 
 
+def test_the_passed_line_states_the_labs_rule_where_it_is_not_the_inputs_device(capsys):
+    """Lab 10's pieces belong in host memory, not on their inputs' device: its ✓ line says so."""
+    from minidist.checks import lab10_checkpointing as lab10
+    namespace = {"torch": torch}
+    exec(compile_cell(STUDENT, "<cell double>"), namespace)
+    run(on_meta(Registry(__name__).check("double", lambda hidden: [1], _scaled, _times_two), rule="on the host"),
+        namespace["double"])
+    assert capsys.readouterr().out.rstrip().endswith("as a GPU node sees it: on the host")
+    (device_check,) = lab10.DEVICE["load_resharded"]
+    assert device_check.covered().endswith("every piece it returns is in host memory")
+    assert HERE.covered().endswith("every tensor it made is on its inputs' device")
+
+
 WRONG = """
 def triple(x):
     return x * 3

@@ -227,13 +227,16 @@ class Registry:
         options.setdefault("covered", getattr(module, "covered", None))
         return self.check(name, module.cases, options.pop("answer", called), module.verdict, **options)
 
-    def devices(self, *checks: Check, advice: str | None = None) -> dict[str, tuple[Check, ...]]:
+    def devices(self, *checks: Check, advice: str | None = None,
+                rule: str | None = None) -> dict[str, tuple[Check, ...]]:
         """The device checks of ``checks`` (:func:`~minidist.checks.kit.device_check.on_meta`), by graded
-        function: what ``check_device(fn)`` runs (``entry(..., by=BY_NAME)``); ``advice``: their failure's
-        last line, where the default (tensors belong on their inputs' device) is not the lab's rule."""
+        function: what ``check_device(fn)`` runs (``entry(..., by=BY_NAME)``); ``advice`` and ``rule``:
+        their failure's last line and what their ✓ line confirms, where the default (tensors belong on
+        their inputs' device) is not the lab's rule."""
         out: dict[str, tuple[Check, ...]] = {}
         for check in checks:
-            out[check.function] = out.get(check.function, ()) + (self._add(on_meta(check, advice=advice)),)
+            rules = {} if rule is None else {"rule": rule}
+            out[check.function] = out.get(check.function, ()) + (self._add(on_meta(check, advice=advice, **rules)),)
         return out
 
     def entry(self, checks, by: str | None = None):

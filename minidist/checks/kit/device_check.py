@@ -66,11 +66,15 @@ def device_verdict(verdict):
     return judged
 
 
-def on_meta(check, advice: str | None = None, **params):
+#: what a device check confirms, unless the lab's rule is another (``rule=``)
+ON_INPUTS = "every tensor it made is on its inputs' device"
+
+
+def on_meta(check, advice: str | None = None, rule: str = ON_INPUTS, **params):
     """The device check of ``check``: its first case for ``params`` (default: the visible ones), run with
     torch's default device ``meta`` where the answer is made (the launched ranks, or this process for a
     ``"here"`` check), judged by ``check``'s own verdict. Name and title end in "device"; no params.
-    ``advice``: the failure's last line (default :data:`GPU_NODE`)."""
+    ``advice``: the failure's last line (default :data:`GPU_NODE`); ``rule``: what the ✓ line says it confirms."""
     given = {p: params.get(p, False if p == "hidden" else None) for p in check.params}
     given = {p: v for p, v in given.items() if v is not None}
     first_case = lambda: check.cases(**given)[:1]       # noqa: E731
@@ -78,7 +82,7 @@ def on_meta(check, advice: str | None = None, **params):
                                cases=first_case, params=(), default_device=META, stop_at_first_failure=False,
                                verdict=device_verdict(check.verdict), device_advice=advice,
                                covered=lambda: "one visible case with torch's default device meta, as a GPU "
-                                               "node sees it: every tensor it made is on its inputs' device")
+                                               f"node sees it: {rule}")
 
 
 # ----------------------------------------------------------------------------- where the answer runs

@@ -49,7 +49,7 @@ _TABLE = {"save_sharded": (cases.save_cases, answers.saved, verdicts.saved, case
 FUNCTIONS = {name: CHECKS.check(name, c, a, v, covered=cov, launch={"reference": root})
              for name, (c, a, v, cov, root) in _TABLE.items()}
 #: the function that makes tensors of its own (the pieces it reads into host memory)
-DEVICE = CHECKS.devices(FUNCTIONS["load_resharded"], advice=(
+DEVICE = CHECKS.devices(FUNCTIONS["load_resharded"], rule="every piece it returns is in host memory", advice=(
     "On a GPU node whose default device is its GPU, that tensor would be there, not in host memory where a loaded "
     "piece belongs: make it with device=\"cpu\", and read safetensors' slices under with torch.device(\"cpu\")."))
 
