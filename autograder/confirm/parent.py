@@ -1,6 +1,7 @@
 """The confirmation's parent: the process that writes the confirmation's verdict, and never runs
 student code (started by :mod:`autograder.confirm` inside the sandbox, as ``python -I
-confirm/parent.py --fd N``; standard library and minidist.protocol only).
+confirm/parent.py --fd N``; the standard library, and torch and the pristine minidist imported for its
+forks only, :mod:`autograder.confirm.warm`).
 
 It holds what the grader trusts: the descriptor the verdict goes out on and the token each line
 carries. It starts :mod:`autograder.confirm.runner` (the child that runs the cells) with neither:
