@@ -1,6 +1,6 @@
 """The confirmation's judge: gives every test's verdict again in a process that never runs student
-code (started by :mod:`autograder.confirm.parent` before the child runs any cell, as ``python -I
-confirm/judge.py``; standard library and minidist only).
+code (forked by :mod:`autograder.confirm.parent` before the child, :mod:`autograder.confirm.warm`;
+``python -I confirm/judge.py`` runs it alone; standard library and minidist only).
 
 The child reports a test passed or failed; that report is not enough. With the child's reply comes
 the docket, the student's answers as plain data; the parent hands it here with the test cell's id.
@@ -13,8 +13,8 @@ It fails closed: a test cell that does anything but call registered checks of th
 module (an ``assert``, a variable, a call it cannot resolve, a param that is not a constant) cannot
 be confirmed, and the test earns nothing. ``tests/test_judge.py`` proves every test cell of every lab
 resolves. What the child can do to this process: send it data, which is read as plain data only (no
-pickle, no code). It is not dumpable, from before the child starts, so no process of the same uid can
-trace it or read its memory.
+pickle, no code). It is not dumpable, from its start (before the child exists), so no process of
+the same uid can trace it or read its memory.
 
 Protocol (:mod:`autograder.confirm.wire` frames): first ``{path, cells, hidden}`` (``hidden``: the lab's
 hidden case tables, :mod:`autograder.confirm.hidden_tables`), then ``{cell, docket}``

@@ -1,10 +1,12 @@
 """The confirmation's parent: the process that writes the confirmation's verdict, and never runs
 student code (started by :mod:`autograder.confirm` inside the sandbox, as ``python -I
-confirm/parent.py --fd N``; standard library and minidist.protocol only).
+confirm/parent.py --fd N``; the standard library, and torch and the pristine minidist imported for its
+forks only, :mod:`autograder.confirm.warm`).
 
 It holds what the grader trusts: the descriptor the verdict goes out on and the token each line
-carries. It starts :mod:`autograder.confirm.runner` (the child that runs the cells) as a fresh
-interpreter with neither, sends it one cell at a time with a fresh random nonce, and forwards a
+carries. It starts :mod:`autograder.confirm.runner` (the child that runs the cells) with neither:
+a fork of this process made before it read its spec (:mod:`autograder.confirm.warm`: the parent
+imports torch and the pristine minidist once, for the judge and the child), sends it one cell at a time with a fresh random nonce, and forwards a
 reply only if it answers the cell in flight with that cell's nonce. So student code in the child,
 whatever it reaches there (a frame, a descriptor, the runner's own functions while a solution
 cell runs), can at most speak for the cell it runs in: the tests' requests, and their nonces, are
@@ -12,11 +14,12 @@ sent only after the solution cells' replies are in. The parent is not dumpable, 
 the same uid can neither trace it nor read its memory; a child that dies, hangs past the cell
 timeout or answers out of turn ends the run, and the tests not answered stay unconfirmed.
 
-A test the child reports passed is put to the judge (:mod:`autograder.confirm.judge`, started
+A test the child reports passed is put to the judge (:mod:`autograder.confirm.judge`, forked
 first, never runs student code) with the answers the child filed for it (the docket); the test
 passes only if the judge finds nothing wrong with them.
 
-Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
+Usage: ``python -I parent.py --fd N [--preload MODULE,...]`` (``--preload``: the lab's checks
+modules, imported before the forks). Protocol: a JSON spec on stdin (``token``, ``path``, ``cells`` [{id, kind, source}], ``timeout``,
 ``workdir``, ``env``, ``hidden``: the lab's hidden case tables, which the judge and the child serve to
 their imports, :mod:`autograder.confirm.hidden_tables`); JSON lines on the inherited descriptor named by ``--fd``: ``cell``,
 ``test``, ``restored``, ``flags`` and, when every cell was answered, ``done``.
@@ -25,13 +28,13 @@ import ctypes
 import json
 import os
 import secrets
-import subprocess
+import signal
 import sys
 import time
 
 # the folder holding autograder/confirm/ and minidist/ (the pristine copy; -I leaves it off the path)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from autograder.confirm import wire  # noqa: E402
+from autograder.confirm import warm, wire  # noqa: E402
 
 PR_SET_DUMPABLE = 4
 MARGIN = 30            # seconds past the cell timeout before the parent gives up on the child
@@ -39,8 +42,15 @@ MARGIN = 30            # seconds past the cell timeout before the parent gives u
 
 def main():
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)       # the forks inherit it: undumpable from their first instruction
     fd = int(sys.argv[sys.argv.index("--fd") + 1])
+    preload = sys.argv[sys.argv.index("--preload") + 1].split(",") if "--preload" in sys.argv else []
+    keep = warm.preload(preload)
+    from autograder.confirm import judge as judge_main, runner as runner_main      # preloaded
+    # both forks before the spec is read: neither holds the token, the cells or the hidden tables but as
+    # sent to it; the judge first (it never runs student code)
+    judge = warm.fork(judge_main.main, keep)
+    child = warm.fork(runner_main.main, keep)
     spec = json.loads(sys.stdin.read())
     out = os.fdopen(os.dup(fd), "w", buffering=1)
     os.close(fd)
@@ -49,21 +59,14 @@ def main():
     def report(**msg):
         out.write(json.dumps(dict(msg, token=token), default=str) + "\n")
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    # the judge first: it makes itself undumpable before the child runs any student code
-    judge = subprocess.Popen([sys.executable, "-I", os.path.join(here, "judge.py")], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
-    wire.send(judge.stdin.fileno(), {"path": spec.get("path", []), "cells": spec["cells"],
-                                     "hidden": spec.get("hidden", {})})
-    child = subprocess.Popen([sys.executable, "-I", os.path.join(here, "runner.py")], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, cwd=spec.get("workdir") or None, close_fds=True)
-    cmd, replies = child.stdin.fileno(), child.stdout.fileno()
+    wire.send(judge[1], {"path": spec.get("path", []), "cells": spec["cells"], "hidden": spec.get("hidden", {})})
+    cmd, replies = child[1], child[2]
     timeout = float(spec.get("timeout") or 600) + MARGIN
     t_start = time.time()
     answered = 0
     try:
         wire.send(cmd, {"path": spec.get("path", []), "workdir": spec.get("workdir"), "env": spec.get("env", {}),
-                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge.pid],
+                        "timeout": spec.get("timeout"), "own_pids": bool(spec.get("own_pids")), "keep": [judge[0]],
                         "hidden": spec.get("hidden", {})})
         for cell in spec["cells"]:
             nonce = secrets.token_hex(16)
@@ -91,9 +94,12 @@ def main():
     except OSError:
         pass
     finally:
-        for proc in (child, judge):
-            proc.kill()
-            proc.wait()
+        for pid, *_ in (child, judge):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
     if answered == len(spec["cells"]):
         report(event="done", seconds=round(time.time() - t_start, 2))
     out.flush()
@@ -101,13 +107,14 @@ def main():
 
 
 def judged(judge, cell: str, docket, timeout: float):
-    """The judge's verdict on a test the child reported passed (:mod:`autograder.confirm.judge`): None
-    if it agrees, else the test's error. A judge that fails to answer leaves the test unconfirmed."""
+    """The judge's verdict on a test the child reported passed (:mod:`autograder.confirm.judge`; ``judge``:
+    its pid and the descriptors to write to it and read from it): None if it agrees, else the test's
+    error. A judge that fails to answer leaves the test unconfirmed."""
     try:
-        wire.send(judge.stdin.fileno(), {"cell": cell, "docket": docket if isinstance(docket, list) else []})
+        wire.send(judge[1], {"cell": cell, "docket": docket if isinstance(docket, list) else []})
     except OSError:
         return ["JudgeError", "the confirmation's judge is gone"]
-    verdict = wire.recv(judge.stdout.fileno(), timeout)
+    verdict = wire.recv(judge[2], timeout)
     if not (isinstance(verdict, dict) and verdict.get("cell") == cell):
         return ["JudgeError", "the confirmation's judge did not answer"]
     if verdict.get("problem"):

@@ -1,6 +1,7 @@
-"""The confirmation's child: runs a submission's cells in a fresh interpreter that student code did
-not prepare (started by :mod:`autograder.confirm.parent` inside the sandbox, as ``python -I
-confirm/runner.py``; it imports nothing from the autograder but its siblings).
+"""The confirmation's child: runs a submission's cells in an interpreter that student code did not
+prepare (forked by :mod:`autograder.confirm.parent` inside the sandbox, once it has imported torch and
+the pristine minidist and before it reads its spec, :mod:`autograder.confirm.warm`; ``python -I
+confirm/runner.py`` runs it alone; it imports nothing from the autograder but its siblings).
 
 What it runs, one cell per request of the parent, in notebook order: the lab's own setup and
 given cells (locked cells, from the instructor's source notebook), the student's solution cells

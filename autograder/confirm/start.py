@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from autograder.confirm import hidden_tables
+from autograder.confirm import hidden_tables, warm
 from autograder.course.cells import DEMO_TAG, grade_id, nbg
 from autograder.course.hidden_tests import HIDDEN_PART, split
 from autograder.sandbox.backend import command
@@ -24,7 +24,8 @@ from minidist.protocol import DOCKET_ENV, GUARD_BINDINGS_ENV
 
 HERE = Path(__file__).resolve().parent
 #: what a confirmation runs in the sandbox, copied next to the pristine minidist (standard library and minidist only)
-FILES = ("__init__.py", "parent.py", "runner.py", "judge.py", "audit.py", "wire.py", "handed_in.py", "hidden_tables.py")
+FILES = ("__init__.py", "parent.py", "warm.py", "runner.py", "judge.py", "audit.py", "wire.py", "handed_in.py",
+         "hidden_tables.py")
 PRISTINE_PACKAGE = Path("autograder", "confirm")      # where they are, below the pristine copy
 
 
@@ -71,13 +72,16 @@ class Confirmation:
         workdir.mkdir(parents=True, exist_ok=True)
         read, write = os.pipe()
         setup = [c["source"] for c in self.cells if c["kind"] in ("setup", "given")]
+        # the whole run's environment: the parent imports the checks, which read these once, before it forks
+        run_env = {"NBGRADER_EXECUTION": "autograde", GUARD_BINDINGS_ENV: "1", DOCKET_ENV: "1"}
+        env = dict(env, **run_env)
         spec = {"token": self.token, "path": [str(pristine)], "cells": self.cells, "timeout": cell_timeout,
                 "hidden": hidden_tables.tables(setup),      # never a file: the kernel has the same view
-                "workdir": str(workdir), "env": {"NBGRADER_EXECUTION": "autograde", GUARD_BINDINGS_ENV: "1",
-                                                    DOCKET_ENV: "1"},
+                "workdir": str(workdir), "env": run_env,
                 "own_pids": sandbox is not None}      # the sandbox is a PID namespace of this run's own
+        preload = warm.modules(setup)         # the parent imports them before it forks the judge and the child
         argv = command(sandbox, [sys.executable, "-I", str(pristine / PRISTINE_PACKAGE / "parent.py"), "--fd",
-                                 str(write)],
+                                 str(write), *(["--preload", ",".join(preload)] if preload else [])],
                        rw=[str(workdir)], cwd=str(workdir), env=env, ro_extra=[str(pristine)], **(box or {}))
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=self.log, stderr=self.log,
@@ -86,10 +90,14 @@ class Confirmation:
         os.close(write)
         self.reader = threading.Thread(target=self._read, args=(read,), daemon=True)
         self.reader.start()
+        # on a thread: the parent reads its spec only once it has imported torch and forked (seconds)
+        threading.Thread(target=self._write_spec, args=(json.dumps(spec).encode(),), daemon=True).start()
+
+    def _write_spec(self, data: bytes):
         try:
-            self.proc.stdin.write(json.dumps(spec).encode())
+            self.proc.stdin.write(data)
             self.proc.stdin.close()
-        except OSError:
+        except (OSError, ValueError):
             pass
 
     def _read(self, fd):
