@@ -122,7 +122,32 @@ import minidist.cost
 def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
     return minidist.cost.goodput(interval_s, save_s, mtbf_s, restart_s, blocking_s)
 '''
+#: the random states collected by the library's checkpoint (every generator's get and set) instead of by hand
+RESTART_WITH_THE_LIBRARYS_RNG = '''
+from minidist.checkpoint.rng import rng_sources
+
+def train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    sources = rng_sources(cuda=False)
+    start, found = 0, store.latest()
+    if found is not None:
+        start, state = found
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None:
+            scaler.load_state_dict(state["scaler"])
+        sampler.load_state_dict(state["sampler"])
+        for name, (get, put) in sources.items():
+            put(state["rng"][name])
+    for n in range(start + 1, steps + 1):
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        if n % every == 0:
+            store.save(n, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                           "scaler": None if scaler is None else scaler.state_dict(), "sampler": sampler.state_dict(),
+                           "rng": {name: get() for name, (get, put) in sources.items()}})
+    return start
+'''
 CHEATS = [("checkpoint_interval", "through_the_cost_model", INTERVAL_THROUGH_THE_COST_MODEL, "job_mtbf"),
+          ("train_resumable", "through_the_library", RESTART_WITH_THE_LIBRARYS_RNG, "rng_sources"),
           ("goodput", "through_the_cost_model", GOODPUT_THROUGH_THE_COST_MODEL, "goodput"),
           ("save_sharded", "through_the_checks", SAVE_THROUGH_THE_CHECKS, "checkpoints.write"),
           ("save_sharded", "through_the_library", SAVE_THROUGH_THE_LIBRARY, "portable.save_portable"),
@@ -178,6 +203,9 @@ def test_an_answer_on_the_library_or_the_checks_writer_earns_nothing(name, how, 
 
 # ----------------------------------------------------------------------------- what the checks hold
 NAMED_LIKE_A_WRITER = re.compile(r"^_*(save|load|latest|write|read|export|verify)(_|$)")
+#: what the restart exercise hands out under such names (restart_kit.py): the store's rank-local save and latest,
+#: the sampler's load_state_dict; none writes or reads the lab's format
+RESTART_KIT = {"save", "latest", "load_state_dict"}
 
 
 def _library_names(tree: ast.Module) -> set[str]:
@@ -217,7 +245,11 @@ def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_
             assert "safetensors.torch" not in source, f"{f} writes files itself"
         assert "write_safetensors" not in source, f"{f} writes files itself"
         library = _library_names(tree)
+        if f == "restart_kit.py":    # the restart exercise's store: one torch.save file per rank, no format of the lab's
+            assert "torch.save(" in source and "metadata.json" not in source and "safe_open" not in source
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            if f == "restart_kit.py" and fn.name in RESTART_KIT:
+                continue
             if f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):
                 assert [a.arg for a in fn.args.args] == ["hidden"], f"{f}: {fn.name}"      # a case table
             elif fn.name in cases.GRADED or NAMED_LIKE_A_WRITER.match(fn.name):

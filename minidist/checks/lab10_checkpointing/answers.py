@@ -286,7 +286,8 @@ def _restart_rank(progress: str, fn, case: dict, root: str) -> dict:
 def restarted(fn, case, refusal) -> dict:
     """``train_resumable`` on 2 CPU ranks launched with a restart per kill of the case (the restarts of
     ``minidist.launch``); the refusal holds on the ranks, where the student's code runs. A failure that is
-    not a kill of the check's ends the launch: its report is the answer's error."""
+    not a kill of the check's ends the launch: its report (which names the case and the attempt) is the answer's
+    error."""
     with tempfile.TemporaryDirectory(prefix="minidist-restart-") as root:
         def attempt(n: int) -> None:
             with open(os.path.join(root, "attempt"), "w") as f:
@@ -302,7 +303,7 @@ def restarted(fn, case, refusal) -> dict:
             ranks = launch_named(_restart_rank, train_resumable.WORLD, fn, case, root, name="train_resumable",
                                  timeout=RESTART_TIMEOUT, refuse=refusal, ranks_on="cpu",
                                  max_restarts=len(case["kills"]), on_restart=on_restart)
-        except LaunchError as err:
+        except (LaunchError, AssertionError) as err:     # a rank's failure; a library answer, refused on a rank
             return {"error": str(err)[:4000]}
         killed = sum(os.path.exists(os.path.join(root, f"killed-{n}")) for n in range(len(case["kills"])))
     return {"ranks": ranks, "killed": killed}

@@ -187,8 +187,9 @@ def verdict(case, answer) -> str | None:
     label = f"train_resumable ({describe(case)})"
     if not isinstance(answer, dict):
         return f"{label}: no answer ({type(answer).__name__})"
-    if "error" in answer:
-        return f"{label}: {answer['error']}"
+    if "error" in answer:       # the launch's report, which names the case and the attempt already
+        error = str(answer["error"])
+        return error if error.startswith("train_resumable (") else f"{label}: {error}"
     kills, steps = case["kills"], case["steps"]
     if answer["killed"] != len(kills):
         missed = kills[answer["killed"]]
