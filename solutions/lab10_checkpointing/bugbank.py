@@ -640,7 +640,7 @@ BUGS += [
          catches=[RESTART], why="counts the steps of this run, not the job's: after a restart the checkpoints' labels "
                                 "are wrong"),
     dict(name="restart_returns_nothing", cell="train_resumable",
-         replace=[("    return start\n", "")],
+         replace=[("\n    return start", "")],
          catches=[RESTART], why="returns None: the caller cannot tell a resume from a fresh start"),
 ]
 

@@ -81,13 +81,12 @@ def new_run(rank: int, world: int, scaler: bool = True):
     torch.manual_seed(SEED + rank)
     random.seed(SEED + rank)
     np.random.seed(SEED + rank)
-    g = torch.Generator(device="cpu").manual_seed(11)
-    model = torch.nn.Sequential(torch.nn.Linear(DIMS[0], DIMS[1]), torch.nn.ReLU(), torch.nn.Dropout(0.25),
-                                torch.nn.Linear(DIMS[1], DIMS[2]))
+    g, dev = torch.Generator(device="cpu").manual_seed(11), rank_device()
+    model = torch.nn.Sequential(torch.nn.Linear(DIMS[0], DIMS[1], device=dev), torch.nn.ReLU(), torch.nn.Dropout(0.25),
+                                torch.nn.Linear(DIMS[1], DIMS[2], device=dev))
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g, device="cpu") * 0.5)
-    model.to(rank_device())
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     return model, optimizer, DynamicLossScaler(**SCALER) if scaler else None, Sampler(rank, world)
 
