@@ -17,7 +17,8 @@ import pytest
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from minidist.checks import lab10_checkpointing as lab10
 from minidist.checks.kit.refusal import resolve
-from minidist.checks.lab10_checkpointing import cases, checkpoints
+import minidist
+from minidist.checks.lab10_checkpointing import cases, checkpoints, restart_kit, train_resumable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(lab10.__file__)
@@ -264,3 +265,40 @@ def test_the_refusal_covers_the_checks_writer():
     assert not set(lab10.REFUSED.allow)           # the lab hands out nothing of the library or of its writer
     assert {lab10.box.__module__, lab10.sha256_of.__module__, lab10.split_range.__module__} == \
         {"minidist.checks.lab10_checkpointing.helpers"}
+
+
+# ----------------------------------------------------------------------------- the restart exercise
+def _plain_loop(steps: int, scaler: bool) -> dict:
+    """Inside a rank: ``steps`` of the handed-out step from a fresh run, no checkpoint: what the verdict rebuilds."""
+    import torch.distributed as dist
+    model, optimizer, scaler, sampler = restart_kit.new_run(dist.get_rank(), dist.get_world_size(), scaler)
+    for _ in range(steps):
+        restart_kit.training_step(model, optimizer, scaler, sampler.next_batch())
+    return train_resumable.final_state(model, optimizer, scaler, sampler)
+
+
+@pytest.mark.parametrize("scaler", [True, False])
+def test_the_restart_verdicts_reference_is_the_plain_loop_on_two_ranks(scaler):
+    """The verdict trains both ranks in one process (their generators swapped in turn, the gradients summed as
+    the all-reduce sums them): bit for bit what 2 launched ranks end with, every random state included, and the
+    loss scaler's state changed on the way (its overflows are what a restored scaler must reproduce)."""
+    case = dict(steps=8, every=3, scaler=scaler, kills=())
+    ranks = minidist.launch(_plain_loop, train_resumable.WORLD, case["steps"], scaler, device="cpu")
+    want = train_resumable.reference(case)
+    for got, ref in zip(ranks, want):
+        assert train_resumable.state_problem(got, ref, killed=True) is None
+        assert got["rng"] == ref["rng"] and got["sampler"] == ref["sampler"] == {"epoch": 1, "position": 12}
+    assert ranks[0]["rng"] != ranks[1]["rng"]           # each rank draws its own numbers
+    if scaler:
+        assert want[0]["scaler"]["skipped"] > 0 and want[0]["scaler"]["scale"] != restart_kit.SCALER["init_scale"]
+
+
+def _raises(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    raise ValueError("the student's own failure")
+
+
+def test_a_failure_of_the_students_code_is_reported_not_restarted():
+    with pytest.raises(AssertionError) as info:
+        lab10.check_train_resumable(_raises)
+    text = str(info.value)
+    assert "the student's own failure" in text and "run 1" in text and "run 2" not in text, text

@@ -130,4 +130,5 @@ def check_train_resumable(fn, *, hidden: bool = False) -> None:
     """``train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None)`` on 2 ranks, killed
     mid-step and mid-save and relaunched (``launch(max_restarts=...)``): it must resume from ``store.latest()``
     and end bit-identical to a plain loop of ``training_step`` (weights, Adam, the loss scaler, the data position,
-    torch's, Python's and numpy's random states). Hidden: no scaler, a kill in the first save, an epoch crossed."""
+    torch's, Python's and numpy's random states). Visible: uninterrupted without a scaler; hidden: killed
+    without one, a kill in the first save, a resume at the end of an epoch."""

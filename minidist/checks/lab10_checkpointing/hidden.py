@@ -37,6 +37,6 @@ GOODPUT = [dict(args=(50000.0, 60.0, 11160.0)), dict(args=(1200.0, 30.0, 3600.0,
 ASYNC = [dict(scenario="fails_then_save", seed=33), dict(scenario="two", seed=34, dtype=torch.bfloat16)]
 
 #: train_resumable: no scaler, killed right after a save then mid-save; killed in the very first save (nothing to
-#: resume from), then mid-step in the next epoch
+#: resume from), then mid-step, to resume from step 5, the end of the first epoch (5 batches of 4 in 20 examples)
 RESTART = [dict(steps=7, every=2, scaler=False, kills=(("step", 0, 3), ("save", 1, 4))),
-           dict(steps=9, every=4, scaler=True, kills=(("save", 1, 4), ("step", 1, 7)))]
+           dict(steps=9, every=5, scaler=True, kills=(("save", 1, 5), ("step", 1, 8)))]

@@ -33,7 +33,7 @@ KILLS = {"step": "killed at step {at} on rank {rank}", "save": "killed while sav
 
 
 def cases(hidden: bool) -> list[dict]:
-    visible = [dict(steps=8, every=3, scaler=True, kills=()),
+    visible = [dict(steps=8, every=3, scaler=False, kills=()),
                dict(steps=8, every=3, scaler=True, kills=(("step", 1, 5), ("save", 0, 6)))]
     return visible + (hidden_cases(__package__, "train_resumable").RESTART if hidden else [])
 
@@ -45,9 +45,9 @@ def describe(case: dict) -> str:
 
 
 def covered(hidden: bool) -> str:
-    return ("2 ranks, the run uninterrupted and killed mid-step then mid-save, ending bit-identical to a plain loop "
-            "(weights, Adam, loss scale, data position, torch/Python/numpy random states)"
-            + ("; no scaler, a kill in the first save, a resume across an epoch" if hidden else ""))
+    return ("2 ranks, the run uninterrupted (no scaler) and killed mid-step then mid-save, ending bit-identical to a "
+            "plain loop (weights, Adam, loss scale, data position, torch/Python/numpy random states)"
+            + ("; killed without a scaler, a kill in the first save, a resume at the end of an epoch" if hidden else ""))
 
 
 def starts(case: dict) -> list[int]:
@@ -167,7 +167,7 @@ def _dict_problem(what: str, got, want) -> str | None:
     return f"{what} has {show(got)}, the uninterrupted run's {show(want)}"
 
 
-def _state_problem(got: dict, want: dict, killed: bool) -> str | None:
+def state_problem(got: dict, want: dict, killed: bool) -> str | None:
     for part, what, how in PARTS:
         if part in ("weights", "optimizer"):
             problem = _tensors_problem(what, got.get(part), want[part])
@@ -216,6 +216,6 @@ def verdict(case, answer) -> str | None:
         if got["saved"] != saves(case, start):
             return (f"{at}: {after}it saved the steps {got['saved']}; expected {saves(case, start)} (store.save(s, "
                     f"state) once s steps are done, for every s divisible by every={case['every']})")
-        if problem := _state_problem(got, ref, bool(kills)):
+        if problem := state_problem(got, ref, bool(kills)):
             return f"{at}: {problem}"
     return None
