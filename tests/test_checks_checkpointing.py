@@ -302,3 +302,10 @@ def test_a_failure_of_the_students_code_is_reported_not_restarted():
         lab10.check_train_resumable(_raises)
     text = str(info.value)
     assert "the student's own failure" in text and "run 1" in text and "run 2" not in text, text
+
+
+def test_a_restart_answer_judged_again_needs_every_ranks_part():
+    """The judge reads the answer as filed: one that drops a rank, or is nothing, is a problem, never a pass."""
+    case = train_resumable.cases(hidden=False)[0]
+    assert "ranks answered" in train_resumable.verdict(case, {"ranks": [], "killed": 0})
+    assert train_resumable.verdict(case, None)

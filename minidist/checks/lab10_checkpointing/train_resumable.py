@@ -197,7 +197,10 @@ def verdict(case, answer) -> str | None:
         return (f"{label}: the run was to be killed {len(kills)} times, it was {answer['killed']}: run "
                 f"{answer['killed'] + 1} never came to {doing} on rank {missed[1]} (resume from store.latest(), "
                 f"and save after every every-th step)")
-    start, ranks, want = starts(case)[-1], answer["ranks"], reference(case)
+    start, ranks = starts(case)[-1], answer["ranks"]
+    if not isinstance(ranks, list) or len(ranks) != WORLD:
+        return f"{label}: {len(ranks) if isinstance(ranks, list) else 'no'} ranks answered, the launch had {WORLD}"
+    want = reference(case)
     after = "after the last restart " if kills else ""
     for rank, (got, ref) in enumerate(zip(ranks, want)):
         at = f"{label}, rank {rank}"
