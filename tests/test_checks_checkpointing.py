@@ -17,7 +17,8 @@ import pytest
 from autograder.course.cells import grade_id, nbg, skip_demos, strip_solution_markers
 from minidist.checks import lab10_checkpointing as lab10
 from minidist.checks.kit.refusal import resolve
-from minidist.checks.lab10_checkpointing import cases, checkpoints
+import minidist
+from minidist.checks.lab10_checkpointing import cases, checkpoints, restart_kit, train_resumable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.dirname(lab10.__file__)
@@ -122,7 +123,32 @@ import minidist.cost
 def goodput(interval_s, save_s, mtbf_s, restart_s=0.0, blocking_s=None):
     return minidist.cost.goodput(interval_s, save_s, mtbf_s, restart_s, blocking_s)
 '''
+#: the random states collected by the library's checkpoint (every generator's get and set) instead of by hand
+RESTART_WITH_THE_LIBRARYS_RNG = '''
+from minidist.checkpoint.rng import rng_sources
+
+def train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    sources = rng_sources(cuda=False)
+    start, found = 0, store.latest()
+    if found is not None:
+        start, state = found
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if scaler is not None:
+            scaler.load_state_dict(state["scaler"])
+        sampler.load_state_dict(state["sampler"])
+        for name, (get, put) in sources.items():
+            put(state["rng"][name])
+    for n in range(start + 1, steps + 1):
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        if n % every == 0:
+            store.save(n, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                           "scaler": None if scaler is None else scaler.state_dict(), "sampler": sampler.state_dict(),
+                           "rng": {name: get() for name, (get, put) in sources.items()}})
+    return start
+'''
 CHEATS = [("checkpoint_interval", "through_the_cost_model", INTERVAL_THROUGH_THE_COST_MODEL, "job_mtbf"),
+          ("train_resumable", "through_the_library", RESTART_WITH_THE_LIBRARYS_RNG, "rng_sources"),
           ("goodput", "through_the_cost_model", GOODPUT_THROUGH_THE_COST_MODEL, "goodput"),
           ("save_sharded", "through_the_checks", SAVE_THROUGH_THE_CHECKS, "checkpoints.write"),
           ("save_sharded", "through_the_library", SAVE_THROUGH_THE_LIBRARY, "portable.save_portable"),
@@ -178,6 +204,9 @@ def test_an_answer_on_the_library_or_the_checks_writer_earns_nothing(name, how, 
 
 # ----------------------------------------------------------------------------- what the checks hold
 NAMED_LIKE_A_WRITER = re.compile(r"^_*(save|load|latest|write|read|export|verify)(_|$)")
+#: what the restart exercise hands out under such names (restart_kit.py): the store's rank-local save and latest,
+#: the sampler's load_state_dict; none writes or reads the lab's format
+RESTART_KIT = {"save", "latest", "load_state_dict"}
 
 
 def _library_names(tree: ast.Module) -> set[str]:
@@ -217,7 +246,11 @@ def test_the_checks_define_no_exercise_and_no_writer_but_thin_adapters_into_the_
             assert "safetensors.torch" not in source, f"{f} writes files itself"
         assert "write_safetensors" not in source, f"{f} writes files itself"
         library = _library_names(tree)
+        if f == "restart_kit.py":    # the restart exercise's store: one torch.save file per rank, no format of the lab's
+            assert "torch.save(" in source and "metadata.json" not in source and "safe_open" not in source
         for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            if f == "restart_kit.py" and fn.name in RESTART_KIT:
+                continue
             if f == "cases.py" and re.fullmatch(r"(save|load|latest)_(cases|covered)", fn.name):
                 assert [a.arg for a in fn.args.args] == ["hidden"], f"{f}: {fn.name}"      # a case table
             elif fn.name in cases.GRADED or NAMED_LIKE_A_WRITER.match(fn.name):
@@ -232,3 +265,47 @@ def test_the_refusal_covers_the_checks_writer():
     assert not set(lab10.REFUSED.allow)           # the lab hands out nothing of the library or of its writer
     assert {lab10.box.__module__, lab10.sha256_of.__module__, lab10.split_range.__module__} == \
         {"minidist.checks.lab10_checkpointing.helpers"}
+
+
+# ----------------------------------------------------------------------------- the restart exercise
+def _plain_loop(steps: int, scaler: bool) -> dict:
+    """Inside a rank: ``steps`` of the handed-out step from a fresh run, no checkpoint: what the verdict rebuilds."""
+    import torch.distributed as dist
+    model, optimizer, scaler, sampler = restart_kit.new_run(dist.get_rank(), dist.get_world_size(), scaler)
+    for _ in range(steps):
+        restart_kit.training_step(model, optimizer, scaler, sampler.next_batch())
+    return train_resumable.final_state(model, optimizer, scaler, sampler)
+
+
+@pytest.mark.parametrize("scaler", [True, False])
+def test_the_restart_verdicts_reference_is_the_plain_loop_on_two_ranks(scaler):
+    """The verdict trains both ranks in one process (their generators swapped in turn, the gradients summed as
+    the all-reduce sums them): bit for bit what 2 launched ranks end with, every random state included, and the
+    loss scaler's state changed on the way (its overflows are what a restored scaler must reproduce)."""
+    case = dict(steps=8, every=3, scaler=scaler, kills=())
+    ranks = minidist.launch(_plain_loop, train_resumable.WORLD, case["steps"], scaler, device="cpu")
+    want = train_resumable.reference(case)
+    for got, ref in zip(ranks, want):
+        assert train_resumable.state_problem(got, ref, killed=True) is None
+        assert got["rng"] == ref["rng"] and got["sampler"] == ref["sampler"] == {"epoch": 1, "position": 12}
+    assert ranks[0]["rng"] != ranks[1]["rng"]           # each rank draws its own numbers
+    if scaler:
+        assert want[0]["scaler"]["skipped"] > 0 and want[0]["scaler"]["scale"] != restart_kit.SCALER["init_scale"]
+
+
+def _raises(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    raise ValueError("the student's own failure")
+
+
+def test_a_failure_of_the_students_code_is_reported_not_restarted():
+    with pytest.raises(AssertionError) as info:
+        lab10.check_train_resumable(_raises)
+    text = str(info.value)
+    assert "the student's own failure" in text and "run 1" in text and "run 2" not in text, text
+
+
+def test_a_restart_answer_judged_again_needs_every_ranks_part():
+    """The judge reads the answer as filed: one that drops a rank, or is nothing, is a problem, never a pass."""
+    case = train_resumable.cases(hidden=False)[0]
+    assert "ranks answered" in train_resumable.verdict(case, {"ranks": [], "killed": 0})
+    assert train_resumable.verdict(case, None)

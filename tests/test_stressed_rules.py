@@ -85,6 +85,13 @@ RULES = {
         ("whatever layout saved it", "load_same_layout_assumed", "test_load_resharded"),
         ("complete and intact", "latest_metadata_only", "test_latest_checkpoint"),
         ("largest `n`", "latest_sorted_by_name", "test_latest_checkpoint"),
+        ("Resumed exactly.", "restart_from_scratch", "test_train_resumable"),
+        ("bit-identical", "restart_torch_rng_lost", "test_train_resumable"),
+        ("the optimizer's state", "restart_optimizer_lost", "test_train_resumable"),
+        ("the loss scaler's state", "restart_scaler_lost", "test_train_resumable"),
+        ("every random state", "restart_python_rng_lost", "test_train_resumable"),
+        ("the data position", "restart_sampler_lost", "test_train_resumable"),
+        ("after `n` steps", "restart_save_before_step", "test_train_resumable"),
     ],
     "lab11_overlap": [
         ("exposed communication", "exposed_sums_without_union", "test_exposed_time"),

@@ -570,3 +570,140 @@ class AsyncSaver:
 ''',
          why="a Thread subclass that keeps its failure; clone() then cpu()"),
 ]
+
+RESTART = "test_train_resumable"
+
+BUGS += [
+    dict(name="restart_torch_rng_lost", cell="train_resumable",
+         replace=[('        torch.set_rng_state(state["rng"]["torch"])     # the relaunch seeded them afresh: put back the run\'s\n',
+                   "")],
+         catches=[RESTART], why="torch's random state saved but not put back: the resumed run's dropout masks are step 1's again"),
+    dict(name="restart_python_rng_lost", cell="train_resumable",
+         replace=[('        random.setstate(state["rng"]["python"])\n', "")],
+         catches=[RESTART], why="Python's random state not restored: the flips after the restart are the fresh run's"),
+    dict(name="restart_numpy_rng_lost", cell="train_resumable",
+         replace=[('        np.random.set_state(state["rng"]["numpy"])\n', "")],
+         catches=[RESTART], why="numpy's random state not restored: the noise after the restart is the fresh run's"),
+    dict(name="restart_torch_rng_only", cell="train_resumable",
+         replace=[('        random.setstate(state["rng"]["python"])\n        np.random.set_state(state["rng"]["numpy"])\n', ""),
+                  ('"rng": {"torch": torch.get_rng_state(), "python": random.getstate(),\n'
+                   '                                   "numpy": np.random.get_state()}})',
+                   '"rng": {"torch": torch.get_rng_state()}})')],
+         catches=[RESTART], why="saves torch's generator alone, as if torch drew every random number of the step"),
+    dict(name="restart_sampler_lost", cell="train_resumable",
+         replace=[('        sampler.load_state_dict(state["sampler"])\n', "")],
+         catches=[RESTART], why="the data position not restored: the resumed run takes the epoch's first batches again"),
+    dict(name="restart_optimizer_lost", cell="train_resumable",
+         replace=[('        optimizer.load_state_dict(state["optimizer"])\n', "")],
+         catches=[RESTART], why="the weights restored but not Adam's moments and step: a fresh Adam after every restart"),
+    dict(name="restart_scaler_lost", cell="train_resumable",
+         replace=[('        if scaler is not None:\n            scaler.load_state_dict(state["scaler"])\n', "")],
+         catches=[RESTART], why="the loss scaler starts again from its initial scale after a restart"),
+    dict(name="restart_scaler_none_unguarded", cell="train_resumable",
+         replace=[('        if scaler is not None:\n            scaler.load_state_dict(state["scaler"])\n',
+                   '        scaler.load_state_dict(state["scaler"])\n'),
+                  ('"scaler": scaler.state_dict() if scaler is not None else None,', '"scaler": scaler.state_dict(),')],
+         catches=[RESTART], why="assumes a loss scaler: a run without one (scaler=None) fails at its first save (hidden)"),
+    dict(name="restart_from_scratch", cell="train_resumable",
+         replace=[("    resumed = store.latest()\n", "    resumed = None\n")],
+         catches=[RESTART], why="saves but never resumes: every relaunch starts over from step 0 (ends equal, resumes nothing)"),
+    dict(name="restart_steps_from_zero", cell="train_resumable",
+         replace=[("    for n in range(start + 1, steps + 1):", "    for n in range(1, steps + 1):")],
+         catches=[RESTART], why="restores the state, then counts the steps from 0 again: the steps before the checkpoint run twice"),
+    dict(name="restart_skips_a_step", cell="train_resumable",
+         replace=[("        start, state = resumed\n", "        saved_at, state = resumed\n        start = saved_at + 1\n")],
+         catches=[RESTART], why="resumes at the checkpoint's step + 1 as if the label were the step that ran last: one "
+                                "step lost per restart"),
+    dict(name="restart_redoes_the_step", cell="train_resumable",
+         replace=[("    for n in range(start + 1, steps + 1):", "    for n in range(max(start, 1), steps + 1):")],
+         catches=[RESTART], why="resumes at the checkpoint's own step: the step it holds runs twice"),
+    dict(name="restart_save_before_step", cell="train_resumable",
+         replace=[("""        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        if n % every == 0:""", """        if n % every == 0:"""),
+                  ("""                                   "numpy": np.random.get_state()}})
+    return start""", """                                   "numpy": np.random.get_state()}})
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+    return start""")],
+         catches=[RESTART], why="saves before the step runs: checkpoint n holds the state after n - 1 steps, and a resume "
+                                "skips step n"),
+    dict(name="restart_label_is_step_index", cell="train_resumable",
+         replace=[("            store.save(n, {", "            store.save(n - 1, {")],
+         catches=[RESTART], why="labels the checkpoint with the 0-based index of the step just run, not the steps done"),
+    dict(name="restart_step_counted_per_run", cell="train_resumable",
+         replace=[("""    for n in range(start + 1, steps + 1):             # step n: after it, n steps are done
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        if n % every == 0:
+            store.save(n, {""", """    for i in range(steps - start):
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        if (i + 1) % every == 0:
+            store.save(i + 1, {""")],
+         catches=[RESTART], why="counts the steps of this run, not the job's: after a restart the checkpoints' labels "
+                                "are wrong"),
+    dict(name="restart_returns_nothing", cell="train_resumable",
+         replace=[("\n    return start", "")],
+         catches=[RESTART], why="returns None: the caller cannot tell a resume from a fresh start"),
+]
+
+ALTERNATIVES += [
+    dict(name="restart_tuple_and_deep_copies", cell="train_resumable",
+         code='''import copy
+
+
+def train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    found = store.latest()
+    done = 0
+    if found:
+        done, (weights, opt_state, scaler_state, position, rngs) = found
+        model.load_state_dict(weights)
+        optimizer.load_state_dict(opt_state)
+        sampler.load_state_dict(position)
+        if scaler_state is not None:
+            scaler.load_state_dict(scaler_state)
+        torch.random.set_rng_state(rngs[0])
+        random.setstate(rngs[1])
+        np.random.set_state(rngs[2])
+    first = done
+    while done < steps:
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        done += 1
+        if done % every == 0:
+            rngs = [torch.random.get_rng_state(), random.getstate(), np.random.get_state()]
+            store.save(done, (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()),
+                              None if scaler is None else dict(scaler.state_dict()), dict(sampler.state_dict()), rngs))
+    return first
+''',
+         why="the state as a tuple, the random states as a list, deep copies, a while loop counting the steps done"),
+    dict(name="restart_saves_at_the_top", cell="train_resumable",
+         code='''def train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None):
+    def snapshot():
+        out = {"model": model.state_dict(), "optim": optimizer.state_dict(), "data": sampler.state_dict(),
+               "torch_rng": torch.get_rng_state().clone(), "py_rng": random.getstate(),
+               "np_rng": np.random.get_state()}
+        if scaler is not None:
+            out["scaler"] = scaler.state_dict()
+        return out
+
+    latest = store.latest()
+    step = 0 if latest is None else latest[0]
+    begin = step
+    if latest is not None:
+        state = latest[1]
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["py_rng"])
+        np.random.set_state(state["np_rng"])
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        sampler.load_state_dict(state["data"])
+        if "scaler" in state:
+            scaler.load_state_dict(state["scaler"])
+    while True:
+        if step > begin and step % every == 0:
+            store.save(step, snapshot())          # the steps done so far, saved before the next one runs
+        if step == steps:
+            return begin
+        training_step(model, optimizer, scaler, sampler.next_batch(), group)
+        step += 1
+''',
+         why="saves at the top of the loop, before the next step, the scaler only when there is one, "
+             "the random states restored first"),
+]

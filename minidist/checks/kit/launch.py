@@ -68,7 +68,8 @@ def mark_case(progress: str, text: str) -> None:
 
 def launch_named(body, world_size: int, *args, name: str, timeout: float,
                  forbidden_hint: str = "", refuse: "Refusal | None" = None, outputs_at_wait: bool = True,
-                 reference=None, device: tuple[str, str] | None = None) -> list:
+                 reference=None, device: tuple[str, str] | None = None, max_restarts: int = 0,
+                 on_restart=None, ranks_on: str | None = None) -> list:
     """``launch(body, world_size, progress, *args)``; on failure, name the running case(s).
 
     ``body`` receives the progress folder first and calls :func:`mark_case` per case.
@@ -82,7 +83,9 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
     keyword argument ``reference`` (a measurement to compare with the student's in the same
     process). ``device``: the device check's (default device, folder) (:mod:`...device_check`): every
     rank runs ``body`` with that default device and records there the lines that made a tensor
-    without one. A forbidden
+    without one. ``max_restarts``, ``on_restart``: :func:`minidist.launch`'s (a check that kills its
+    ranks on purpose, lab 10's restart; ``on_restart`` may raise the error it is given to stop);
+    ``ranks_on``: its ``device`` (None: a GPU per rank where there are enough). A forbidden
     operation or a library answer raises
     ``AssertionError`` (with ``forbidden_hint``); any other failure re-raises the launcher's
     ``LaunchError``, prefixed with the function's name, the world size and the cases that
@@ -95,7 +98,7 @@ def launch_named(body, world_size: int, *args, name: str, timeout: float,
         present_bindings()       # likewise the snapshot of the bindings graded code must leave alone
     try:
         return launch(_checked_body, world_size, refuse, outputs_at_wait, reference, device, name, body, progress,
-                      *args, timeout=timeout)
+                      *args, timeout=timeout, max_restarts=max_restarts, on_restart=on_restart, device=ranks_on)
     except LaunchError as err:
         where = _running_cases(name, world_size, progress)
         for verdict in (LibraryAnswer, ChecksTampered, strict_async.UnwaitedHandle, NcclWouldReject):   # one line

@@ -24,11 +24,15 @@ helpers the notebook hands out in ``helpers.py``.
 """
 from __future__ import annotations
 
+from functools import partial
+
 from minidist.checks.kit.check import BY_NAME, Registry
 from minidist.checks.kit.refusal import Refusal
 from minidist.checks.lab10_checkpointing import answers, cases, checkpoints, verdicts
 from minidist.checks.lab10_checkpointing.checkpoints import damage
 from minidist.checks.lab10_checkpointing.helpers import box, sha256_of, split_range
+from minidist.checks.lab10_checkpointing.restart_kit import Sampler, Store, new_run, training_step
+from minidist.runtime import import_optimizers_before_fork
 
 #: minidist's checkpointing (and torch's) is refused in graded code, and so are the checkpoints the
 #: checks write with it (:mod:`.checkpoints`) and the cost model the interval and goodput are checked
@@ -53,9 +57,11 @@ DEVICE = CHECKS.devices(FUNCTIONS["load_resharded"], rule="every piece it return
     "On a GPU node whose default device is its GPU, that tensor would be there, not in host memory where a loaded "
     "piece belongs: make it with device=\"cpu\", and read safetensors' slices under with torch.device(\"cpu\")."))
 
-#: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); damage: what the checks and demo cells break
-__all__ = ["CHECKS", "REFUSED", "box", "check_checkpoint_interval", "check_device", "check_goodput", "check_latest_checkpoint",
-           "check_load_resharded", "check_save_sharded", "damage", "sha256_of", "split_range", "check_async_saver"]
+#: box, split_range, sha256_of: the lab's helpers (:mod:`.helpers`); Sampler, Store, new_run, training_step: the
+#: restart exercise's (:mod:`.restart_kit`); damage: what the checks and demo cells break
+__all__ = ["CHECKS", "REFUSED", "Sampler", "Store", "box", "check_checkpoint_interval", "check_device", "check_goodput",
+           "check_latest_checkpoint", "check_load_resharded", "check_save_sharded", "check_train_resumable", "damage",
+           "new_run", "sha256_of", "split_range", "check_async_saver", "training_step"]
 
 
 @CHECKS.entry(FUNCTIONS["save_sharded"])
@@ -111,3 +117,18 @@ def check_async_saver(fn, *, hidden: bool = False) -> None:
     """``AsyncSaver(write)``: save() copies the state to host memory and returns while a thread writes it (the
     state changed right after the call), one write at a time, a background failure raised once by the next
     wait() (hidden: by the next save, which then writes nothing; a bf16 state)."""
+
+
+#: the answer runs here and launches the ranks itself (restarts, kills): its refusal holds on the ranks, where the
+#: student's code runs, not around the launcher in this process; Adam's imports are made once, before the forks
+TRAIN_RESUMABLE = CHECKS.exercise("train_resumable", answer=partial(answers.restarted, refusal=REFUSED), refusal=None,
+                                  function="train_resumable", prepare=import_optimizers_before_fork)
+
+
+@CHECKS.entry(TRAIN_RESUMABLE)
+def check_train_resumable(fn, *, hidden: bool = False) -> None:
+    """``train_resumable(model, optimizer, scaler, sampler, store, steps, every, group=None)`` on 2 ranks, killed
+    mid-step and mid-save and relaunched (``launch(max_restarts=...)``): it must resume from ``store.latest()``
+    and end bit-identical to a plain loop of ``training_step`` (weights, Adam, the loss scaler, the data position,
+    torch's, Python's and numpy's random states). Visible: uninterrupted without a scaler; hidden: killed
+    without one, a kill in the first save, a resume at the end of an epoch."""

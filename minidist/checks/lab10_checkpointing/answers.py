@@ -5,22 +5,28 @@ removed here): ``save_sharded`` on a state next to the previous checkpoint, then
 on disk read back; in a crash case the disk fills up at one point of the save (reading the k-th
 tensor, writing the k-th file, writing ``metadata.json``) or the rename fails; ``load_resharded``
 on a checkpoint the library wrote, for every rank of the new layout, with the files each rank opens
-observed; ``latest_checkpoint`` on a root of checkpoints, some of them damaged."""
+observed; ``latest_checkpoint`` on a root of checkpoints, some of them damaged; ``AsyncSaver`` with a
+``write`` of the checks' own; ``train_resumable`` on 2 launched ranks that the check kills and
+relaunches (:func:`restarted`), the only answer whose student code runs on ranks."""
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Mapping
 
 import torch
+import torch.distributed as dist
 
 from minidist.checks.kit.compare import digest
+from minidist.checks.kit.launch import check_timeout, launch_named, mark_case
 from minidist.checks.kit.returned import foreign_part
-from minidist.checks.lab10_checkpointing import async_saver
+from minidist.checks.lab10_checkpointing import async_saver, restart_kit, train_resumable
 from minidist.checks.lab10_checkpointing.helpers import sha256_of
 from minidist.checks.lab10_checkpointing.cases import state_of
 from minidist.checks.lab10_checkpointing.faults import CRASH, failing, observed
+from minidist.runtime import LaunchError
 
 
 class _DiskFull(Mapping):
@@ -214,3 +220,90 @@ def async_saved(fn, case) -> dict:
         writes.release_all()
     out["max_active"] = writes.max_active
     return out
+
+
+RESTART_TIMEOUT = check_timeout(30.0, at_least=10.0)    # one attempt of 2 ranks, a few tiny steps
+KILLED = 17             # the exit status of a rank the check kills (os._exit: no cleanup, no exception)
+
+
+class _KillingSampler(restart_kit.Sampler):
+    """The handed-out sampler, except that it kills this rank (``kill`` = k) as it is asked for the batch of
+    step k (its position says which step's batch it is: the epochs' batches, counted)."""
+
+    def __init__(self, rank: int, world: int, kill, marker: str):
+        super().__init__(rank, world)
+        self.kill, self.marker = kill, marker
+
+    def next_batch(self):
+        if self.kill is not None and self.epoch * (restart_kit.EXAMPLES // restart_kit.BATCH) \
+                + self.position // restart_kit.BATCH == self.kill - 1:
+            _die(self.marker)
+        return super().next_batch()
+
+
+class _KillingStore(restart_kit.Store):
+    """The handed-out store, recording the steps saved, that kills this rank inside ``save(kill)``, after the
+    write and before the rename."""
+
+    def __init__(self, root: str, rank: int, world: int, kill, marker: str):
+        super().__init__(root, rank, world)
+        self.kill, self.marker, self.saved = kill, marker, []
+
+    def written(self, step):
+        if step == self.kill:
+            _die(self.marker)
+        self.saved.append(step)
+
+
+def _die(marker: str) -> None:
+    with open(marker, "w"):
+        pass                                    # the answer counts the kills that happened
+    os._exit(KILLED)
+
+
+def _restart_rank(progress: str, fn, case: dict, root: str) -> dict:
+    """Inside a rank, in every attempt: a fresh run built as a relaunched job builds it, the kill of this
+    attempt set up where the case puts it, the student's ``train_resumable``, then what the run ends with."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with open(os.path.join(root, "attempt")) as f:
+        attempt = int(f.read())
+    mark_case(progress, f"{train_resumable.describe(case)}: run {attempt + 1}")
+    kind, who, at = case["kills"][attempt] if attempt < len(case["kills"]) else (None, None, None)
+    marker = os.path.join(root, f"killed-{attempt}")
+    model, optimizer, scaler, _ = restart_kit.new_run(rank, world, case["scaler"])
+    sampler = _KillingSampler(rank, world, at if (kind, who) == ("step", rank) else None, marker)
+    store = _KillingStore(os.path.join(root, "store"), rank, world, at if (kind, who) == ("save", rank) else None,
+                          marker)
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))     # one forward per training step
+    returned = fn(model, optimizer, scaler, sampler, store, case["steps"], case["every"], dist.group.WORLD)
+    out = train_resumable.final_state(model, optimizer, scaler, sampler)     # the random states first: nothing drew since
+    if foreign_part(returned) is not None:
+        returned = f"<a {type(returned).__name__}>"      # read as what it is, never run here
+    return out | {"returned": returned, "forwards": len(forwards), "saved": store.saved}
+
+
+def restarted(fn, case, refusal) -> dict:
+    """``train_resumable`` on 2 CPU ranks launched with a restart per kill of the case (the restarts of
+    ``minidist.launch``); the refusal holds on the ranks, where the student's code runs. A failure that is
+    not a kill of the check's ends the launch: its report (which names the case and the attempt) is the answer's
+    error."""
+    with tempfile.TemporaryDirectory(prefix="minidist-restart-") as root:
+        def attempt(n: int) -> None:
+            with open(os.path.join(root, "attempt"), "w") as f:
+                f.write(str(n))
+
+        def on_restart(n: int, err) -> None:
+            if not os.path.exists(os.path.join(root, f"killed-{n - 1}")):
+                raise err                       # the student's code failed, not a rank the check killed
+            attempt(n)
+
+        attempt(0)
+        try:
+            ranks = launch_named(_restart_rank, train_resumable.WORLD, fn, case, root, name="train_resumable",
+                                 timeout=RESTART_TIMEOUT, refuse=refusal, ranks_on="cpu",
+                                 max_restarts=len(case["kills"]), on_restart=on_restart)
+        except (LaunchError, AssertionError) as err:     # a rank's failure; a library answer, refused on a rank
+            return {"error": str(err)[:4000]}
+        killed = sum(os.path.exists(os.path.join(root, f"killed-{n}")) for n in range(len(case["kills"])))
+    return {"ranks": ranks, "killed": killed}

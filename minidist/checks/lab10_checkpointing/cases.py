@@ -10,8 +10,9 @@ import torch
 from minidist.checks.kit.compare import seeded
 from minidist.checks.kit.withheld import hidden_cases
 
-#: every graded function of the lab (its test cell is test_<name>); the last three have their cases in modules of their own
-GRADED = ("save_sharded", "load_resharded", "latest_checkpoint", "checkpoint_interval", "goodput", "async_saver")
+#: every graded function of the lab (its test cell is test_<name>); the last four have their cases in modules of their own
+GRADED = ("save_sharded", "load_resharded", "latest_checkpoint", "checkpoint_interval", "goodput", "async_saver",
+          "train_resumable")
 
 #: the model states a case saves: name -> shape (a weight, a bias, Adam's moments of the weight)
 SMALL = {"fc.weight": (8, 6), "fc.bias": (8,), "optim.fc.weight.exp_avg": (8, 6)}

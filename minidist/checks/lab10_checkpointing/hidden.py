@@ -35,3 +35,8 @@ GOODPUT = [dict(args=(50000.0, 60.0, 11160.0)), dict(args=(1200.0, 30.0, 3600.0,
 
 #: AsyncSaver: a failure surfaced by the next save, and a bf16 state saved twice
 ASYNC = [dict(scenario="fails_then_save", seed=33), dict(scenario="two", seed=34, dtype=torch.bfloat16)]
+
+#: train_resumable: no scaler, killed right after a save then mid-save; killed in the very first save (nothing to
+#: resume from), then mid-step, to resume from step 5, the end of the first epoch (5 batches of 4 in 20 examples)
+RESTART = [dict(steps=7, every=2, scaler=False, kills=(("step", 0, 3), ("save", 1, 4))),
+           dict(steps=9, every=5, scaler=True, kills=(("save", 1, 5), ("step", 1, 8)))]
