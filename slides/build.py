@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbconvert import SlidesExporter
 
@@ -43,6 +46,24 @@ def ensure_kernel() -> str:
     from ipykernel.kernelspec import install
     install(prefix=sys.prefix, kernel_name=KERNEL, display_name="Python (minidist)")
     return KERNEL
+
+
+class SocketKernelManager(AsyncKernelManager):
+    """The deck's kernel over Unix sockets in a folder of its own: a TCP port chosen free here and bound
+    later by the kernel could be taken by another kernel started at the same moment (decks build in
+    parallel under ``pytest -n``)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.socket_dir = tempfile.mkdtemp(prefix="minidist-deck-")
+        self.transport, self.ip = "ipc", os.path.join(self.socket_dir, "k")
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources
 
 
 def hide_code(nb) -> None:
@@ -75,7 +96,7 @@ def build(deck: str, out_dir: str, timeout: int = 300) -> tuple[str, float]:
     """Execute ``deck`` live and render it into ``out_dir``; returns (html path, seconds executing)."""
     nb = nbformat.read(deck, as_version=4)
     start = time.perf_counter()
-    NotebookClient(nb, kernel_name=ensure_kernel(), timeout=timeout,
+    NotebookClient(nb, kernel_name=ensure_kernel(), timeout=timeout, kernel_manager_class=SocketKernelManager,
                    resources={"metadata": {"path": HERE}}).execute()
     elapsed = time.perf_counter() - start
     return render(nb, html_path(deck, out_dir)), elapsed

@@ -5,12 +5,17 @@ Notebooks name their kernel ``minidist``, and so may a kernelspec a user install
 before this interpreter's prefix, so looking the name up would start that other interpreter (which the
 sandbox does not hold). The grader therefore never looks kernels up: :class:`OwnKernelSpecManager`
 answers every name with this interpreter's ``ipykernel_launcher``, and :class:`OwnKernelManager` (the
-base of the sandbox's manager, and the selftest's) uses it.
+base of the sandbox's manager, and the selftest's) uses it. It talks to its kernel over Unix sockets in a
+folder of its own (``transport="ipc"``): a TCP port is chosen free by the manager and bound later by the
+kernel, and two kernels started at once (``--jobs 2``) could choose the same one.
 """
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
@@ -36,7 +41,20 @@ class OwnKernelSpecManager(KernelSpecManager):
 
 
 class OwnKernelManager(AsyncKernelManager):
-    """nbclient's kernel manager, starting this interpreter's kernel whatever the notebook names."""
+    """nbclient's kernel manager, starting this interpreter's kernel whatever the notebook names, over
+    Unix sockets in a private folder (removed at the kernel's shutdown)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.socket_dir = tempfile.mkdtemp(prefix="minidist-kernel-")
+        self.transport, self.ip = "ipc", os.path.join(self.socket_dir, "k")
+
+    async def _async_cleanup_resources(self, restart: bool = False) -> None:
+        await super()._async_cleanup_resources(restart=restart)
+        if not restart:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    cleanup_resources = _async_cleanup_resources
 
     @default("kernel_spec_manager")
     def _kernel_spec_manager_default(self) -> KernelSpecManager:

@@ -40,17 +40,15 @@ def kernel_manager(job: KernelJob) -> type:
 class SandboxKernelManager(OwnKernelManager):
     """nbclient's kernel manager, with the grader's own kernel (:class:`OwnKernelManager`, whatever
     kernelspecs the user has) started inside the sandbox (:func:`kernel_manager` makes one per job). The kernel talks to nbclient over Unix sockets in its private home
-    (``transport="ipc"``), because it has no network; its working folder and its home are the only
-    writable places it sees."""
+    (``transport="ipc"``), which its uid can reach (it has no network in a sandbox); its working folder
+    and its home are the only writable places it sees."""
 
     job: KernelJob
 
     def __init__(self, **kw):
         super().__init__(**kw)
         self.connection_file = os.path.join(self.job.home, "kernel.json")     # the job's uid reads it
-        if self.job.backend is not None:
-            self.transport = "ipc"
-            self.ip = os.path.join(self.job.home, "k")
+        self.transport, self.ip = "ipc", os.path.join(self.job.home, "k")
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
         job = self.job
