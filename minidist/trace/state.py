@@ -29,7 +29,9 @@ async_rewriters: list[Callable] = []
 # (minidist.runtime.strict_async.host_does_not_wait replaces it, as CUDA does).
 wait_hooks: list[Callable] = []
 listener: Callable[[str | None], None] | None = None     # the launcher's: which op this rank is in
-active: dict[int, str] = {}         # thread id -> the op it is in now; the listener hears the latest
+# thread id -> the op it is in now (the listener hears the latest). Private: threads change it while
+# graded code runs, and the checks take a change to one of minidist's public tables for tampering.
+_active: dict[int, str] = {}
 
 _local = threading.local()
 
@@ -38,7 +40,7 @@ def _forget() -> None:
     """A forked process starts with nothing open, as a spawned one does: a trace or guard that another
     thread of the parent held at the fork is that thread's, and the child has no such thread."""
     global listener
-    for shared in (traces, guards, async_rewriters, wait_hooks, active):
+    for shared in (traces, guards, async_rewriters, wait_hooks, _active):
         shared.clear()
     listener = None
 
@@ -49,15 +51,15 @@ os.register_at_fork(after_in_child=_forget)
 def entered(description: str) -> None:
     """This thread is now in ``description``; the launcher is told."""
     if listener is not None:
-        active[threading.get_ident()] = description
+        _active[threading.get_ident()] = description
         listener(description)
 
 
 def left() -> None:
     """This thread's op is over: the launcher is told the op another thread is still in, if any."""
     if listener is not None:
-        active.pop(threading.get_ident(), None)
-        still = list(active.values())       # one step under the GIL: another thread may be changing it
+        _active.pop(threading.get_ident(), None)
+        still = list(_active.values())       # one step under the GIL: another thread may be changing it
         listener(still[-1] if still else None)
 
 
